@@ -1,0 +1,130 @@
+/* util.c — see util.h. */
+#include "engine/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile int g_level = LOG_INFO;
+
+void log_set_level(enum log_level lv) { g_level = lv; }
+enum log_level log_get_level(void) { return (enum log_level)g_level; }
+
+int log_level_parse(const char *s, enum log_level *out) {
+    static const char *names[] = {"debug", "info", "warn", "error"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, names[i]) == 0) { *out = (enum log_level)i; return 0; }
+    return -EINVAL;
+}
+
+void log_msg(enum log_level lv, const char *fmt, ...) {
+    if ((int)lv < g_level) return;
+    static const char *tags[] = {"DEBUG", "INFO ", "WARN ", "ERROR"};
+    char line[4096];
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s ",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, ts.tv_nsec / 1000000, tags[lv]);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    size_t len = strlen(line);
+    line[len++] = '\n';
+    /* one write() per line so lines from several threads never interleave */
+    ssize_t w = write(2, line, len);
+    (void)w;
+}
+
+int util_err(char *err, size_t errlen, int rc, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+int util_read_file(const char *path, size_t max_bytes, char **out, size_t *len,
+                   char *err, size_t errlen) {
+    *out = NULL;
+    if (len) *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return util_err(err, errlen, -e, "%s: %s", path, strerror(e));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return util_err(err, errlen, -EINVAL, "%s: not a regular file", path);
+    }
+    if (max_bytes && (size_t)st.st_size > max_bytes) {
+        close(fd);
+        return util_err(err, errlen, -EFBIG, "%s: %lld bytes, more than the %zu allowed",
+                        path, (long long)st.st_size, max_bytes);
+    }
+    size_t size = (size_t)st.st_size;
+    char *buf = malloc(size + 1);
+    if (!buf) {
+        close(fd);
+        return util_err(err, errlen, -ENOMEM, "%s: out of memory for %zu bytes", path, size);
+    }
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = read(fd, buf + got, size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != size) {
+        free(buf);
+        return util_err(err, errlen, -EIO, "%s: short read (%zu of %zu bytes)", path, got, size);
+    }
+    buf[size] = 0;
+    *out = buf;
+    if (len) *len = size;
+    return 0;
+}
+
+uint64_t util_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+double util_now_s(void) { return (double)util_now_ns() * 1e-9; }
+
+void util_assert_fail(const char *expr, const char *file, int line) {
+    fprintf(stderr, "awqd: internal error: assertion `%s` failed at %s:%d\n", expr, file, line);
+    abort();
+}
+
+int util_parse_int_list(const char *s, int *out, int max) {
+    int n = 0;
+    const char *p = s;
+    if (!*p) return 0;
+    for (;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < -2147483647L - 1 || v > 2147483647L) return -EINVAL;
+        if (n >= max) return -E2BIG;
+        out[n++] = (int)v;
+        while (*end == ' ') end++;
+        if (*end == 0) return n;
+        if (*end != ',') return -EINVAL;
+        p = end + 1;
+        while (*p == ' ') p++;
+    }
+}

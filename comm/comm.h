@@ -1,0 +1,48 @@
+/* comm.h — collectives between the tensor-parallel ranks of one model.
+ *
+ * A struct comm is one rank's handle. The forward pass calls all_reduce_sum
+ * after each row-parallel linear (o_proj, down_proj) and after the
+ * vocab-parallel embedding; nothing else crosses ranks inside a forward.
+ * Logits need no gather: each rank writes its vocabulary columns straight
+ * into the caller's host array (see model.h).
+ *
+ * Implementations:
+ *   comm_cpu_single   size 1, every collective a no-op (any backend);
+ *   comm_cpu_group    `size` ranks in one process, one thread per rank, CPU
+ *                     backend buffers (kernels/cpu); sums in rank order, so
+ *                     every rank gets bit-identical results;
+ *   comm/cuda/        NCCL (CUDA builds).
+ *
+ * Thread safety: each rank's handle is used by that rank's thread only; the
+ * collectives of a group must be entered by all `size` ranks in the same
+ * order (they block until all have arrived). */
+#ifndef AWQD_COMM_H
+#define AWQD_COMM_H
+
+#include <stddef.h>
+
+struct buf;
+
+struct comm {
+    int rank, size;
+    /* In place: buf[0..n) (BUF_ACT elements of this rank's backend) becomes
+     * the sum over ranks. 0 / negative errno. */
+    int (*all_reduce_sum)(struct comm *c, struct buf *b, size_t n);
+    /* Blocks until every rank has called it. */
+    void (*barrier)(struct comm *c);
+    void (*destroy)(struct comm *c);
+    void *priv;
+};
+
+/* One rank, no-op collectives. */
+int comm_cpu_single(struct comm **out);
+
+/* `size` in-process ranks over CPU-backend buffers: out[r] is rank r's handle
+ * (out: [size]). Free each with comm_free; the shared state goes with the
+ * last one. */
+int comm_cpu_group(int size, struct comm **out);
+
+/* Calls c->destroy (NULL ok). */
+void comm_free(struct comm *c);
+
+#endif

@@ -1,0 +1,440 @@
+/* model.c — one forward pass for Qwen3 / Qwen2 / Llama over a mixed batch,
+ * as calls on the op table and the communicator. */
+#include "engine/model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/util.h"
+
+/* Rows of logits computed per lm_head call (bounds the logits workspace). */
+#define LOGIT_CHUNK 32
+
+struct layer {
+    struct buf *attn_norm, *mlp_norm;     /* W16 [hidden] */
+    struct buf *q_norm, *k_norm;          /* W16 [head_dim] or NULL */
+    struct op_linear *qkv, *o, *gate_up, *down;
+    struct buf *k_cache, *v_cache;        /* ACT [n_blocks * block_size, nkv, hd] */
+};
+
+struct model {
+    struct model_config cfg;
+    struct model_opts opts;
+    struct ops *ops;
+    struct comm *comm;
+    /* this rank's geometry */
+    int hidden, nh, nkv, hd, inter;
+    int vocab_start, vocab_rows;
+    float eps, attn_scale;
+    /* weights */
+    struct buf *embed;                    /* W16 [vocab_rows, hidden] */
+    struct buf *lm_head;                  /* W16 [vocab_rows, hidden]; == embed when tied */
+    struct buf *final_norm;               /* W16 [hidden] */
+    struct buf *inv_freq;                 /* F32 [hd / 2] */
+    struct layer *layers;                 /* [n_layers] */
+    /* device workspace (T = max_tokens) */
+    struct buf *ids, *positions, *slots;  /* I32 [T] */
+    struct buf *q_start;                  /* I32 [max_seqs + 1] */
+    struct buf *past;                     /* I32 [max_seqs] */
+    struct buf *block_table;              /* I32 [max_seqs, max_blocks_per_seq] */
+    struct buf *logit_rows;               /* I32 [T] */
+    struct buf *h;                        /* ACT [T, hidden] residual stream */
+    struct buf *x;                        /* ACT [T, hidden] normed input of a block */
+    struct buf *qkv;                      /* ACT [T, (nh + 2 nkv) hd] */
+    struct buf *att;                      /* ACT [T, nh hd] */
+    struct buf *proj;                     /* ACT [T, hidden] o_proj / down_proj output */
+    struct buf *gu;                       /* ACT [T, 2 inter] */
+    struct buf *mlp;                      /* ACT [T, inter] */
+    struct buf *logits;                   /* F32 [LOGIT_CHUNK, vocab_rows] */
+    /* host staging */
+    int32_t *h_ids, *h_pos, *h_slots, *h_rows;      /* [T] */
+    int32_t *h_q_start, *h_past;                    /* [max_seqs + 1], [max_seqs] */
+    int32_t *h_bt;                                  /* [max_seqs * max_blocks_per_seq] */
+    float *h_logits;                                /* [LOGIT_CHUNK * vocab_rows] */
+};
+
+void model_opts_default(struct model_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_blocks = 0; /* must be set */
+    o->block_size = 16;
+    o->max_tokens = 512;
+    o->max_seqs = 64;
+    o->max_blocks_per_seq = 0; /* from max_position */
+}
+
+/* ------------------------------------------------------------------------ */
+/* RoPE                                                                     */
+/* ------------------------------------------------------------------------ */
+
+void model_rope_inv_freq(const struct model_config *cfg, float *inv_freq) {
+    int dim = cfg->head_dim;
+    /* HF, in fp32: 1 / base ** (arange(0, dim, 2) / dim) */
+    for (int j = 0; j < dim / 2; j++) {
+        float e = (float)(2 * j) / (float)dim;
+        float pw = (float)pow((double)(float)cfg->rope.theta, (double)e);
+        inv_freq[j] = 1.0f / pw;
+    }
+    if (cfg->rope.type == ROPE_LLAMA3) {
+        /* HF _compute_llama3_parameters */
+        float factor = (float)cfg->rope.factor, lo = (float)cfg->rope.low_freq_factor,
+              hi = (float)cfg->rope.high_freq_factor;
+        float old_ctx = (float)cfg->rope.original_max_position;
+        float low_wavelen = old_ctx / lo, high_wavelen = old_ctx / hi;
+        for (int j = 0; j < dim / 2; j++) {
+            float f = inv_freq[j];
+            float wavelen = (float)(2 * M_PI) / f;
+            float scaled = wavelen > low_wavelen ? f / factor : f;
+            if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+                float smooth = (old_ctx / wavelen - lo) / (hi - lo);
+                scaled = (1 - smooth) * scaled / factor + smooth * scaled;
+            }
+            inv_freq[j] = scaled;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* init / free                                                              */
+/* ------------------------------------------------------------------------ */
+
+size_t model_kv_block_bytes(const struct model_weights *w, int block_size, int act_bytes) {
+    return (size_t)2 * w->cfg.n_layers * block_size * w->n_kv_heads * w->cfg.head_dim * act_bytes;
+}
+
+static struct buf *up_w16(struct model *m, const uint16_t *src, size_t n) {
+    struct buf *b = m->ops->alloc(m->ops->ctx, BUF_W16, n);
+    if (b && m->ops->upload(m->ops->ctx, b, 0, src, n)) {
+        m->ops->free(m->ops->ctx, b);
+        return NULL;
+    }
+    return b;
+}
+
+void model_free(struct model *m) {
+    if (!m) return;
+    struct ops *o = m->ops;
+    void *c = o->ctx;
+    if (m->layers) {
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            struct layer *L = &m->layers[l];
+            o->free(c, L->attn_norm);
+            o->free(c, L->mlp_norm);
+            o->free(c, L->q_norm);
+            o->free(c, L->k_norm);
+            o->free_linear(c, L->qkv);
+            o->free_linear(c, L->o);
+            o->free_linear(c, L->gate_up);
+            o->free_linear(c, L->down);
+            o->free(c, L->k_cache);
+            o->free(c, L->v_cache);
+        }
+        free(m->layers);
+    }
+    if (m->lm_head != m->embed) o->free(c, m->lm_head);
+    o->free(c, m->embed);
+    o->free(c, m->final_norm);
+    o->free(c, m->inv_freq);
+    struct buf *ws[] = {m->ids, m->positions, m->slots, m->q_start, m->past, m->block_table,
+                        m->logit_rows, m->h, m->x, m->qkv, m->att, m->proj, m->gu, m->mlp,
+                        m->logits};
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) o->free(c, ws[i]);
+    free(m->h_ids);
+    free(m->h_pos);
+    free(m->h_slots);
+    free(m->h_rows);
+    free(m->h_q_start);
+    free(m->h_past);
+    free(m->h_bt);
+    free(m->h_logits);
+    free(m);
+}
+
+int model_init(const struct model_weights *w, struct ops *ops, struct comm *comm,
+               const struct model_opts *opts, struct model **out, char *err, size_t errlen) {
+    *out = NULL;
+    const struct model_config *cfg = &w->cfg;
+    struct model_opts o = *opts;
+    if (o.block_size <= 0) o.block_size = 16;
+    if (o.max_blocks_per_seq <= 0)
+        o.max_blocks_per_seq = (cfg->max_position + o.block_size - 1) / o.block_size;
+    if (o.n_blocks <= 0 || o.max_tokens <= 0 || o.max_seqs <= 0 || o.max_blocks_per_seq <= 0)
+        return util_err(err, errlen, -EINVAL,
+                        "model: bad options (n_blocks %d, max_tokens %d, max_seqs %d)",
+                        o.n_blocks, o.max_tokens, o.max_seqs);
+    if (comm->size != w->tp || comm->rank != w->rank)
+        return util_err(err, errlen, -EINVAL, "model: weights are rank %d of %d, comm is %d of %d",
+                        w->rank, w->tp, comm->rank, comm->size);
+    if (w->n_kv_heads <= 0 || w->n_heads % w->n_kv_heads != 0 || cfg->head_dim % 2 != 0)
+        return util_err(err, errlen, -EINVAL, "model: %d query heads over %d KV heads, head_dim %d",
+                        w->n_heads, w->n_kv_heads, cfg->head_dim);
+
+    struct model *m = calloc(1, sizeof *m);
+    if (!m) return util_err(err, errlen, -ENOMEM, "model: out of memory");
+    m->cfg = *cfg;
+    m->opts = o;
+    m->ops = ops;
+    m->comm = comm;
+    m->hidden = cfg->hidden;
+    m->nh = w->n_heads;
+    m->nkv = w->n_kv_heads;
+    m->hd = cfg->head_dim;
+    m->inter = w->intermediate;
+    m->vocab_start = w->vocab_start;
+    m->vocab_rows = w->vocab_rows;
+    m->eps = (float)cfg->rms_eps;
+    m->attn_scale = (float)(1.0 / sqrt((double)cfg->head_dim));
+    void *c = ops->ctx;
+    const char *what = "";
+    int H = m->hidden, T = o.max_tokens, qkvw = (m->nh + 2 * m->nkv) * m->hd;
+
+    /* weights */
+    what = "embed_tokens";
+    if (!(m->embed = up_w16(m, w->embed, (size_t)m->vocab_rows * H))) goto oom;
+    what = "lm_head";
+    if (w->lm_head == w->embed) m->lm_head = m->embed;
+    else if (!(m->lm_head = up_w16(m, w->lm_head, (size_t)m->vocab_rows * H))) goto oom;
+    what = "norm";
+    if (!(m->final_norm = up_w16(m, w->final_norm, (size_t)H))) goto oom;
+    what = "rope";
+    {
+        float *inv = malloc((size_t)(m->hd / 2) * sizeof *inv);
+        if (!inv) goto oom;
+        model_rope_inv_freq(cfg, inv);
+        m->inv_freq = ops->alloc(c, BUF_F32, (size_t)m->hd / 2);
+        int rc = m->inv_freq ? ops->upload(c, m->inv_freq, 0, inv, (size_t)m->hd / 2) : -ENOMEM;
+        free(inv);
+        if (rc) goto oom;
+    }
+    m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
+    if (!m->layers) goto oom;
+    size_t kv_elems = (size_t)o.n_blocks * o.block_size * m->nkv * m->hd;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        const struct layer_weights *lw = &w->layers[l];
+        struct layer *L = &m->layers[l];
+        what = "layer norms";
+        if (!(L->attn_norm = up_w16(m, lw->attn_norm, (size_t)H))) goto oom;
+        if (!(L->mlp_norm = up_w16(m, lw->mlp_norm, (size_t)H))) goto oom;
+        if (cfg->qk_norm) {
+            if (!lw->q_norm || !lw->k_norm) {
+                model_free(m);
+                return util_err(err, errlen, -EINVAL, "model: layer %d has no q_norm/k_norm", l);
+            }
+            if (!(L->q_norm = up_w16(m, lw->q_norm, (size_t)m->hd))) goto oom;
+            if (!(L->k_norm = up_w16(m, lw->k_norm, (size_t)m->hd))) goto oom;
+        }
+        if (lw->qkv.k != H || lw->qkv.n != qkvw || lw->o.k != m->nh * m->hd || lw->o.n != H ||
+            lw->gate_up.k != H || lw->gate_up.n != 2 * m->inter || lw->down.k != m->inter ||
+            lw->down.n != H) {
+            model_free(m);
+            return util_err(err, errlen, -EINVAL, "model: layer %d linear shapes do not match the config", l);
+        }
+        what = "linear weights";
+        if (!(L->qkv = ops->upload_linear(c, &lw->qkv))) goto oom;
+        if (!(L->o = ops->upload_linear(c, &lw->o))) goto oom;
+        if (!(L->gate_up = ops->upload_linear(c, &lw->gate_up))) goto oom;
+        if (!(L->down = ops->upload_linear(c, &lw->down))) goto oom;
+        what = "KV cache";
+        if (!(L->k_cache = ops->alloc(c, BUF_ACT, kv_elems))) goto oom;
+        if (!(L->v_cache = ops->alloc(c, BUF_ACT, kv_elems))) goto oom;
+    }
+
+    /* workspace */
+    what = "workspace";
+    int S = o.max_seqs;
+    size_t btn = (size_t)S * o.max_blocks_per_seq;
+    if (!(m->ids = ops->alloc(c, BUF_I32, (size_t)T)) ||
+        !(m->positions = ops->alloc(c, BUF_I32, (size_t)T)) ||
+        !(m->slots = ops->alloc(c, BUF_I32, (size_t)T)) ||
+        !(m->q_start = ops->alloc(c, BUF_I32, (size_t)S + 1)) ||
+        !(m->past = ops->alloc(c, BUF_I32, (size_t)S)) ||
+        !(m->block_table = ops->alloc(c, BUF_I32, btn)) ||
+        !(m->logit_rows = ops->alloc(c, BUF_I32, (size_t)T)) ||
+        !(m->h = ops->alloc(c, BUF_ACT, (size_t)T * H)) ||
+        !(m->x = ops->alloc(c, BUF_ACT, (size_t)T * H)) ||
+        !(m->qkv = ops->alloc(c, BUF_ACT, (size_t)T * qkvw)) ||
+        !(m->att = ops->alloc(c, BUF_ACT, (size_t)T * m->nh * m->hd)) ||
+        !(m->proj = ops->alloc(c, BUF_ACT, (size_t)T * H)) ||
+        !(m->gu = ops->alloc(c, BUF_ACT, (size_t)T * 2 * m->inter)) ||
+        !(m->mlp = ops->alloc(c, BUF_ACT, (size_t)T * m->inter)) ||
+        !(m->logits = ops->alloc(c, BUF_F32, (size_t)LOGIT_CHUNK * m->vocab_rows)))
+        goto oom;
+    m->h_ids = malloc((size_t)T * sizeof(int32_t));
+    m->h_pos = malloc((size_t)T * sizeof(int32_t));
+    m->h_slots = malloc((size_t)T * sizeof(int32_t));
+    m->h_rows = malloc((size_t)T * sizeof(int32_t));
+    m->h_q_start = malloc(((size_t)S + 1) * sizeof(int32_t));
+    m->h_past = malloc((size_t)S * sizeof(int32_t));
+    m->h_bt = malloc(btn * sizeof(int32_t));
+    m->h_logits = malloc((size_t)LOGIT_CHUNK * m->vocab_rows * sizeof(float));
+    if (!m->h_ids || !m->h_pos || !m->h_slots || !m->h_rows || !m->h_q_start || !m->h_past ||
+        !m->h_bt || !m->h_logits)
+        goto oom;
+    *out = m;
+    return 0;
+oom:
+    model_free(m);
+    return util_err(err, errlen, -ENOMEM, "model: out of %s memory for %s", ops->name, what);
+}
+
+const struct model_config *model_config(const struct model *m) { return &m->cfg; }
+int model_vocab(const struct model *m) { return m->cfg.vocab; }
+const struct model_opts *model_opts(const struct model *m) { return &m->opts; }
+
+void model_copy_block(struct model *m, int dst, int src) {
+    AWQD_ASSERT(dst >= 0 && dst < m->opts.n_blocks && src >= 0 && src < m->opts.n_blocks);
+    size_t be = (size_t)m->opts.block_size * m->nkv * m->hd;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        m->ops->copy(m->ops->ctx, m->layers[l].k_cache, (size_t)dst * be, m->layers[l].k_cache,
+                     (size_t)src * be, be);
+        m->ops->copy(m->ops->ctx, m->layers[l].v_cache, (size_t)dst * be, m->layers[l].v_cache,
+                     (size_t)src * be, be);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* forward                                                                  */
+/* ------------------------------------------------------------------------ */
+
+int model_logit_rows(const struct batch *b) {
+    int n = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        if (b->seqs[s].logits == MODEL_LOGITS_LAST) n += 1;
+        else if (b->seqs[s].logits == MODEL_LOGITS_ALL) n += b->seqs[s].n_tokens;
+    }
+    return n;
+}
+
+/* Checks the batch and fills the host staging arrays. */
+static int stage_batch(struct model *m, const struct batch *b, int *n_rows, int *n_logit,
+                       char *err, size_t errlen) {
+    const struct model_opts *o = &m->opts;
+    if (b->n_seqs < 1 || b->n_seqs > o->max_seqs)
+        return util_err(err, errlen, -EINVAL, "batch: %d sequences (1..%d)", b->n_seqs, o->max_seqs);
+    int n = 0, nl = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const struct batch_seq *q = &b->seqs[s];
+        if (q->n_tokens < 1 || q->past < 0)
+            return util_err(err, errlen, -EINVAL, "batch: sequence %d has %d tokens, past %d", s,
+                            q->n_tokens, q->past);
+        if (n + q->n_tokens > o->max_tokens)
+            return util_err(err, errlen, -EINVAL, "batch: more than %d tokens", o->max_tokens);
+        int ctx = q->past + q->n_tokens;
+        int need = (ctx + o->block_size - 1) / o->block_size;
+        if (q->n_blocks < need || need > o->max_blocks_per_seq || !q->blocks)
+            return util_err(err, errlen, -EINVAL,
+                            "batch: sequence %d needs %d KV blocks for %d positions, has %d (max %d)",
+                            s, need, ctx, q->n_blocks, o->max_blocks_per_seq);
+        if (q->logits < MODEL_LOGITS_NONE || q->logits > MODEL_LOGITS_ALL)
+            return util_err(err, errlen, -EINVAL, "batch: sequence %d: bad logits mode", s);
+        int32_t *bt = m->h_bt + (size_t)s * o->max_blocks_per_seq;
+        for (int j = 0; j < o->max_blocks_per_seq; j++) {
+            if (j < need) {
+                if (q->blocks[j] < 0 || q->blocks[j] >= o->n_blocks)
+                    return util_err(err, errlen, -EINVAL, "batch: sequence %d: block id %d out of range",
+                                    s, q->blocks[j]);
+                bt[j] = q->blocks[j];
+            } else {
+                bt[j] = 0;
+            }
+        }
+        m->h_q_start[s] = n;
+        m->h_past[s] = q->past;
+        for (int i = 0; i < q->n_tokens; i++) {
+            int id = q->tokens[i], pos = q->past + i;
+            if (id < 0 || id >= m->cfg.vocab)
+                return util_err(err, errlen, -EINVAL, "batch: token id %d out of range (vocab %d)",
+                                id, m->cfg.vocab);
+            m->h_ids[n + i] = id;
+            m->h_pos[n + i] = pos;
+            m->h_slots[n + i] = bt[pos / o->block_size] * o->block_size + pos % o->block_size;
+            if (q->logits == MODEL_LOGITS_ALL || (q->logits == MODEL_LOGITS_LAST && i == q->n_tokens - 1))
+                m->h_rows[nl++] = n + i;
+        }
+        n += q->n_tokens;
+    }
+    m->h_q_start[b->n_seqs] = n;
+    *n_rows = n;
+    *n_logit = nl;
+    return 0;
+}
+
+int model_forward(struct model *m, const struct batch *b, float *logits, char *err,
+                  size_t errlen) {
+    struct ops *O = m->ops;
+    void *c = O->ctx;
+    int n = 0, nl = 0, rc;
+    if ((rc = stage_batch(m, b, &n, &nl, err, errlen))) return rc;
+    if (nl > 0 && !logits) return util_err(err, errlen, -EINVAL, "batch: logits wanted, no output array");
+
+    /* upload the batch description */
+    int S = b->n_seqs;
+    if ((rc = O->upload(c, m->ids, 0, m->h_ids, (size_t)n)) ||
+        (rc = O->upload(c, m->positions, 0, m->h_pos, (size_t)n)) ||
+        (rc = O->upload(c, m->slots, 0, m->h_slots, (size_t)n)) ||
+        (rc = O->upload(c, m->q_start, 0, m->h_q_start, (size_t)S + 1)) ||
+        (rc = O->upload(c, m->past, 0, m->h_past, (size_t)S)) ||
+        (rc = O->upload(c, m->block_table, 0, m->h_bt, (size_t)S * m->opts.max_blocks_per_seq)) ||
+        (nl > 0 && (rc = O->upload(c, m->logit_rows, 0, m->h_rows, (size_t)nl))))
+        return util_err(err, errlen, rc, "model: upload of the batch failed");
+    struct attn_batch ab = {
+        .n_seqs = S, .n_rows = n, .max_blocks = m->opts.max_blocks_per_seq,
+        .block_size = m->opts.block_size, .q_start = m->q_start, .past = m->past,
+        .block_table = m->block_table, .positions = m->positions, .slots = m->slots,
+        .h_q_start = m->h_q_start, .h_past = m->h_past,
+    };
+    int H = m->hidden;
+
+    /* h = embed(ids) (vocab-parallel: each rank fills its rows, sum) */
+    O->embed(c, m->h, m->embed, m->ids, n, H, m->vocab_start, m->vocab_rows);
+    if (m->comm->size > 1 && (rc = m->comm->all_reduce_sum(m->comm, m->h, (size_t)n * H)))
+        return util_err(err, errlen, rc, "model: all-reduce failed");
+
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        struct layer *L = &m->layers[l];
+        /* x = rmsnorm(h += previous mlp output) */
+        O->add_rmsnorm(c, m->h, l ? m->proj : NULL, m->x, L->attn_norm, n, H, m->eps);
+        /* qkv = x @ Wqkv (+ bias) */
+        O->linear(c, m->qkv, m->x, n, L->qkv);
+        /* q/k norm, RoPE, write k/v into the paged cache */
+        O->qk_norm_rope_kv(c, m->qkv, n, m->nh, m->nkv, m->hd, L->q_norm, L->k_norm, m->eps,
+                           m->inv_freq, &ab, L->k_cache, L->v_cache);
+        /* att = softmax(q K^T / sqrt(hd)) V over each sequence's cache */
+        O->attention(c, m->att, m->qkv, m->nh, m->nkv, m->hd, m->attn_scale, &ab, L->k_cache,
+                     L->v_cache);
+        /* proj = att @ Wo, summed over ranks */
+        O->linear(c, m->proj, m->att, n, L->o);
+        if (m->comm->size > 1 && (rc = m->comm->all_reduce_sum(m->comm, m->proj, (size_t)n * H)))
+            return util_err(err, errlen, rc, "model: all-reduce failed");
+        /* x = rmsnorm(h += proj) */
+        O->add_rmsnorm(c, m->h, m->proj, m->x, L->mlp_norm, n, H, m->eps);
+        /* mlp = silu(x @ Wg) * (x @ Wu); proj = mlp @ Wd, summed over ranks */
+        O->linear(c, m->gu, m->x, n, L->gate_up);
+        O->silu_mul(c, m->mlp, m->gu, n, m->inter);
+        O->linear(c, m->proj, m->mlp, n, L->down);
+        if (m->comm->size > 1 && (rc = m->comm->all_reduce_sum(m->comm, m->proj, (size_t)n * H)))
+            return util_err(err, errlen, rc, "model: all-reduce failed");
+    }
+    /* x = final_norm(h += last mlp output) */
+    O->add_rmsnorm(c, m->h, m->proj, m->x, m->final_norm, n, H, m->eps);
+
+    /* logits of the selected rows, this rank's vocabulary columns */
+    int V = m->cfg.vocab;
+    int cols = m->vocab_rows;
+    if (m->vocab_start + cols > V) cols = V - m->vocab_start;
+    for (int r0 = 0; r0 < nl; r0 += LOGIT_CHUNK) {
+        int mr = nl - r0 < LOGIT_CHUNK ? nl - r0 : LOGIT_CHUNK;
+        if (r0 > 0 && (rc = O->upload(c, m->logit_rows, 0, m->h_rows + r0, (size_t)mr)))
+            return util_err(err, errlen, rc, "model: upload failed");
+        O->lm_head(c, m->logits, m->x, m->logit_rows, mr, m->lm_head, H, m->vocab_rows);
+        if ((rc = O->download(c, m->h_logits, m->logits, 0, (size_t)mr * m->vocab_rows)))
+            return util_err(err, errlen, rc, "model: download of logits failed");
+        for (int r = 0; r < mr; r++)
+            if (cols > 0)
+                memcpy(logits + (size_t)(r0 + r) * V + m->vocab_start,
+                       m->h_logits + (size_t)r * m->vocab_rows, (size_t)cols * sizeof(float));
+    }
+    if ((rc = O->sync(c))) return util_err(err, errlen, rc, "model: backend sync failed");
+    return 0;
+}

@@ -1,0 +1,111 @@
+/* model.h — the forward pass of Qwen3, Qwen2 and Llama, written once against
+ * the op table (kernels/ops.h) and the communicator (comm/comm.h).
+ *
+ * A struct model is one tensor-parallel rank's model: its weights uploaded to
+ * one backend, its share of the paged KV cache (per layer K and V of
+ * [n_blocks, block_size, n_kv_heads_of_rank, head_dim]) and a workspace sized
+ * for the largest batch it accepts.
+ *
+ * Usage (tp = 1):
+ *     struct ops *ops;     ops_cpu_create(2, &ops, err, sizeof err);
+ *     struct comm *comm;   comm_cpu_single(&comm);
+ *     struct model_opts o; model_opts_default(&o);   o.n_blocks = 256; ...
+ *     struct model *m;
+ *     if (model_init(&weights, ops, comm, &o, &m, err, sizeof err)) { ... }
+ *     model_weights_free(&weights);          // host copy no longer needed
+ *     struct batch_seq s = {.tokens = ids, .n_tokens = n, .past = 0,
+ *                           .blocks = kvs.blocks, .n_blocks = kvs.n_blocks,
+ *                           .logits = MODEL_LOGITS_LAST};
+ *     struct batch b = {&s, 1};
+ *     float *logits = malloc(model_logit_rows(&b) * vocab * sizeof(float));
+ *     model_forward(m, &b, logits, err, sizeof err);
+ *     model_free(m); comm_free(comm); ops_destroy(ops);
+ *
+ * A batch mixes prefill chunks and decode steps freely: each sequence brings
+ * its new tokens, the number of tokens already in its KV cache (`past`, the
+ * position of its first new token) and its block table (engine/kv.h), which
+ * must already cover past + n_tokens positions. The forward writes the new
+ * tokens' K/V into those blocks and returns logits for the rows asked for, in
+ * batch order: for each sequence in order, nothing, its last row, or all its
+ * rows. Two sequences of one batch must not write the same KV slot.
+ *
+ * Tensor parallelism: one struct model per rank (ckpt_load(rank, tp) shards,
+ * a comm of that size); every rank calls model_forward with the same batch
+ * and the same host `logits` array at the same time (one thread per rank);
+ * each rank writes its own vocabulary columns of it, so when all have
+ * returned the array is complete.
+ *
+ * Thread safety: a struct model is used by one thread at a time. */
+#ifndef AWQD_MODEL_H
+#define AWQD_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "engine/ckpt.h"
+#include "kernels/ops.h"
+
+enum model_logits { MODEL_LOGITS_NONE = 0, MODEL_LOGITS_LAST = 1, MODEL_LOGITS_ALL = 2 };
+
+struct model_opts {
+    int n_blocks;                 /* KV blocks (all layers share the block ids) */
+    int block_size;               /* tokens per KV block (default 16) */
+    int max_tokens;               /* most rows (new tokens) in one forward (default 512) */
+    int max_seqs;                 /* most sequences in one forward (default 64) */
+    int max_blocks_per_seq;       /* block table width (default: max_position / block_size) */
+};
+
+struct batch_seq {
+    const int32_t *tokens;        /* [n_tokens] new token ids */
+    int n_tokens;                 /* >= 1 */
+    int past;                     /* tokens already cached = position of tokens[0] */
+    const int32_t *blocks;        /* [n_blocks] KV block ids, block j = positions [j*bs, (j+1)*bs) */
+    int n_blocks;                 /* >= ceil((past + n_tokens) / block_size) */
+    int logits;                   /* enum model_logits */
+};
+
+struct batch {
+    const struct batch_seq *seqs; /* [n_seqs] */
+    int n_seqs;
+};
+
+struct model;
+
+void model_opts_default(struct model_opts *o);
+
+/* Uploads the weights of one rank (w: from ckpt_load(rank, comm->size)) to
+ * `ops` and allocates the KV cache and workspace. The model keeps pointers to
+ * ops and comm (not owned; they must outlive it) and nothing of w: w may be
+ * freed when model_init returns. -ENOMEM with a message naming what did not
+ * fit; -EINVAL on inconsistent options. */
+int model_init(const struct model_weights *w, struct ops *ops, struct comm *comm,
+               const struct model_opts *opts, struct model **out, char *err, size_t errlen);
+void model_free(struct model *m);
+
+/* Rows of logits a batch produces. */
+int model_logit_rows(const struct batch *b);
+
+/* One forward pass. logits: host fp32 [model_logit_rows(b), vocab] (may be
+ * NULL when no row asks for logits). Validates the batch against the options
+ * (-EINVAL with a message: too many rows, a block table too short, a block id
+ * out of range, a token id out of range) before touching anything. */
+int model_forward(struct model *m, const struct batch *b, float *logits, char *err,
+                  size_t errlen);
+
+/* Copies KV block src to dst in every layer (after kv_seq_fork). */
+void model_copy_block(struct model *m, int dst, int src);
+
+const struct model_config *model_config(const struct model *m);
+int model_vocab(const struct model *m);             /* cfg.vocab */
+const struct model_opts *model_opts(const struct model *m);
+
+/* Bytes of KV cache one block costs on one rank (K and V, all layers), for
+ * sizing n_blocks from free memory. act_bytes: 4 on CPU, 2 on CUDA. */
+size_t model_kv_block_bytes(const struct model_weights *w, int block_size, int act_bytes);
+
+/* RoPE inverse frequencies exactly as Hugging Face computes them for the
+ * config (default and llama3 scaling). inv_freq: [head_dim / 2]. */
+void model_rope_inv_freq(const struct model_config *cfg, float *inv_freq);
+
+#endif

@@ -1,0 +1,152 @@
+/* ops.h — the backend interface the forward pass (engine/model.c) is written
+ * against. A backend is a table of function pointers plus an opaque context;
+ * the CPU reference backend lives in kernels/cpu/, the CUDA one in
+ * kernels/cuda/. The model never looks inside a buffer.
+ *
+ * Usage:
+ *     struct ops *ops;
+ *     if (ops_cpu_create(2, &ops, err, sizeof err)) { ... }
+ *     struct buf *x = ops->alloc(ops->ctx, BUF_ACT, n * hidden);
+ *     ops->upload(ops->ctx, ids, 0, host_ids, n);     // BUF_I32: int32 host
+ *     ops->embed(ops->ctx, x, embed_table, ids, n, hidden, 0, vocab);
+ *     ...
+ *     ops->free(ops->ctx, x);
+ *     ops_destroy(ops);
+ *
+ * Buffers. `struct buf` is backend memory of one kind, sized in elements:
+ *   BUF_ACT  activations and KV cache, in the backend's own dtype (fp32 on CPU,
+ *            fp16 on CUDA); upload/download convert from/to host fp32 (float).
+ *   BUF_F32  always fp32 (logits, RoPE tables); host side is float.
+ *   BUF_I32  int32 (token ids, positions, slots, block tables); host int32_t.
+ *   BUF_W16  constant weights given as fp16 bit patterns (uint16_t) on the host;
+ *            the backend stores them as it likes (fp32 on CPU, fp16 on CUDA).
+ * Offsets and counts of upload/download are in elements. Every op runs in
+ * order on the backend's stream; download waits for everything before it.
+ *
+ * Shapes below are row-major, [rows, cols]; "n" is the number of token rows in
+ * the batch. Activations of one row are contiguous.
+ *
+ * Errors: alloc/upload_linear return NULL on out-of-memory (the caller names
+ * the thing); ops that can fail return 0 / negative errno. Compute ops are
+ * infallible on valid arguments (invariants are asserted).
+ *
+ * Thread safety: one backend instance (ops + ctx) is used by one thread at a
+ * time. Tensor-parallel ranks each create their own instance. */
+#ifndef AWQD_OPS_H
+#define AWQD_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/ckpt.h"
+
+enum buf_kind { BUF_ACT = 0, BUF_F32 = 1, BUF_I32 = 2, BUF_W16 = 3 };
+
+struct buf;        /* backend memory; opaque to the model */
+struct op_linear;  /* one W4A16 linear layer uploaded to the backend */
+
+/* One batch's attention geometry (backend buffers, uploaded by the model).
+ * Sequence s owns rows [q_start[s], q_start[s+1]) of the batch; its first new
+ * token sits at position past[s]; its KV cache pages are block_table[s *
+ * max_blocks + j] for j < ceil((past[s] + rows) / block_size). Row r of s (at
+ * position p = past[s] + r - q_start[s]) attends to positions 0..p. */
+struct attn_batch {
+    int n_seqs;
+    int n_rows;                   /* total rows = q_start[n_seqs] */
+    int max_blocks;               /* stride of block_table */
+    int block_size;               /* tokens per KV block */
+    const struct buf *q_start;    /* i32 [n_seqs + 1] */
+    const struct buf *past;       /* i32 [n_seqs] */
+    const struct buf *block_table;/* i32 [n_seqs, max_blocks] */
+    const struct buf *positions;  /* i32 [n_rows] absolute position of each row */
+    const struct buf *slots;      /* i32 [n_rows] KV slot = block * block_size + offset */
+    /* host copies of the same (for launch geometry; never written) */
+    const int32_t *h_q_start;     /* [n_seqs + 1] */
+    const int32_t *h_past;        /* [n_seqs] */
+};
+
+struct ops {
+    const char *name;             /* "cpu", "cuda" */
+    void *ctx;                    /* backend state */
+
+    /* --- buffers ----------------------------------------------------------- */
+    struct buf *(*alloc)(void *ctx, enum buf_kind kind, size_t n);   /* zeroed */
+    void (*free)(void *ctx, struct buf *b);                          /* NULL ok */
+    /* Host -> backend: n elements at element offset off. src is float for
+     * ACT/F32, int32_t for I32, uint16_t (fp16 bits) for W16. */
+    int (*upload)(void *ctx, struct buf *dst, size_t off, const void *src, size_t n);
+    /* Backend -> host (float for ACT/F32, int32_t for I32). Synchronous. */
+    int (*download)(void *ctx, void *dst, const struct buf *src, size_t off, size_t n);
+    /* Copies n elements of the same kind between buffers of this backend. */
+    void (*copy)(void *ctx, struct buf *dst, size_t dst_off, const struct buf *src,
+                 size_t src_off, size_t n);
+
+    /* --- weights ----------------------------------------------------------- */
+    /* Uploads one AWQ linear (host, AutoAWQ packing; bias optional). The CPU
+     * backend dequantizes to fp32 here (reference only); CUDA keeps INT4. */
+    struct op_linear *(*upload_linear)(void *ctx, const struct awq_linear *l);
+    void (*free_linear)(void *ctx, struct op_linear *l);           /* NULL ok */
+
+    /* --- compute ----------------------------------------------------------- */
+    /* out[i, :] = table[ids[i] - row_start, :] when row_start <= ids[i] <
+     * row_start + rows, else zeros (vocab-parallel: the all-reduce fills in).
+     * out: ACT [n, dim]; table: W16 [rows, dim]; ids: I32 [n]. */
+    void (*embed)(void *ctx, struct buf *out, const struct buf *table, const struct buf *ids,
+                  int n, int dim, int row_start, int rows);
+
+    /* Residual add + RMSNorm: when delta != NULL, resid += delta; then
+     * out = resid / sqrt(mean(resid^2) + eps) * w.
+     * resid, delta, out: ACT [n, dim]; w: W16 [dim]. */
+    void (*add_rmsnorm)(void *ctx, struct buf *resid, const struct buf *delta, struct buf *out,
+                        const struct buf *w, int n, int dim, float eps);
+
+    /* y[n, N] = x[n, K] @ W[K, N] (+ bias). x, y: ACT. */
+    void (*linear)(void *ctx, struct buf *y, const struct buf *x, int n, const struct op_linear *l);
+
+    /* In place on qkv (ACT [n, (nh + 2 * nkv) * hd], q | k | v per row):
+     * optional per-head RMSNorm of q and k (q_norm, k_norm: W16 [hd], or NULL),
+     * RoPE (rotate-half layout) of q and k with angle positions[i] * inv_freq[j]
+     * (inv_freq: F32 [hd / 2], already scaled), then writes k and v of row i to
+     * slot slots[i] of k_cache/v_cache (ACT [n_blocks * block_size, nkv, hd]). */
+    void (*qk_norm_rope_kv)(void *ctx, struct buf *qkv, int n, int nh, int nkv, int hd,
+                            const struct buf *q_norm, const struct buf *k_norm, float eps,
+                            const struct buf *inv_freq, const struct attn_batch *ab,
+                            struct buf *k_cache, struct buf *v_cache);
+
+    /* Causal attention of the q part of qkv over the paged cache (which
+     * already holds this batch's k/v): out[i, h*hd:(h+1)*hd] = softmax(q_h .
+     * K_g^T * scale) V_g with g = h / (nh / nkv). out: ACT [n, nh * hd]. */
+    void (*attention)(void *ctx, struct buf *out, const struct buf *qkv, int nh, int nkv, int hd,
+                      float scale, const struct attn_batch *ab, const struct buf *k_cache,
+                      const struct buf *v_cache);
+
+    /* out[i, j] = silu(gu[i, j]) * gu[i, inter + j]. gu: ACT [n, 2 * inter];
+     * out: ACT [n, inter]. */
+    void (*silu_mul)(void *ctx, struct buf *out, const struct buf *gu, int n, int inter);
+
+    /* logits[r, v] = x[rows[r], :] . table[v, :] for r < m, v < vocab_rows.
+     * x: ACT [n, dim]; rows: I32 [m]; table: W16 [vocab_rows, dim];
+     * logits: F32 [m, vocab_rows]. */
+    void (*lm_head)(void *ctx, struct buf *logits, const struct buf *x, const struct buf *rows,
+                    int m, const struct buf *table, int dim, int vocab_rows);
+
+    /* Waits for queued work (no-op on CPU). 0 / negative errno. */
+    int (*sync)(void *ctx);
+
+    /* Frees the context and this table. */
+    void (*destroy)(struct ops *ops);
+};
+
+/* The CPU reference backend (fp32 on dequantized weights). n_threads <= 0:
+ * one per online CPU. */
+int ops_cpu_create(int n_threads, struct ops **out, char *err, size_t errlen);
+
+#ifdef AWQD_CUDA
+/* The CUDA backend on device `device` (kernels/cuda/). */
+int ops_cuda_create(int device, struct ops **out, char *err, size_t errlen);
+#endif
+
+/* Calls ops->destroy (NULL ok). */
+void ops_destroy(struct ops *ops);
+
+#endif

@@ -1,0 +1,344 @@
+/* test_sampler.c — the sampler on synthetic logits: greedy, temperature,
+ * top-k / top-p / min-p masks, penalties, logit_bias, seeds, logprobs. */
+#include "tests/harness/test.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "engine/sampler.h"
+
+#define N_DRAWS 20000
+
+/* Draws N_DRAWS tokens with seeds 0..N-1 and checks the frequencies against
+ * the expected distribution want[vocab] (0 = must never appear). */
+static void check_dist(const struct sampling_params *p0, const float *logits, int vocab,
+                       const int32_t *prompt, int np, const int32_t *out, int no,
+                       const double *want) {
+    struct sampler s;
+    ASSERT_EQ_INT(sampler_init(&s, vocab), 0);
+    int *cnt = calloc((size_t)vocab, sizeof *cnt);
+    struct sampling_params p = *p0;
+    for (int i = 0; i < N_DRAWS; i++) {
+        struct sample_result r;
+        p.seed = (uint64_t)i * 7919u + 1;
+        ASSERT_EQ_INT(sampler_sample(&s, &p, logits, prompt, np, out, no, &r), 0);
+        ASSERT(r.token >= 0 && r.token < vocab);
+        cnt[r.token]++;
+    }
+    for (int t = 0; t < vocab; t++) {
+        double f = (double)cnt[t] / N_DRAWS;
+        if (want[t] == 0) {
+            ASSERT_MSG(cnt[t] == 0, "token %d drawn %d times, should be masked", t, cnt[t]);
+        } else {
+            double tol = 5 * sqrt(want[t] * (1 - want[t]) / N_DRAWS) + 1e-3;
+            ASSERT_MSG(fabs(f - want[t]) <= tol, "token %d: frequency %.4f, expected %.4f", t, f,
+                       want[t]);
+        }
+    }
+    free(cnt);
+    sampler_free(&s);
+}
+
+/* softmax(l / T) restricted to mask (NULL: all), renormalised */
+static void softmax_masked(const float *l, int n, double T, const int *mask, double *out) {
+    double mx = -1e30, sum = 0;
+    for (int i = 0; i < n; i++)
+        if ((!mask || mask[i]) && l[i] > mx) mx = l[i];
+    for (int i = 0; i < n; i++) {
+        out[i] = (!mask || mask[i]) ? exp((l[i] - mx) / T) : 0;
+        sum += out[i];
+    }
+    for (int i = 0; i < n; i++) out[i] /= sum;
+}
+
+static const float L6[6] = {2.0f, 1.5f, 1.0f, 0.2f, -0.5f, -3.0f};
+
+TEST(sampler, greedy_is_argmax_lowest_id_on_ties) {
+    struct sampler s;
+    ASSERT_EQ_INT(sampler_init(&s, 5), 0);
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.temperature = 0;
+    float l[5] = {0.1f, 3.0f, -1.0f, 3.0f, 2.9f};
+    struct sample_result r;
+    for (uint64_t seed = 0; seed < 5; seed++) {
+        p.seed = seed;
+        ASSERT_EQ_INT(sampler_sample(&s, &p, l, NULL, 0, NULL, 0, &r), 0);
+        ASSERT_EQ_INT(r.token, 1);
+    }
+    sampler_free(&s);
+}
+
+TEST(sampler, temperature_distribution) {
+    struct sampling_params p;
+    sampling_params_default(&p);
+    double want[6];
+    softmax_masked(L6, 6, 1.0, NULL, want);
+    check_dist(&p, L6, 6, NULL, 0, NULL, 0, want);
+    ASSERT_OK_SO_FAR();
+    p.temperature = 0.5f;
+    softmax_masked(L6, 6, 0.5, NULL, want);
+    check_dist(&p, L6, 6, NULL, 0, NULL, 0, want);
+    ASSERT_OK_SO_FAR();
+    p.temperature = 2.0f;
+    softmax_masked(L6, 6, 2.0, NULL, want);
+    check_dist(&p, L6, 6, NULL, 0, NULL, 0, want);
+}
+
+TEST(sampler, top_k_mask) {
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.top_k = 3;
+    int mask[6] = {1, 1, 1, 0, 0, 0};
+    double want[6];
+    softmax_masked(L6, 6, 1.0, mask, want);
+    check_dist(&p, L6, 6, NULL, 0, NULL, 0, want);
+    ASSERT_OK_SO_FAR();
+    p.top_k = 1; /* top_k 1 == greedy */
+    int m1[6] = {1, 0, 0, 0, 0, 0};
+    softmax_masked(L6, 6, 1.0, m1, want);
+    check_dist(&p, L6, 6, NULL, 0, NULL, 0, want);
+}
+
+TEST(sampler, top_p_mask) {
+    /* probabilities 0.5 0.3 0.15 0.05 */
+    float l[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.top_p = 0.7f; /* 0.5 < 0.7 <= 0.8: keep two */
+    double want[4] = {0.5 / 0.8, 0.3 / 0.8, 0, 0};
+    check_dist(&p, l, 4, NULL, 0, NULL, 0, want);
+    ASSERT_OK_SO_FAR();
+    p.top_p = 0.9f; /* keep three */
+    double w3[4] = {0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0};
+    check_dist(&p, l, 4, NULL, 0, NULL, 0, w3);
+    ASSERT_OK_SO_FAR();
+    /* top_k then top_p on the renormalised top-k mass: top_k 2 -> 0.625, 0.375;
+     * top_p 0.6 keeps only the first */
+    p.top_k = 2;
+    p.top_p = 0.6f;
+    double w1[4] = {1, 0, 0, 0};
+    check_dist(&p, l, 4, NULL, 0, NULL, 0, w1);
+}
+
+TEST(sampler, top_p_large_vocab_matches_full_sort) {
+    /* a long tail of tiny probabilities exercises the cut-off shortcut */
+    enum { V = 5000 };
+    float *l = malloc(V * sizeof *l);
+    for (int i = 0; i < V; i++) l[i] = -0.002f * i;
+    double *want = calloc(V, sizeof *want);
+    double *all = malloc(V * sizeof *all);
+    softmax_masked(l, V, 1.0, NULL, all);
+    double cum = 0;
+    int k = 0;
+    while (k < V) {
+        cum += all[k++];
+        if (cum >= 0.5) break;
+    }
+    for (int i = 0; i < k; i++) want[i] = all[i] / cum;
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.top_p = 0.5f;
+    /* check masks only (the per-token frequencies are too small to test) */
+    struct sampler s;
+    ASSERT_EQ_INT(sampler_init(&s, V), 0);
+    int below = 0;
+    for (int i = 0; i < 4000; i++) {
+        struct sample_result r;
+        p.seed = (uint64_t)i;
+        ASSERT_EQ_INT(sampler_sample(&s, &p, l, NULL, 0, NULL, 0, &r), 0);
+        ASSERT_MSG(r.token < k, "token %d outside the nucleus of %d", r.token, k);
+        below += r.token < k / 2;
+    }
+    /* about 58% of the nucleus mass lies in its first half */
+    double half = 0;
+    for (int i = 0; i < k / 2; i++) half += want[i];
+    ASSERT_NEAR(below / 4000.0, half, 0.04);
+    sampler_free(&s);
+    free(l);
+    free(want);
+    free(all);
+}
+
+TEST(sampler, min_p_mask) {
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.min_p = 0.3f; /* keep p >= 0.3 * p_max: exp(l - 2) >= 0.3 -> l >= 0.796 */
+    int mask[6] = {1, 1, 1, 0, 0, 0};
+    double want[6];
+    softmax_masked(L6, 6, 1.0, mask, want);
+    check_dist(&p, L6, 6, NULL, 0, NULL, 0, want);
+}
+
+TEST(sampler, penalties) {
+    struct sampler s;
+    ASSERT_EQ_INT(sampler_init(&s, 3), 0);
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.temperature = 0;
+    struct sample_result r;
+    /* repetition: positive logits are divided */
+    float a[3] = {2.0f, 1.9f, 0.0f};
+    int32_t out0[1] = {0};
+    ASSERT_EQ_INT(sampler_sample(&s, &p, a, NULL, 0, out0, 1, &r), 0);
+    ASSERT_EQ_INT(r.token, 0);
+    p.repetition_penalty = 1.2f;
+    ASSERT_EQ_INT(sampler_sample(&s, &p, a, NULL, 0, out0, 1, &r), 0);
+    ASSERT_EQ_INT(r.token, 1);
+    /* ... negative ones multiplied; prompt tokens count too */
+    float b[3] = {-1.0f, -1.1f, -5.0f};
+    ASSERT_EQ_INT(sampler_sample(&s, &p, b, out0, 1, NULL, 0, &r), 0);
+    ASSERT_EQ_INT(r.token, 1);
+    p.repetition_penalty = 1.0f;
+    /* frequency: minus count * f on output tokens only */
+    float c[3] = {1.0f, 0.5f, 0.0f};
+    int32_t out00[2] = {0, 0};
+    p.frequency_penalty = 0.3f;
+    ASSERT_EQ_INT(sampler_sample(&s, &p, c, NULL, 0, out00, 2, &r), 0);
+    ASSERT_EQ_INT(r.token, 1); /* 1 - 0.6 < 0.5 */
+    ASSERT_EQ_INT(sampler_sample(&s, &p, c, out00, 2, NULL, 0, &r), 0);
+    ASSERT_EQ_INT(r.token, 0); /* prompt tokens do not count */
+    p.frequency_penalty = 0;
+    p.presence_penalty = 0.3f;
+    ASSERT_EQ_INT(sampler_sample(&s, &p, c, NULL, 0, out00, 2, &r), 0);
+    ASSERT_EQ_INT(r.token, 0); /* 1 - 0.3 > 0.5 */
+    p.presence_penalty = 0.6f;
+    ASSERT_EQ_INT(sampler_sample(&s, &p, c, NULL, 0, out00, 2, &r), 0);
+    ASSERT_EQ_INT(r.token, 1);
+    /* the scratch state is clean afterwards: no penalty without history */
+    p.presence_penalty = 0;
+    ASSERT_EQ_INT(sampler_sample(&s, &p, c, NULL, 0, NULL, 0, &r), 0);
+    ASSERT_EQ_INT(r.token, 0);
+    sampler_free(&s);
+
+    /* frequency penalty reshapes the sampled distribution exactly */
+    sampling_params_default(&p);
+    p.frequency_penalty = 0.5f;
+    int32_t hist[3] = {0, 0, 1};
+    float pen[6];
+    for (int i = 0; i < 6; i++) pen[i] = L6[i];
+    pen[0] -= 1.0f;
+    pen[1] -= 0.5f;
+    double want[6];
+    softmax_masked(pen, 6, 1.0, NULL, want);
+    check_dist(&p, L6, 6, NULL, 0, hist, 3, want);
+}
+
+TEST(sampler, logit_bias) {
+    struct sampling_params p;
+    sampling_params_default(&p);
+    struct logit_bias lb[3] = {{0, -INFINITY}, {4, 3.0f}, {99, 5.0f} /* out of vocab: ignored */};
+    p.logit_bias = lb;
+    p.n_logit_bias = 3;
+    float biased[6];
+    for (int i = 0; i < 6; i++) biased[i] = L6[i];
+    biased[4] += 3.0f;
+    int mask[6] = {0, 1, 1, 1, 1, 1};
+    double want[6];
+    softmax_masked(biased, 6, 1.0, mask, want);
+    check_dist(&p, L6, 6, NULL, 0, NULL, 0, want);
+    ASSERT_OK_SO_FAR();
+    /* greedy honours the bias too, and logprobs stay raw */
+    struct sampler s;
+    ASSERT_EQ_INT(sampler_init(&s, 6), 0);
+    p.temperature = 0;
+    struct sample_result r;
+    ASSERT_EQ_INT(sampler_sample(&s, &p, L6, NULL, 0, NULL, 0, &r), 0);
+    ASSERT_EQ_INT(r.token, 4);
+    double raw[6];
+    softmax_masked(L6, 6, 1.0, NULL, raw);
+    ASSERT_NEAR(r.logprob, log(raw[4]), 1e-5);
+    sampler_free(&s);
+}
+
+TEST(sampler, seeds_reproduce_independent_of_other_calls) {
+    enum { V = 50 };
+    float l[V];
+    for (int i = 0; i < V; i++) l[i] = sinf((float)i) * 2;
+    struct sampler s;
+    ASSERT_EQ_INT(sampler_init(&s, V), 0);
+    struct sampling_params p, q;
+    sampling_params_default(&p);
+    p.temperature = 0.9f;
+    p.top_p = 0.95f;
+    p.seed = 1234;
+    q = p;
+    q.seed = 999;
+    int32_t a[32], b[32], other[32];
+    for (int i = 0; i < 32; i++) { /* alone */
+        struct sample_result r;
+        sampler_sample(&s, &p, l, NULL, 0, a, i, &r);
+        a[i] = r.token;
+    }
+    for (int i = 0; i < 32; i++) { /* interleaved with another request */
+        struct sample_result r;
+        sampler_sample(&s, &q, l, NULL, 0, other, i, &r);
+        other[i] = r.token;
+        sampler_sample(&s, &p, l, NULL, 0, b, i, &r);
+        b[i] = r.token;
+    }
+    int diff_other = 0;
+    for (int i = 0; i < 32; i++) {
+        ASSERT_EQ_INT(a[i], b[i]);
+        diff_other += a[i] != other[i];
+    }
+    ASSERT(diff_other > 0); /* another seed gives another sequence */
+    ASSERT(sampler_uniform(1, 0) != sampler_uniform(1, 1));
+    ASSERT(sampler_uniform(1, 0) != sampler_uniform(2, 0));
+    ASSERT(sampler_uniform(5, 5) == sampler_uniform(5, 5));
+    sampler_free(&s);
+}
+
+TEST(sampler, logprobs_consistent) {
+    enum { V = 12 };
+    float l[V];
+    for (int i = 0; i < V; i++) l[i] = cosf((float)i * 1.3f) * 3;
+    struct sampler s;
+    ASSERT_EQ_INT(sampler_init(&s, V), 0);
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.temperature = 0.7f;
+    p.n_logprobs = V;
+    p.seed = 3;
+    struct sample_result r;
+    ASSERT_EQ_INT(sampler_sample(&s, &p, l, NULL, 0, NULL, 0, &r), 0);
+    ASSERT_EQ_INT(r.n_top, V);
+    double sum = 0;
+    int found = 0;
+    for (int i = 0; i < V; i++) {
+        sum += exp(r.top_logprobs[i]);
+        if (i) ASSERT(r.top_logprobs[i] <= r.top_logprobs[i - 1]);
+        ASSERT_NEAR(r.top_logprobs[i] - r.top_logprobs[0], l[r.top_ids[i]] - l[r.top_ids[0]], 1e-5);
+        if (r.top_ids[i] == r.token) {
+            found = 1;
+            ASSERT_NEAR(r.top_logprobs[i], r.logprob, 1e-6);
+        }
+    }
+    ASSERT(found);
+    ASSERT_NEAR(sum, 1.0, 1e-5); /* raw logprobs: temperature does not enter */
+    p.n_logprobs = 3;
+    ASSERT_EQ_INT(sampler_sample(&s, &p, l, NULL, 0, NULL, 0, &r), 0);
+    ASSERT_EQ_INT(r.n_top, 3);
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (l[i] > l[best]) best = i;
+    ASSERT_EQ_INT(r.top_ids[0], best);
+    sampler_free(&s);
+}
+
+TEST(sampler, params_check) {
+    struct sampling_params p;
+    sampling_params_default(&p);
+    char err[128];
+    ASSERT_EQ_INT(sampling_params_check(&p, err, sizeof err), 0);
+    p.top_p = 0;
+    ASSERT(sampling_params_check(&p, err, sizeof err) < 0);
+    ASSERT_CONTAINS(err, "top_p");
+    sampling_params_default(&p);
+    p.temperature = -1;
+    ASSERT(sampling_params_check(&p, err, sizeof err) < 0);
+    ASSERT_CONTAINS(err, "temperature");
+    sampling_params_default(&p);
+    p.n_logprobs = SAMPLER_MAX_LOGPROBS + 1;
+    ASSERT(sampling_params_check(&p, err, sizeof err) < 0);
+}

@@ -1,0 +1,107 @@
+/* w4a16.h — fused W4A16 linear layers on CUDA: y[M,N] = x[M,K] @ W[K,N] with
+ * W kept INT4 on the device (AWQ group quantization, W = (q - z) * s per group
+ * of G rows of K) and x, y fp16. See docs/KERNELS.md for the kernels, the
+ * device weight layout and the measured dispatch.
+ *
+ * Usage:
+ *     struct w4a16_weight *w;
+ *     char err[256];
+ *     if (w4a16_upload(&layer->down, W4A16_LAYOUT_PLAIN, &w, err, sizeof err)) ...
+ *     size_t ws = w4a16_workspace_bytes(w, max_rows);    // optional split-K space
+ *     void *d_ws; cudaMalloc(&d_ws, ws);
+ *     w4a16_linear(w, d_x, m, d_y, W4A16_EPI_NONE, d_ws, ws, stream, err, sizeof err);
+ *     ...
+ *     w4a16_free(w);
+ *
+ * Layouts (chosen at upload):
+ *   W4A16_LAYOUT_PLAIN    y[M, N] = x @ W (+ bias[N] with W4A16_EPI_BIAS).
+ *   W4A16_LAYOUT_GATE_UP  for the fused gate|up matrix (N = 2 * inter; the
+ *                         checkpoint's columns [0, inter) are gate, [inter, N)
+ *                         up). The upload interleaves them so one tile holds
+ *                         matching gate/up columns; the only valid epilogue is
+ *                         W4A16_EPI_SILU_MUL (optionally | W4A16_EPI_BIAS),
+ *                         which writes y[M, inter] = silu(x@Wg + bg) * (x@Wu + bu).
+ *
+ * Shapes: K % 64 == 0, G % 64 == 0 (AWQ uses G = 128), K % G == 0, N % 8 == 0
+ * (GATE_UP: inter % 8 == 0). M >= 1 is any size. x and y are device pointers,
+ * fp16 bit patterns, row-major, 16-byte aligned (cudaMalloc'd + multiples of 8
+ * elements per row are).
+ *
+ * Workspace: kernels may split K across blocks for small M; the partial sums
+ * (fp32) go to the caller's workspace and are added in a fixed order (results
+ * are bitwise deterministic for a given M). ws may be NULL / too small: the
+ * call then uses fewer splits (still correct, possibly slower).
+ *
+ * Errors: negative errno with a message in err (NULL ok): -EINVAL for shapes
+ * and arguments, -ENOMEM / -EIO from CUDA (every CUDA call is checked).
+ *
+ * Thread safety: a weight is read-only after upload except for its split-K
+ * arrival counters: one weight must not run on two streams at the same time
+ * (each tensor-parallel rank owns its own weights). Any host thread may call. */
+#ifndef AWQD_W4A16_H
+#define AWQD_W4A16_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct awq_linear;   /* engine/ckpt.h */
+struct w4a16_weight; /* device copy of one AWQ linear; opaque */
+
+enum w4a16_layout { W4A16_LAYOUT_PLAIN = 0, W4A16_LAYOUT_GATE_UP = 1 };
+
+enum w4a16_epilogue {
+    W4A16_EPI_NONE = 0,
+    W4A16_EPI_BIAS = 1,     /* + bias[n] (the weight must have a bias) */
+    W4A16_EPI_SILU_MUL = 2, /* GATE_UP layout only: y = silu(gate) * up, [M, N/2] */
+};
+
+/* Forces one kernel (for benchmarks and tests); W4A16_KERNEL_AUTO = dispatch. */
+enum w4a16_kernel {
+    W4A16_KERNEL_AUTO = 0,
+    W4A16_KERNEL_SKINNY = 1, /* streaming tensor-core GEMV, M <= 32, split-K */
+    W4A16_KERNEL_TC64 = 2,   /* pipelined tensor-core GEMM, block tile 128 n x 64 m */
+    W4A16_KERNEL_TC128 = 3,  /* pipelined tensor-core GEMM, block tile 128 n x 128 m */
+};
+
+/* Copies one AWQ linear (host memory, AutoAWQ packing) to the current device,
+ * repacked for the kernels (still 4 bits per weight; docs/KERNELS.md). */
+int w4a16_upload(const struct awq_linear *l, enum w4a16_layout layout,
+                 struct w4a16_weight **out, char *err, size_t errlen);
+void w4a16_free(struct w4a16_weight *w); /* NULL ok */
+
+/* K, N (as in the checkpoint), output columns (N, or N/2 for GATE_UP), device
+ * bytes held. */
+int w4a16_k(const struct w4a16_weight *w);
+int w4a16_n(const struct w4a16_weight *w);
+int w4a16_out_cols(const struct w4a16_weight *w);
+size_t w4a16_device_bytes(const struct w4a16_weight *w);
+
+/* Workspace bytes that let every call with M <= max_m use its preferred split. */
+size_t w4a16_workspace_bytes(const struct w4a16_weight *w, int max_m);
+
+/* y = epilogue(x @ W). x: fp16 [m, K] device; y: fp16 [m, out_cols] device.
+ * Enqueued on stream s; returns once launched. */
+int w4a16_linear(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_t *y,
+                 int epilogue, void *workspace, size_t ws_bytes, cudaStream_t s,
+                 char *err, size_t errlen);
+
+/* Same with a forced kernel and split count (ksplit <= 0: automatic). */
+int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_t *y,
+                    int epilogue, enum w4a16_kernel kernel, int ksplit, void *workspace,
+                    size_t ws_bytes, cudaStream_t s, char *err, size_t errlen);
+
+/* The kernel and split that w4a16_linear picks for m rows (for logs/benchmarks). */
+void w4a16_choice(const struct w4a16_weight *w, int m, enum w4a16_kernel *kernel,
+                  int *ksplit);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -4,8 +4,10 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/util.h"
 
@@ -438,3 +440,233 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
     if ((rc = O->sync(c))) return util_err(err, errlen, rc, "model: backend sync failed");
     return 0;
 }
+
+/* ======================================================================== */
+/* model_group: one worker thread per rank                                  */
+/* ======================================================================== */
+
+enum { JOB_NONE = 0, JOB_FORWARD, JOB_COPY, JOB_EXIT };
+
+struct rank_worker {
+    struct model_group *g;
+    int rank;
+    pthread_t th;
+    int started;
+    struct ops *ops;
+    struct comm *comm;
+    struct model *m;
+    int rc;                       /* last job's status */
+    char err[256];
+};
+
+struct model_group {
+    int tp;
+    struct rank_worker *w;        /* [tp] */
+    pthread_mutex_t mu;
+    pthread_cond_t start, done;
+    unsigned long gen;            /* bumped per job */
+    int pending;                  /* workers not done with the current job */
+    int job;
+    const struct batch *b;
+    float *logits;
+    int cp_dst, cp_src;
+    /* init only */
+    struct ckpt *ck;
+    const struct model_group_opts *o;
+};
+
+void model_group_opts_default(struct model_group_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->backend = "cpu";
+    o->tp = 1;
+    model_opts_default(&o->model);
+}
+
+static void worker_done(struct model_group *g) {
+    pthread_mutex_lock(&g->mu);
+    if (--g->pending == 0) pthread_cond_broadcast(&g->done);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static int worker_init(struct rank_worker *w) {
+    struct model_group *g = w->g;
+    const struct model_group_opts *o = g->o;
+    int rc;
+    if (!strcmp(o->backend, "cpu")) {
+        int th = o->cpu_threads;
+        if (th <= 0) {
+            long nc = sysconf(_SC_NPROCESSORS_ONLN);
+            th = nc > g->tp ? (int)nc / g->tp : 1;
+        }
+        rc = ops_cpu_create(th, &w->ops, w->err, sizeof w->err);
+    } else if (!strcmp(o->backend, "cuda")) {
+#ifdef AWQD_CUDA
+        int dev = o->devices ? o->devices[w->rank] : w->rank;
+        rc = ops_cuda_create(dev, &w->ops, w->err, sizeof w->err);
+#else
+        rc = util_err(w->err, sizeof w->err, -ENOTSUP,
+                      "backend cuda: this build has no CUDA backend (build with CUDA=1)");
+#endif
+    } else {
+        rc = util_err(w->err, sizeof w->err, -EINVAL, "unknown backend \"%s\" (cpu, cuda)",
+                      o->backend);
+    }
+    if (rc) return rc;
+    struct model_weights mw;
+    memset(&mw, 0, sizeof mw);
+    char e[200];
+    if ((rc = ckpt_load(g->ck, w->rank, g->tp, &mw, e, sizeof e)))
+        return util_err(w->err, sizeof w->err, rc, "rank %d: %s", w->rank, e);
+    rc = model_init(&mw, w->ops, w->comm, &o->model, &w->m, e, sizeof e);
+    model_weights_free(&mw);
+    if (rc) return util_err(w->err, sizeof w->err, rc, "rank %d: %s", w->rank, e);
+    return 0;
+}
+
+static void *worker_main(void *arg) {
+    struct rank_worker *w = arg;
+    struct model_group *g = w->g;
+    w->rc = worker_init(w);
+    unsigned long seen = 0;
+    pthread_mutex_lock(&g->mu);
+    seen = g->gen;
+    pthread_mutex_unlock(&g->mu);
+    worker_done(g);
+    for (;;) {
+        pthread_mutex_lock(&g->mu);
+        while (g->gen == seen) pthread_cond_wait(&g->start, &g->mu);
+        seen = g->gen;
+        int job = g->job;
+        pthread_mutex_unlock(&g->mu);
+        if (job == JOB_EXIT) break;
+        if (job == JOB_FORWARD)
+            w->rc = model_forward(w->m, g->b, g->logits, w->err, sizeof w->err);
+        else if (job == JOB_COPY)
+            model_copy_block(w->m, g->cp_dst, g->cp_src);
+        worker_done(g);
+    }
+    return NULL;
+}
+
+/* Runs one job on every worker and waits for all. */
+static void group_run(struct model_group *g, int job) {
+    pthread_mutex_lock(&g->mu);
+    g->job = job;
+    g->pending = g->tp;
+    g->gen++;
+    pthread_cond_broadcast(&g->start);
+    if (job != JOB_EXIT)
+        while (g->pending > 0) pthread_cond_wait(&g->done, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+void model_group_free(struct model_group *g) {
+    if (!g) return;
+    int any = 0;
+    for (int r = 0; r < g->tp; r++) any |= g->w[r].started;
+    if (any) {
+        pthread_mutex_lock(&g->mu);
+        g->job = JOB_EXIT;
+        g->gen++;
+        pthread_cond_broadcast(&g->start);
+        pthread_mutex_unlock(&g->mu);
+    }
+    for (int r = 0; r < g->tp; r++) {
+        struct rank_worker *w = &g->w[r];
+        if (w->started) pthread_join(w->th, NULL);
+        model_free(w->m);
+        comm_free(w->comm);
+        ops_destroy(w->ops);
+    }
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->start);
+    pthread_cond_destroy(&g->done);
+    free(g->w);
+    free(g);
+}
+
+int model_group_init(struct ckpt *ck, const struct model_group_opts *o, struct model_group **out,
+                     char *err, size_t errlen) {
+    *out = NULL;
+    int tp = o->tp < 1 ? 1 : o->tp;
+    const char *backend = o->backend ? o->backend : "cpu";
+    if (tp > 1 && strcmp(backend, "cpu") != 0)
+        return util_err(err, errlen, -ENOTSUP,
+                        "tensor parallel on backend %s needs its communicator (comm/cuda), not built yet",
+                        backend);
+    struct model_group *g = calloc(1, sizeof *g);
+    if (!g) return util_err(err, errlen, -ENOMEM, "model group: out of memory");
+    g->tp = tp;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->start, NULL);
+    pthread_cond_init(&g->done, NULL);
+    g->w = calloc((size_t)tp, sizeof *g->w);
+    struct comm **comms = calloc((size_t)tp, sizeof *comms);
+    int rc = 0;
+    if (!g->w || !comms) {
+        free(comms);
+        model_group_free(g);
+        return util_err(err, errlen, -ENOMEM, "model group: out of memory");
+    }
+    rc = tp == 1 ? comm_cpu_single(&comms[0]) : comm_cpu_group(tp, comms);
+    if (rc) {
+        free(comms);
+        model_group_free(g);
+        return util_err(err, errlen, rc, "model group: cannot create the communicator");
+    }
+    struct model_group_opts oo = *o;
+    oo.backend = backend;
+    oo.tp = tp;
+    g->ck = ck;
+    g->o = &oo;
+    g->pending = tp;
+    for (int r = 0; r < tp; r++) {
+        g->w[r].g = g;
+        g->w[r].rank = r;
+        g->w[r].comm = comms[r];
+    }
+    free(comms);
+    for (int r = 0; r < tp; r++) {
+        if (pthread_create(&g->w[r].th, NULL, worker_main, &g->w[r])) {
+            /* init has no collectives: the started ranks finish it alone */
+            pthread_mutex_lock(&g->mu);
+            g->pending -= tp - r;
+            pthread_mutex_unlock(&g->mu);
+            rc = util_err(err, errlen, -EAGAIN, "model group: cannot start thread %d", r);
+            break;
+        }
+        g->w[r].started = 1;
+    }
+    pthread_mutex_lock(&g->mu);
+    while (g->pending > 0) pthread_cond_wait(&g->done, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+    g->ck = NULL;
+    g->o = NULL;
+    for (int r = 0; r < tp && !rc; r++)
+        if (g->w[r].rc) rc = util_err(err, errlen, g->w[r].rc, "%s", g->w[r].err);
+    if (rc) {
+        model_group_free(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+int model_group_forward(struct model_group *g, const struct batch *b, float *logits, char *err,
+                        size_t errlen) {
+    g->b = b;
+    g->logits = logits;
+    group_run(g, JOB_FORWARD);
+    for (int r = 0; r < g->tp; r++)
+        if (g->w[r].rc) return util_err(err, errlen, g->w[r].rc, "%s", g->w[r].err);
+    return 0;
+}
+
+void model_group_copy_block(struct model_group *g, int dst, int src) {
+    g->cp_dst = dst;
+    g->cp_src = src;
+    group_run(g, JOB_COPY);
+}
+
+struct model *model_group_rank0(struct model_group *g) { return g->w[0].m; }
+int model_group_tp(const struct model_group *g) { return g->tp; }

@@ -108,4 +108,45 @@ size_t model_kv_block_bytes(const struct model_weights *w, int block_size, int a
  * config (default and llama3 scaling). inv_freq: [head_dim / 2]. */
 void model_rope_inv_freq(const struct model_config *cfg, float *inv_freq);
 
+/* ------------------------------------------------------------------------ */
+/* model_group: all tensor-parallel ranks of one model, one thread per rank  */
+/* ------------------------------------------------------------------------ */
+/* The scheduler's view of a model on 1..N devices (seed 001's threading):
+ * each rank has a worker thread that owns its backend instance (CPU ops, or
+ * one CUDA device), its comm handle, its weight shard and its KV shard.
+ * model_group_forward hands the batch to every worker (mutex + condition
+ * variables), waits for all, and returns the full logits.
+ *
+ *     struct model_group_opts go;  model_group_opts_default(&go);
+ *     go.backend = "cpu"; go.tp = 2; go.model.n_blocks = 256;
+ *     struct model_group *g;
+ *     if (model_group_init(ck, &go, &g, err, sizeof err)) { ... }
+ *     model_group_forward(g, &batch, logits, err, sizeof err);
+ *     model_group_free(g);
+ *
+ * The ckpt (engine/ckpt.h) is only used during init (each worker loads its
+ * shard, then frees the host copy). Thread safety: one caller at a time. */
+struct model_group_opts {
+    const char *backend;          /* "cpu" (default) or "cuda" */
+    int tp;                       /* ranks (default 1) */
+    const int *devices;           /* CUDA device of each rank, or NULL: 0..tp-1 */
+    int cpu_threads;              /* CPU backend threads per rank (0: cores / tp) */
+    struct model_opts model;      /* per-rank model options (KV blocks etc.) */
+};
+
+struct model_group;
+struct ckpt;
+
+void model_group_opts_default(struct model_group_opts *o);
+int model_group_init(struct ckpt *ck, const struct model_group_opts *o, struct model_group **out,
+                     char *err, size_t errlen);
+void model_group_free(struct model_group *g);
+int model_group_forward(struct model_group *g, const struct batch *b, float *logits, char *err,
+                        size_t errlen);
+/* model_copy_block on every rank. */
+void model_group_copy_block(struct model_group *g, int dst, int src);
+/* Rank 0's model (config, options; do not run it directly). */
+struct model *model_group_rank0(struct model_group *g);
+int model_group_tp(const struct model_group *g);
+
 #endif

@@ -86,8 +86,8 @@ TEST(cpu_ops, linear_matches_autoawq_dequant) {
                 maxabs = fmax(maxabs, fabs(ref));
                 maxerr = fmax(maxerr, fabs(ref - y[i * N + j]));
             }
-        /* the fixture's dequant is rounded to fp16; ours is exact in fp32 */
-        ASSERT_MSG(maxerr <= 2e-3 * maxabs, "layer %s: max error %g of %g", names[li], maxerr, maxabs);
+        /* same fp16 weights as AutoAWQ's dequant: only fp32 summation order differs */
+        ASSERT_MSG(maxerr <= 1e-5 * maxabs, "layer %s: max error %g of %g", names[li], maxerr, maxabs);
         free(y);
         free(x);
         free(bias);

@@ -16,7 +16,7 @@ struct cpu_ctx {
     struct cpu_pool *pool;
 };
 
-/* One linear layer, dequantized and transposed so each output column is a
+/* One linear layer, dequantized (to fp16 values) and transposed so each output column is a
  * contiguous dot product. */
 struct op_linear {
     int k, n;
@@ -53,6 +53,17 @@ static float half_to_float(uint16_t h) {
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
+}
+
+/* Rounds to the nearest fp16 value (ties to even), as fp16 arithmetic would:
+ * AutoAWQ's dequantization computes (q - z) * s in fp16, and so do the CUDA
+ * kernels, so the reference does too. Normal and subnormal range. */
+static float round_to_half(float x) {
+    if (x == 0 || !isfinite(x)) return x;
+    int e;
+    frexpf(x, &e); /* |x| = m * 2^e, m in [0.5, 1) */
+    int q = e - 11 < -24 ? -24 : e - 11;
+    return ldexpf(nearbyintf(ldexpf(x, -q)), q);
 }
 
 static const int awq_order[8] = {0, 4, 1, 5, 2, 6, 3, 7};
@@ -131,7 +142,7 @@ static struct op_linear *cpu_upload_linear(void *ctx, const struct awq_linear *l
                 int qv = (int)((q >> (4 * awq_order[j])) & 0xf);
                 int zv = (int)((z >> (4 * awq_order[j])) & 0xf);
                 float s = half_to_float(l->scales[(size_t)g * l->n + col]);
-                o->wt[(size_t)col * l->k + k] = (float)(qv - zv) * s;
+                o->wt[(size_t)col * l->k + k] = round_to_half((float)(qv - zv) * s);
             }
         }
     }

@@ -130,6 +130,20 @@ int ckpt_load(struct ckpt *ck, int rank, int tp, struct model_weights *w, char *
               size_t errlen);
 void model_weights_free(struct model_weights *w);
 
+/* Additions (checkpoint engineer) ------------------------------------------ */
+
+/* Bytes the struct model_weights of (rank, tp) holds, without loading: the
+ * per-GPU weight bytes `awqd inspect --tp N` reports. Same divisibility checks
+ * and messages as ckpt_load. */
+int ckpt_rank_bytes(const struct ckpt *ck, int rank, int tp, uint64_t *bytes, char *err,
+                    size_t errlen);
+/* The mapped safetensors of the checkpoint (engine/safetensors.h), e.g. for
+ * `awqd quantize` reading an unquantized one. Valid until ckpt_close. */
+struct safetensors;
+const struct safetensors *ckpt_safetensors(const struct ckpt *ck);
+/* The directory given to ckpt_open (without a trailing '/'). */
+const char *ckpt_dir(const struct ckpt *ck);
+
 /* Dequantizes one AWQ linear into w[K, N] fp32 (the CPU reference's view). */
 void awq_dequant(const struct awq_linear *l, float *w);
 

@@ -1,0 +1,400 @@
+/* test_ckpt.c — checkpoints: the three fixtures load at tp=1 with their
+ * config; fused q|k|v and gate|up equal the source projections; shards at
+ * tp=2 and tp=4 reassemble to the unsharded tensors; a corpus of broken
+ * checkpoints each gives its own message. */
+#include "tests/harness/test.h"
+
+#include "engine/ckpt.h"
+#include "engine/safetensors.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------ */
+/* independent reference: dequantize straight from the file's tensors       */
+
+/* AutoAWQ packs column order_map[i] into nibble i. */
+static const int k_order_map[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+
+static int nibble_of_col(int j) {
+    for (int i = 0; i < 8; i++)
+        if (k_order_map[i] == j) return i;
+    return -1;
+}
+
+/* W[K, N] fp32 of projection `base` from the safetensors directly. */
+static float *ref_dequant(const struct safetensors *st, const char *base, int *K, int *N) {
+    char nm[256];
+    snprintf(nm, sizeof nm, "%s.qweight", base);
+    const struct st_tensor *q = safetensors_find(st, nm);
+    snprintf(nm, sizeof nm, "%s.qzeros", base);
+    const struct st_tensor *z = safetensors_find(st, nm);
+    snprintf(nm, sizeof nm, "%s.scales", base);
+    const struct st_tensor *s = safetensors_find(st, nm);
+    if (!q || !z || !s) return NULL;
+    int k = (int)q->shape[0], n = (int)q->shape[1] * 8, g = k / (int)z->shape[0];
+    float *w = malloc((size_t)k * n * sizeof *w);
+    const uint32_t *qd = q->data, *zd = z->data;
+    const uint16_t *sd = s->data;
+    for (int r = 0; r < k; r++)
+        for (int c = 0; c < n; c++) {
+            int sh = 4 * nibble_of_col(c % 8);
+            int qi = (int)((qd[(size_t)r * (n / 8) + c / 8] >> sh) & 15);
+            int zi = (int)((zd[(size_t)(r / g) * (n / 8) + c / 8] >> sh) & 15);
+            float sc = s->dtype == ST_F16 ? fp16_to_f32(sd[(size_t)(r / g) * n + c])
+                                          : bf16_to_f32(sd[(size_t)(r / g) * n + c]);
+            w[(size_t)r * n + c] = (float)(qi - zi) * sc;
+        }
+    *K = k;
+    *N = n;
+    return w;
+}
+
+static float *dq(const struct awq_linear *l) {
+    float *w = malloc((size_t)l->k * l->n * sizeof *w);
+    awq_dequant(l, w);
+    return w;
+}
+
+/* ------------------------------------------------------------------------ */
+/* fp16                                                                      */
+
+TEST(ckpt, fp16_conversion_exact) {
+    /* every fp16 survives fp16 -> f32 -> fp16 (NaNs stay NaN) */
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = fp16_to_f32((uint16_t)h);
+        uint16_t back = f32_to_fp16(f);
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) {
+            ASSERT_MSG((back & 0x7c00) == 0x7c00 && (back & 0x3ff), "NaN %04x -> %04x", h, back);
+        } else {
+            ASSERT_MSG(back == h, "%04x -> %g -> %04x", h, f, back);
+        }
+    }
+    ASSERT_EQ_INT(f32_to_fp16(1.0f), 0x3c00);
+    ASSERT_EQ_INT(f32_to_fp16(65504.0f), 0x7bff);
+    ASSERT_EQ_INT(f32_to_fp16(65520.0f), 0x7c00);     /* ties up to inf */
+    ASSERT_EQ_INT(f32_to_fp16(65519.0f), 0x7bff);
+    ASSERT_EQ_INT(f32_to_fp16(5.9604645e-08f), 0x0001); /* 2^-24 */
+    ASSERT_EQ_INT(f32_to_fp16(2.9802322e-08f), 0x0000); /* 2^-25 ties to even 0 */
+    ASSERT_EQ_INT(f32_to_fp16(-2.0f), 0xc000);
+    /* round to nearest even between two fp16 neighbours: 1 + 2^-11 is a tie */
+    ASSERT_EQ_INT(f32_to_fp16(1.0f + 1.0f / 2048), 0x3c00);
+    ASSERT_EQ_INT(f32_to_fp16(1.0f + 3.0f / 2048), 0x3c02);
+    ASSERT_NEAR(fp16_to_f32(0x3555), 0.33325195, 1e-8);
+    ASSERT_NEAR(bf16_to_f32(0x3f80), 1.0, 0);
+    ASSERT_NEAR(bf16_to_f32(0xc0a0), -5.0, 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* fixtures                                                                  */
+
+static int open_fixture(const char *name, struct ckpt **ck) {
+    char err[512];
+    const char *dir = test_fixture(name);
+    if (access(dir, R_OK)) return 1;
+    int rc = ckpt_open(dir, ck, err, sizeof err);
+    if (rc) test_fail(__FILE__, __LINE__, "ckpt_open %s: %s", dir, err);
+    return rc ? -1 : 0;
+}
+
+static const char *k_proj[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+                                "mlp.down_proj"};
+
+/* Checks w (one rank) against the unsharded source tensors. */
+static void check_rank(const struct ckpt *ck, const struct model_weights *w) {
+    const struct model_config *c = ckpt_config(ck);
+    const struct safetensors *st = ckpt_safetensors(ck);
+    int hd = c->head_dim, r = w->rank;
+    int nh = w->n_heads, nkv = w->n_kv_heads, ks = w->kv_head_start, in = w->intermediate;
+    /* GQA: every local query head's KV head is local */
+    int group = c->n_heads / c->n_kv_heads;
+    for (int i = 0; i < nh; i++) {
+        int kvh = (r * nh + i) / group;
+        ASSERT_MSG(kvh >= ks && kvh < ks + nkv, "rank %d q head %d needs kv head %d, has [%d,%d)",
+                   r, r * nh + i, kvh, ks, ks + nkv);
+    }
+    /* vocabulary rows */
+    const struct st_tensor *emb = safetensors_find(st, "model.embed_tokens.weight");
+    ASSERT(emb && emb->dtype == ST_F16);
+    for (int v = 0; v < w->vocab_rows; v++) {
+        int gv = w->vocab_start + v;
+        const uint16_t *row = w->embed + (size_t)v * c->hidden;
+        if (gv < c->vocab) {
+            ASSERT_MSG(memcmp(row, (const uint16_t *)emb->data + (size_t)gv * c->hidden,
+                              (size_t)c->hidden * 2) == 0, "embed row %d", gv);
+        } else {
+            for (int i = 0; i < c->hidden; i++) ASSERT_MSG(row[i] == 0, "padding row %d", gv);
+        }
+    }
+    if (c->tie_embeddings) {
+        ASSERT(w->lm_head == w->embed);
+    } else {
+        const struct st_tensor *lm = safetensors_find(st, "lm_head.weight");
+        ASSERT(lm && w->lm_head != w->embed);
+        int real = c->vocab - w->vocab_start;
+        if (real > w->vocab_rows) real = w->vocab_rows;
+        if (real > 0)
+            ASSERT(memcmp(w->lm_head, (const uint16_t *)lm->data +
+                          (size_t)w->vocab_start * c->hidden, (size_t)real * c->hidden * 2) == 0);
+    }
+    const struct st_tensor *fn = safetensors_find(st, "model.norm.weight");
+    ASSERT(memcmp(w->final_norm, fn->data, (size_t)c->hidden * 2) == 0);
+
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct layer_weights *L = &w->layers[l];
+        char base[7][128], nm[200];
+        float *full[7];
+        int K[7], N[7];
+        for (int p = 0; p < 7; p++) {
+            snprintf(base[p], sizeof base[p], "model.layers.%d.%s", l, k_proj[p]);
+            full[p] = ref_dequant(st, base[p], &K[p], &N[p]);
+            ASSERT_MSG(full[p] != NULL, "%s missing", base[p]);
+        }
+        snprintf(nm, sizeof nm, "model.layers.%d.input_layernorm.weight", l);
+        ASSERT(memcmp(L->attn_norm, safetensors_find(st, nm)->data, (size_t)c->hidden * 2) == 0);
+        snprintf(nm, sizeof nm, "model.layers.%d.post_attention_layernorm.weight", l);
+        ASSERT(memcmp(L->mlp_norm, safetensors_find(st, nm)->data, (size_t)c->hidden * 2) == 0);
+        if (c->qk_norm) {
+            snprintf(nm, sizeof nm, "model.layers.%d.self_attn.q_norm.weight", l);
+            ASSERT(L->q_norm && memcmp(L->q_norm, safetensors_find(st, nm)->data, (size_t)hd * 2) == 0);
+            snprintf(nm, sizeof nm, "model.layers.%d.self_attn.k_norm.weight", l);
+            ASSERT(L->k_norm && memcmp(L->k_norm, safetensors_find(st, nm)->data, (size_t)hd * 2) == 0);
+        } else {
+            ASSERT(!L->q_norm && !L->k_norm);
+        }
+        /* q|k|v columns of this rank's heads */
+        ASSERT_EQ_INT(L->qkv.k, c->hidden);
+        ASSERT_EQ_INT(L->qkv.n, (nh + 2 * nkv) * hd);
+        ASSERT_EQ_INT(L->qkv.group, c->group_size);
+        float *wq = dq(&L->qkv);
+        const struct st_tensor *bias[3] = {0};
+        for (int p = 0; p < 3 && c->qkv_bias; p++) {
+            snprintf(nm, sizeof nm, "%.120s.bias", base[p]);
+            bias[p] = safetensors_find(st, nm);
+        }
+        ASSERT((L->qkv.bias != NULL) == (c->qkv_bias != 0));
+        for (int j = 0; j < L->qkv.n; j++) {
+            int p, gc;
+            if (j < nh * hd) p = 0, gc = r * nh * hd + j;
+            else if (j < (nh + nkv) * hd) p = 1, gc = ks * hd + j - nh * hd;
+            else p = 2, gc = ks * hd + j - (nh + nkv) * hd;
+            for (int k = 0; k < c->hidden; k++)
+                if (wq[(size_t)k * L->qkv.n + j] != full[p][(size_t)k * N[p] + gc]) {
+                    test_fail(__FILE__, __LINE__, "layer %d rank %d qkv[%d][%d] != %s[%d][%d]", l,
+                              r, k, j, base[p], k, gc);
+                    break;
+                }
+            if (L->qkv.bias)
+                ASSERT_MSG(L->qkv.bias[j] == ((const uint16_t *)bias[p]->data)[gc],
+                           "qkv bias %d", j);
+        }
+        free(wq);
+        /* o: this rank's rows; bias on rank 0 only */
+        ASSERT_EQ_INT(L->o.k, nh * hd);
+        ASSERT_EQ_INT(L->o.n, c->hidden);
+        float *wo = dq(&L->o);
+        ASSERT(memcmp(wo, full[3] + (size_t)r * nh * hd * c->hidden,
+                      (size_t)nh * hd * c->hidden * sizeof(float)) == 0);
+        free(wo);
+        if (r > 0) ASSERT(L->o.bias == NULL);
+        /* gate|up */
+        ASSERT_EQ_INT(L->gate_up.n, 2 * in);
+        float *wg = dq(&L->gate_up);
+        for (int j = 0; j < 2 * in; j++) {
+            int p = j < in ? 4 : 5, gc = r * in + (j < in ? j : j - in);
+            for (int k = 0; k < c->hidden; k++)
+                if (wg[(size_t)k * 2 * in + j] != full[p][(size_t)k * N[p] + gc]) {
+                    test_fail(__FILE__, __LINE__, "layer %d rank %d gate_up[%d][%d]", l, r, k, j);
+                    break;
+                }
+        }
+        free(wg);
+        ASSERT(L->gate_up.bias == NULL);
+        /* down: rows */
+        ASSERT_EQ_INT(L->down.k, in);
+        float *wd = dq(&L->down);
+        ASSERT(memcmp(wd, full[6] + (size_t)r * in * c->hidden,
+                      (size_t)in * c->hidden * sizeof(float)) == 0);
+        free(wd);
+        for (int p = 0; p < 7; p++) free(full[p]);
+        ASSERT_OK_SO_FAR();
+    }
+}
+
+static void load_and_check(struct ckpt *ck, int tp) {
+    for (int r = 0; r < tp; r++) {
+        struct model_weights w;
+        char err[512];
+        int rc = ckpt_load(ck, r, tp, &w, err, sizeof err);
+        ASSERT_MSG(rc == 0, "rank %d/%d: %s", r, tp, err);
+        ASSERT_EQ_INT(w.rank, r);
+        ASSERT_EQ_INT(w.tp, tp);
+        check_rank(ck, &w);
+        model_weights_free(&w);
+        ASSERT_OK_SO_FAR();
+    }
+}
+
+TEST(ckpt, qwen3_fixture_config_and_load) {
+    struct ckpt *ck;
+    int rc = open_fixture("qwen3-tiny-awq", &ck);
+    if (rc > 0) TEST_SKIP("fixtures not installed");
+    ASSERT(rc == 0);
+    const struct model_config *c = ckpt_config(ck);
+    ASSERT_EQ_INT(c->family, FAMILY_QWEN3);
+    ASSERT_STR_EQ(c->model_type, "qwen3");
+    ASSERT_EQ_INT(c->hidden, 256);
+    ASSERT_EQ_INT(c->intermediate, 768);
+    ASSERT_EQ_INT(c->n_layers, 3);
+    ASSERT_EQ_INT(c->n_heads, 4);
+    ASSERT_EQ_INT(c->n_kv_heads, 2);
+    ASSERT_EQ_INT(c->head_dim, 128);
+    ASSERT_EQ_INT(c->vocab, 512);
+    ASSERT_EQ_INT(c->tie_embeddings, 1);
+    ASSERT_EQ_INT(c->qk_norm, 1);
+    ASSERT_EQ_INT(c->qkv_bias, 0);
+    ASSERT_EQ_INT(c->max_position, 4096);
+    ASSERT_NEAR(c->rms_eps, 1e-6, 1e-12);
+    ASSERT_NEAR(c->rope.theta, 1e6, 0);
+    ASSERT_EQ_INT(c->rope.type, ROPE_DEFAULT);
+    ASSERT_EQ_INT(c->quantized, 1);
+    ASSERT_EQ_INT(c->bits, 4);
+    ASSERT_EQ_INT(c->group_size, 128);
+    ASSERT_EQ_INT(c->zero_point, 1);
+    ASSERT_EQ_INT(c->n_eos, 1);
+    ASSERT_EQ_INT(c->eos_ids[0], 2);
+    ASSERT_EQ_INT(c->bos_id, 1);
+    struct model_weights w;
+    char err[512];
+    ASSERT_MSG(ckpt_load(ck, 0, 1, &w, err, sizeof err) == 0, "%s", err);
+    ASSERT_EQ_INT(w.n_heads, 4);
+    ASSERT_EQ_INT(w.n_kv_heads, 2);
+    ASSERT_EQ_INT(w.kv_head_start, 0);
+    ASSERT_EQ_INT(w.intermediate, 768);
+    ASSERT_EQ_INT(w.vocab_start, 0);
+    ASSERT_EQ_INT(w.vocab_rows, 512);
+    ASSERT_EQ_INT(w.layers[0].qkv.n, (4 + 2 * 2) * 128);
+    ASSERT_EQ_INT(w.cfg.hidden, 256);
+    uint64_t bytes = 0;
+    ASSERT(ckpt_rank_bytes(ck, 0, 1, &bytes, err, sizeof err) == 0);
+    ASSERT(bytes > 1500000 && bytes < 2000000);
+    check_rank(ck, &w);
+    model_weights_free(&w);
+    ASSERT(w.layers == NULL);
+    ckpt_close(ck);
+}
+
+TEST(ckpt, qwen2_fixture_sharded_files_biases) {
+    struct ckpt *ck;
+    int rc = open_fixture("qwen2-tiny-awq", &ck);
+    if (rc > 0) TEST_SKIP("fixtures not installed");
+    ASSERT(rc == 0);
+    const struct model_config *c = ckpt_config(ck);
+    ASSERT_EQ_INT(c->family, FAMILY_QWEN2);
+    ASSERT_EQ_INT(c->qkv_bias, 1);
+    ASSERT_EQ_INT(c->qk_norm, 0);
+    ASSERT_EQ_INT(c->tie_embeddings, 0);
+    ASSERT_EQ_INT(c->head_dim, 64);
+    ASSERT_EQ_INT(c->intermediate, 512);
+    ASSERT_EQ_INT(ckpt_safetensors(ck)->n_files, 2);
+    load_and_check(ck, 1);
+    ckpt_close(ck);
+}
+
+TEST(ckpt, llama_fixture_rope_llama3) {
+    struct ckpt *ck;
+    int rc = open_fixture("llama-tiny-awq", &ck);
+    if (rc > 0) TEST_SKIP("fixtures not installed");
+    ASSERT(rc == 0);
+    const struct model_config *c = ckpt_config(ck);
+    ASSERT_EQ_INT(c->family, FAMILY_LLAMA);
+    ASSERT_STR_EQ(c->model_type, "llama");
+    ASSERT_EQ_INT(c->rope.type, ROPE_LLAMA3);
+    ASSERT_NEAR(c->rope.theta, 500000, 0);
+    ASSERT_NEAR(c->rope.factor, 8, 0);
+    ASSERT_NEAR(c->rope.low_freq_factor, 1, 0);
+    ASSERT_NEAR(c->rope.high_freq_factor, 4, 0);
+    ASSERT_EQ_INT(c->rope.original_max_position, 8192);
+    ASSERT_EQ_INT(c->head_dim, 32);
+    ASSERT_EQ_INT(c->n_heads, 8);
+    ASSERT_EQ_INT(c->n_kv_heads, 2);
+    ASSERT_EQ_INT(c->max_position, 131072);
+    ASSERT_NEAR(c->rms_eps, 1e-5, 1e-12);
+    ASSERT_EQ_INT(c->qkv_bias, 0);
+    ASSERT_EQ_INT(c->qk_norm, 0);
+    load_and_check(ck, 1);
+    /* intermediate 640 / 2 = 320 rows of down_proj: not a multiple of 128 */
+    struct model_weights w;
+    char err[512];
+    ASSERT(ckpt_load(ck, 0, 2, &w, err, sizeof err) != 0);
+    ASSERT_CONTAINS(err, "down_proj rows per rank 320");
+    ASSERT_CONTAINS(err, "group_size 128");
+    ckpt_close(ck);
+}
+
+TEST(ckpt, fixtures_shard_tp2_reassembles) {
+    const char *names[2] = {"qwen3-tiny-awq", "qwen2-tiny-awq"};
+    for (int i = 0; i < 2; i++) {
+        struct ckpt *ck;
+        int rc = open_fixture(names[i], &ck);
+        if (rc > 0) TEST_SKIP("fixtures not installed");
+        ASSERT(rc == 0);
+        load_and_check(ck, 2);
+        ASSERT_OK_SO_FAR();
+        char err[512];
+        struct model_weights w;
+        /* tp=3 does not divide 4 heads; tp=4 cuts o_proj below a group */
+        ASSERT(ckpt_load(ck, 0, 3, &w, err, sizeof err) != 0);
+        ASSERT_CONTAINS(err, "num_attention_heads 4 is not divisible by 3");
+        ASSERT(ckpt_load(ck, 1, 4, &w, err, sizeof err) != 0);
+        ASSERT_CONTAINS(err, "not a multiple of group_size 128");
+        ASSERT(ckpt_load(ck, 2, 2, &w, err, sizeof err) != 0);
+        ASSERT_CONTAINS(err, "bad tensor-parallel rank 2 of tp 2");
+        ckpt_close(ck);
+    }
+}
+
+TEST(ckpt, pack_vectors_dequant_matches_autoawq) {
+    struct safetensors *st;
+    char err[512];
+    const char *p = test_fixture("awq-pack-vectors.safetensors");
+    if (access(p, R_OK)) TEST_SKIP("fixtures not installed");
+    ASSERT_MSG(safetensors_open(p, &st, err, sizeof err) == 0, "%s", err);
+    const char *names[3] = {"a", "b", "c"};
+    for (int i = 0; i < 3; i++) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "%s.qweight", names[i]);
+        const struct st_tensor *q = safetensors_find(st, nm);
+        snprintf(nm, sizeof nm, "%s.qzeros", names[i]);
+        const struct st_tensor *z = safetensors_find(st, nm);
+        snprintf(nm, sizeof nm, "%s.scales", names[i]);
+        const struct st_tensor *s = safetensors_find(st, nm);
+        snprintf(nm, sizeof nm, "%s.dequant", names[i]);
+        const struct st_tensor *d = safetensors_find(st, nm);
+        ASSERT(q && z && s && d);
+        /* copies: the mapping need not be aligned for uint32 */
+        uint32_t *qb = malloc(q->nbytes), *zb = malloc(z->nbytes);
+        uint16_t *sb = malloc(s->nbytes);
+        memcpy(qb, q->data, q->nbytes);
+        memcpy(zb, z->data, z->nbytes);
+        memcpy(sb, s->data, s->nbytes);
+        struct awq_linear l = {.k = (int)q->shape[0], .n = (int)q->shape[1] * 8, .group = 128,
+                               .qweight = qb, .qzeros = zb, .scales = sb};
+        float *w = dq(&l);
+        const uint16_t *ref = d->data;
+        int mism = 0;
+        for (size_t k = 0; k < (size_t)l.k * l.n; k++) {
+            /* AutoAWQ computes (q - z) * s in fp16: our exact product rounds to it */
+            if (f32_to_fp16(w[k]) != ref[k]) mism++;
+        }
+        ASSERT_MSG(mism == 0, "%s: %d of %d dequantized weights differ", names[i], mism,
+                   l.k * l.n);
+        free(w);
+        free(qb);
+        free(zb);
+        free(sb);
+    }
+    safetensors_close(st);
+}

@@ -1,8 +1,9 @@
 /* cmd_serve.c — `awqd serve`: reads the settings (defaults < --config FILE <
- * flags), validates them, and runs the daemon. */
+ * flags), validates them, and runs the daemon (server/serve.c). */
 #include "config/cfg.h"
 #include "engine/util.h"
 #include "server/cmd.h"
+#include "server/serve.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -41,5 +42,5 @@ int cmd_serve(int argc, char **argv) {
         cfg_print_json(stdout, &c);
         return 0;
     }
-    return cmd_not_built("serve", "the HTTP server");
+    return serve_run(&c);
 }

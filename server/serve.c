@@ -18,11 +18,6 @@
 #include <time.h>
 #include <uv.h>
 
-/* TEMPORARY until engine/tok.c lands (see engine/sched.c). */
-#pragma weak tok_encode
-#pragma weak tok_decode
-#pragma weak tok_token_bytes
-
 /* ------------------------------------------------------------------------ */
 /* Types                                                                    */
 /* ------------------------------------------------------------------------ */
@@ -73,6 +68,7 @@ struct job {
     int tokenizing;               /* on the thread pool */
     int failed;                   /* answered with an error already */
     int stream_dead;
+    int stream_started;           /* SSE headers sent (with the first chunk) */
     int error_seen;
     char error_msg[160];
     int prompt_tokens, completion_tokens;
@@ -147,7 +143,7 @@ static void on_client_gone(void *ud) {
 static const char *token_text(void *ud, int32_t id, char *buf, size_t len) {
     struct daemon *d = ud;
     size_t bl = 0;
-    const char *b = d->tok && tok_token_bytes ? tok_token_bytes(d->tok, id, &bl) : NULL;
+    const char *b = d->tok ? tok_token_bytes(d->tok, id, &bl) : NULL;
     if (!b) {
         snprintf(buf, len, "<%d>", id);
         return buf;
@@ -161,8 +157,19 @@ static const char *token_text(void *ud, int32_t id, char *buf, size_t len) {
     return buf;
 }
 
+/* The SSE headers go out with the first chunk, so that time-to-first-byte is
+ * time to the first token, and an early failure can still be a plain error. */
+static void stream_start(struct job *j) {
+    if (j->stream_started || !j->conn) return;
+    j->stream_started = 1;
+    metrics_count_status(&j->d->m, 200);
+    http_stream_begin(j->conn, 200, "text/event-stream",
+                      "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
+}
+
 static void stream_send(struct job *j, char *chunk) {
     if (!chunk) return;
+    stream_start(j);
     if (j->conn && !j->stream_dead && http_stream_write(j->conn, chunk, strlen(chunk)) != 0) {
         /* the client does not read: give up on it */
         j->stream_dead = 1;
@@ -182,7 +189,7 @@ static int job_echo(struct job *j) {
         if (pr->text) {
             text = strdup(pr->text);
             tl = text ? strlen(text) : 0;
-        } else if (d->tok && tok_decode) {
+        } else if (d->tok) {
             if (tok_decode(d->tok, pr->ids, (size_t)pr->n_ids, 0, &text, &tl, NULL, 0) < 0)
                 text = NULL;
         }
@@ -240,11 +247,6 @@ static void job_submit(struct job *j) {
     }
     http_conn_on_abort(j->conn, on_client_gone, j);
     http_conn_note(j->conn, "id=%s", j->id);
-    if (j->rq.stream) {
-        metrics_count_status(&d->m, 200);
-        http_stream_begin(j->conn, 200, "text/event-stream",
-                          "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
-    }
     if (j->rq.echo) job_echo(j);
 }
 
@@ -252,7 +254,7 @@ static int tokenize_prompts(struct daemon *d, struct api_completion *rq, struct 
     for (int p = 0; p < rq->n_prompts; p++) {
         struct api_prompt *pr = &rq->prompts[p];
         if (!pr->text || pr->ids) continue;
-        if (!d->tok || !tok_encode)
+        if (!d->tok)
             return api_err(e, 400, "invalid_request_error", "prompt", NULL,
                            "this model has no tokenizer: send the prompt as token ids");
         size_t n = 0;
@@ -354,7 +356,10 @@ static void job_complete(struct job *j) {
                        j->prompt_tokens, j->completion_tokens,
                        j->t_first_ns ? (double)(j->t_first_ns - j->t_start_ns) / 1e6 : -1.0,
                        (double)j->t_queue_ns / 1e6);
-        if (j->rq.stream) {
+        if (j->rq.stream && !j->stream_started && j->error_seen) {
+            reply_err(d, j->conn, 500, "server_error", NULL, NULL, j->error_msg);
+        } else if (j->rq.stream) {
+            stream_start(j);
             if (j->error_seen) {
                 struct api_error e;
                 api_err(&e, 500, "server_error", NULL, NULL, "generation failed: %s",

@@ -31,6 +31,8 @@ struct idhash {
     uint32_t mask;
 };
 
+struct pair_ent { uint32_t rank; int32_t new_id; };
+
 struct merge_ent {
     uint64_t key;    /* (left id << 32) | right id; UINT64_MAX = empty */
     uint32_t rank;   /* index in model.merges (lower merges first) */
@@ -95,6 +97,8 @@ struct tok {
     struct merge_ent *merges;/* [merge_mask+1] */
     uint32_t merge_mask;
     int32_t byte_id[256];    /* id of each single byte, -1 if absent */
+    int all_bytes;           /* every byte_id is >= 0 */
+    struct pair_ent *byte_pairs; /* [256*256] merge of two single bytes (new_id -1: none) */
     int32_t unk_id;
     int fuse_unk, ignore_merges;
 
@@ -829,6 +833,15 @@ static int load_model(struct tok *t, const cJSON *root, char *err, size_t errlen
         rank++;
     }
     free(cat);
+    t->all_bytes = 1;
+    for (int b = 0; b < 256; b++) t->all_bytes &= t->byte_id[b] >= 0;
+    t->byte_pairs = malloc(65536 * sizeof *t->byte_pairs);
+    if (!t->byte_pairs) goto oom;
+    for (int a = 0; a < 256; a++)
+        for (int b = 0; b < 256; b++) {
+            const struct merge_ent *m = t->byte_id[a] >= 0 && t->byte_id[b] >= 0 ? merge_get(t, t->byte_id[a], t->byte_id[b]) : NULL;
+            t->byte_pairs[a * 256 + b] = m ? (struct pair_ent){m->rank, m->new_id} : (struct pair_ent){0, -1};
+        }
     free(tmp); free(mstr); free(astr);
     return 0;
 oom:
@@ -943,7 +956,7 @@ void tok_free(struct tok *t) {
     free(t->flags); free(t->str_off); free(t->strs); free(t->byte_off); free(t->bytes);
     free(t->mbyte_off); free(t->mbytes);
     idhash_free(&t->str_hash); idhash_free(&t->byte_hash);
-    free(t->merges); free(t->prefix); free(t->suffix);
+    free(t->merges); free(t->byte_pairs); free(t->prefix); free(t->suffix);
     free(t);
 }
 
@@ -987,16 +1000,15 @@ const char *tok_token_str(const struct tok *t, int32_t id) {
  * ====================================================================== */
 
 struct sym { int32_t id, prev, next; uint32_t len; };
-struct hent { uint32_t rank, pos; };
+/* a candidate merge of the symbols at pos and its right neighbour, valid while
+ * they still hold ids left and right */
+struct hent { uint64_t key; int32_t left, right, new_id; }; /* key = rank << 32 | pos */
 
-static inline int hent_less(struct hent a, struct hent b) {
-    return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos);
-}
 static void heap_push(struct hent *h, size_t *n, struct hent e) {
     size_t i = (*n)++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
-        if (!hent_less(e, h[p])) break;
+        if (e.key >= h[p].key) break;
         h[i] = h[p]; i = p;
     }
     h[i] = e;
@@ -1007,12 +1019,18 @@ static struct hent heap_pop(struct hent *h, size_t *n) {
     for (;;) {
         size_t c = 2 * i + 1;
         if (c >= *n) break;
-        if (c + 1 < *n && hent_less(h[c + 1], h[c])) c++;
-        if (!hent_less(h[c], last)) break;
+        if (c + 1 < *n && h[c + 1].key < h[c].key) c++;
+        if (h[c].key >= last.key) break;
         h[i] = h[c]; i = c;
     }
     h[i] = last;
     return top;
+}
+
+static inline void push_pair(const struct tok *t, struct hent *h, size_t *nh, const struct sym *s, int32_t pos) {
+    const struct merge_ent *m = merge_get(t, s[pos].id, s[s[pos].next].id);
+    if (m) heap_push(h, nh, (struct hent){((uint64_t)m->rank << 32) | (uint32_t)pos, s[pos].id,
+                                          s[s[pos].next].id, m->new_id});
 }
 
 /* Merges the bytes of one word by rank: always the lowest-ranked adjacent pair,
@@ -1027,43 +1045,48 @@ static int bpe_merge(const struct tok *t, const uint8_t *w, size_t n, struct ive
         if (h != hbuf) free(h);
         return -ENOMEM;
     }
-    size_t ns = 0;
-    for (size_t i = 0; i < n; i++) {
-        int32_t id = t->byte_id[w[i]];
-        if (id < 0) {
-            if (t->unk_id < 0) continue; /* HF drops a character it cannot map */
-            if (t->fuse_unk && ns && s[ns - 1].id == t->unk_id) { s[ns - 1].len++; continue; }
-            id = t->unk_id;
+    size_t ns = 0, nh = 0; /* at most 3n heap entries are ever pushed */
+    if (t->all_bytes) {
+        /* every byte is a token: the first pairs come from the byte-pair table */
+        for (size_t i = 0; i < n; i++) {
+            s[i] = (struct sym){t->byte_id[w[i]], (int32_t)i - 1, (int32_t)i + 1, 1};
+            if (i + 1 < n) {
+                const struct pair_ent *p = &t->byte_pairs[w[i] * 256 + w[i + 1]];
+                if (p->new_id >= 0)
+                    heap_push(h, &nh, (struct hent){((uint64_t)p->rank << 32) | (uint32_t)i, t->byte_id[w[i]],
+                                                    t->byte_id[w[i + 1]], p->new_id});
+            }
         }
-        s[ns] = (struct sym){id, (int32_t)ns - 1, (int32_t)ns + 1, 1};
-        ns++;
-    }
-    if (ns) s[ns - 1].next = -1;
-    size_t nh = 0; /* at most 3n entries are ever pushed */
-    for (size_t i = 0; i + 1 < ns; i++) {
-        const struct merge_ent *m = merge_get(t, s[i].id, s[i + 1].id);
-        if (m) heap_push(h, &nh, (struct hent){m->rank, (uint32_t)i});
+        ns = n;
+        s[ns - 1].next = -1;
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            int32_t id = t->byte_id[w[i]];
+            if (id < 0) {
+                if (t->unk_id < 0) continue; /* HF drops a character it cannot map */
+                if (t->fuse_unk && ns && s[ns - 1].id == t->unk_id) { s[ns - 1].len++; continue; }
+                id = t->unk_id;
+            }
+            s[ns] = (struct sym){id, (int32_t)ns - 1, (int32_t)ns + 1, 1};
+            ns++;
+        }
+        if (ns) s[ns - 1].next = -1;
+        for (size_t i = 0; i + 1 < ns; i++) push_pair(t, h, &nh, s, (int32_t)i);
     }
     while (nh) {
         struct hent top = heap_pop(h, &nh);
-        struct sym *a = &s[top.pos];
-        if (a->len == 0 || a->next < 0) continue;
+        int32_t pos = (int32_t)(uint32_t)top.key;
+        struct sym *a = &s[pos];
+        if (a->len == 0 || a->next < 0 || a->id != top.left) continue; /* stale entry */
         struct sym *b = &s[a->next];
-        const struct merge_ent *m = merge_get(t, a->id, b->id);
-        if (!m || m->rank != top.rank) continue; /* stale entry */
-        a->id = m->new_id;
+        if (b->id != top.right) continue;
+        a->id = top.new_id;
         a->len += b->len;
         b->len = 0;
         a->next = b->next;
-        if (b->next >= 0) s[b->next].prev = (int32_t)top.pos;
-        if (a->prev >= 0) {
-            const struct merge_ent *mp = merge_get(t, s[a->prev].id, a->id);
-            if (mp) heap_push(h, &nh, (struct hent){mp->rank, (uint32_t)a->prev});
-        }
-        if (a->next >= 0) {
-            const struct merge_ent *mn = merge_get(t, a->id, s[a->next].id);
-            if (mn) heap_push(h, &nh, (struct hent){mn->rank, top.pos});
-        }
+        if (b->next >= 0) s[b->next].prev = pos;
+        if (a->prev >= 0) push_pair(t, h, &nh, s, a->prev);
+        if (a->next >= 0) push_pair(t, h, &nh, s, pos);
     }
     int rc = 0;
     for (int32_t i = ns ? 0 : -1; i >= 0 && rc == 0; i = s[i].next) rc = ivec_push(out, &s[i].id, 1);

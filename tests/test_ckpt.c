@@ -398,3 +398,374 @@ TEST(ckpt, pack_vectors_dequant_matches_autoawq) {
     }
     safetensors_close(st);
 }
+
+/* ------------------------------------------------------------------------ */
+/* synthetic checkpoints: tp=4, biases, and a corpus of broken ones          */
+
+#include "engine/mkmodel.h"
+#include "engine/util.h"
+
+/* Qwen2 family (q/k/v biases), 8 query / 2 KV heads x 64, untied, vocab not
+ * divisible by 4: tp 4 takes 2 query heads and a replicated KV head per rank. */
+static void qwen2_spec(struct mkmodel_spec *s) {
+    mkmodel_preset("tiny", s);
+    snprintf(s->name, sizeof s->name, "test-qwen2");
+    s->family = FAMILY_QWEN2;
+    s->hidden = 256;
+    s->intermediate = 1024;
+    s->n_layers = 2;
+    s->n_heads = 8;
+    s->n_kv_heads = 2;
+    s->head_dim = 64;
+    s->vocab = 1001;
+    s->tie_embeddings = 0;
+    s->shard_bytes = 0;
+}
+
+static const char *make_model(const struct mkmodel_spec *s, const char *name) {
+    static char dir[8][600];
+    static int k;
+    char *d = dir[k++ % 8];
+    char err[512];
+    snprintf(d, 600, "%s/%s", test_tmpdir(), name);
+    if (mkmodel_write(s, d, 11, 0, NULL, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "mkmodel_write: %s", err);
+        return NULL;
+    }
+    return d;
+}
+
+TEST(ckpt, synthetic_tp4_replicated_kv_padded_vocab) {
+    struct mkmodel_spec s;
+    qwen2_spec(&s);
+    const char *d = make_model(&s, "q2");
+    ASSERT(d);
+    struct ckpt *ck;
+    char err[512];
+    ASSERT_MSG(ckpt_open(d, &ck, err, sizeof err) == 0, "%s", err);
+    ASSERT_EQ_INT(ckpt_config(ck)->qkv_bias, 1);
+    load_and_check(ck, 1);
+    load_and_check(ck, 2);
+    load_and_check(ck, 4);
+    struct model_weights w;
+    ASSERT(ckpt_load(ck, 3, 4, &w, err, sizeof err) == 0);
+    ASSERT_EQ_INT(w.vocab_rows, 251);
+    ASSERT_EQ_INT(w.vocab_start, 753);
+    ASSERT_EQ_INT(w.n_kv_heads, 1);
+    ASSERT_EQ_INT(w.kv_head_start, 1);
+    ASSERT_EQ_INT(w.n_heads, 2);
+    model_weights_free(&w);
+    /* tp 8: 1 head x 64 rows of o_proj per rank, less than a group */
+    ASSERT(ckpt_load(ck, 0, 8, &w, err, sizeof err) != 0);
+    ASSERT_CONTAINS(err, "o_proj rows per rank 64");
+    ckpt_close(ck);
+}
+
+TEST(ckpt, synthetic_llama_attention_bias_once) {
+    struct mkmodel_spec s;
+    mkmodel_preset("llama3-8b", &s);
+    s.hidden = 256;
+    s.intermediate = 512;
+    s.n_layers = 1;
+    s.n_heads = 4;
+    s.n_kv_heads = 4;
+    s.head_dim = 64;
+    s.vocab = 300;
+    s.qkv_bias = 1; /* attention_bias: q/k/v and o */
+    s.shard_bytes = 0;
+    const char *d = make_model(&s, "llb");
+    ASSERT(d);
+    struct ckpt *ck;
+    char err[512];
+    ASSERT_MSG(ckpt_open(d, &ck, err, sizeof err) == 0, "%s", err);
+    ASSERT_EQ_INT(ckpt_config(ck)->rope.type, ROPE_LLAMA3);
+    ASSERT_EQ_INT(ckpt_config(ck)->n_eos, 3);
+    load_and_check(ck, 2);
+    struct model_weights w;
+    ASSERT(ckpt_load(ck, 0, 2, &w, err, sizeof err) == 0);
+    ASSERT(w.layers[0].o.bias != NULL); /* rank 0 adds the o bias once */
+    const struct st_tensor *ob = safetensors_find(ckpt_safetensors(ck), "model.layers.0.self_attn.o_proj.bias");
+    ASSERT(ob && memcmp(w.layers[0].o.bias, ob->data, ob->nbytes) == 0);
+    model_weights_free(&w);
+    ckpt_close(ck);
+}
+
+/* --- the broken corpus --------------------------------------------------- */
+
+static void expect_open_fails(const char *dir, const char *needle) {
+    struct ckpt *ck = NULL;
+    char err[1024] = "";
+    int rc = ckpt_open(dir, &ck, err, sizeof err);
+    if (rc == 0) {
+        ckpt_close(ck);
+        test_fail(__FILE__, __LINE__, "%s opened; expected \"%s\"", dir, needle);
+        return;
+    }
+    if (rc > 0) test_fail(__FILE__, __LINE__, "positive rc %d", rc);
+    if (!strstr(err, needle)) test_fail(__FILE__, __LINE__, "\"%s\" lacks \"%s\"", err, needle);
+}
+
+static void write_file(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) { test_fail(__FILE__, __LINE__, "fopen %s", path); return; }
+    fwrite(data, 1, len, f);
+    fclose(f);
+}
+
+/* Copies a model directory (config files and safetensors). */
+static void copy_dir(const char *src, const char *dst) {
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", dst, src, dst);
+    if (test_run(cmd, NULL) != 0) test_fail(__FILE__, __LINE__, "%s failed", cmd);
+}
+
+/* Replaces the first `from` with `to` in dir/file. */
+static void edit_file(const char *dir, const char *file, const char *from, const char *to) {
+    char path[700], err[256], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    if (util_read_file(path, 0, &text, &len, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "%s", err);
+        return;
+    }
+    char *at = strstr(text, from);
+    if (!at) { free(text); test_fail(__FILE__, __LINE__, "%s not in %s", from, path); return; }
+    size_t nl = len - strlen(from) + strlen(to);
+    char *out = malloc(nl + 1);
+    size_t pre = (size_t)(at - text);
+    memcpy(out, text, pre);
+    memcpy(out + pre, to, strlen(to));
+    memcpy(out + pre + strlen(to), at + strlen(from), len - pre - strlen(from));
+    write_file(path, out, nl);
+    free(out);
+    free(text);
+}
+
+enum mut { MUT_DROP, MUT_DTYPE, MUT_SHAPE };
+
+/* Rewrites dir/model.safetensors with tensor `name` dropped / re-typed / re-shaped. */
+static void mutate_tensor(const char *dir, const char *name, enum mut m) {
+    char path[700], err[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    struct safetensors *st;
+    if (safetensors_open(path, &st, err, sizeof err)) { test_fail(__FILE__, __LINE__, "%s", err); return; }
+    struct st_desc *d = calloc((size_t)st->n_tensors, sizeof *d);
+    void *extra = NULL;
+    int n = 0, found = 0;
+    for (int i = 0; i < st->n_tensors; i++) {
+        const struct st_tensor *t = &st->tensors[i];
+        struct st_desc x = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
+        memcpy(x.shape, t->shape, sizeof x.shape);
+        if (!strcmp(t->name, name)) {
+            found = 1;
+            if (m == MUT_DROP) continue;
+            if (m == MUT_DTYPE) x.dtype = ST_F32;
+            if (m == MUT_SHAPE) x.shape[x.ndim - 1] /= 2;
+            size_t nb = 4;
+            for (int k = 0; k < x.ndim; k++) nb *= (size_t)x.shape[k];
+            extra = calloc(1, nb + 4);
+            x.data = extra;
+        }
+        d[n++] = x;
+    }
+    char tmp[720];
+    snprintf(tmp, sizeof tmp, "%s/new.safetensors", dir);
+    if (!found) test_fail(__FILE__, __LINE__, "no tensor %s", name);
+    else if (safetensors_write(tmp, d, n, err, sizeof err)) test_fail(__FILE__, __LINE__, "%s", err);
+    safetensors_close(st);
+    free(d);
+    free(extra);
+    if (!test_failed()) rename(tmp, path);
+}
+
+TEST(ckpt, broken_corpus_specific_messages) {
+    struct mkmodel_spec s;
+    mkmodel_preset("tiny", &s);
+    s.vocab = 640;
+    s.n_layers = 2;
+    s.shard_bytes = 0;
+    const char *good = make_model(&s, "good");
+    ASSERT(good);
+    char bad[600], path[700];
+    snprintf(bad, sizeof bad, "%s/bad", test_tmpdir());
+    snprintf(path, sizeof path, "%s/model.safetensors", bad);
+    expect_open_fails("/nonexistent/model", "/nonexistent/model/config.json");
+    ASSERT_OK_SO_FAR();
+
+    /* truncated file */
+    copy_dir(good, bad);
+    ASSERT(truncate(path, 100000) == 0);
+    expect_open_fails(bad, "model.safetensors: model.");
+    expect_open_fails(bad, "truncated file");
+    ASSERT_OK_SO_FAR();
+    ASSERT(truncate(path, 5) == 0);
+    expect_open_fails(bad, "truncated: 5 bytes");
+    ASSERT_OK_SO_FAR();
+
+    /* header length past EOF */
+    copy_dir(good, bad);
+    {
+        FILE *f = fopen(path, "r+b");
+        ASSERT(f);
+        unsigned char big[8] = {0, 0, 0, 0, 1, 0, 0, 0};
+        fwrite(big, 1, 8, f);
+        fclose(f);
+    }
+    expect_open_fails(bad, "header length 4294967296 runs past the end of the file");
+    ASSERT_OK_SO_FAR();
+
+    /* bad JSON in the header */
+    copy_dir(good, bad);
+    {
+        FILE *f = fopen(path, "r+b");
+        ASSERT(f);
+        fseek(f, 8 + 32, SEEK_SET); /* the comma after __metadata__ */
+        fputc('#', f);
+        fclose(f);
+    }
+    expect_open_fails(bad, "model.safetensors: header is not valid JSON");
+    ASSERT_OK_SO_FAR();
+
+    /* overlapping ranges */
+    copy_dir(good, bad);
+    {
+        const char *hdr = "{\"model.embed_tokens.weight\":{\"dtype\":\"F16\",\"shape\":[2,4],"
+                          "\"data_offsets\":[0,16]},\"model.norm.weight\":{\"dtype\":\"F16\","
+                          "\"shape\":[4],\"data_offsets\":[8,16]}}";
+        size_t hl = strlen(hdr);
+        unsigned char buf[512] = {0};
+        buf[0] = (unsigned char)hl;
+        memcpy(buf + 8, hdr, hl);
+        write_file(path, buf, 8 + hl + 16);
+    }
+    expect_open_fails(bad, "tensors model.embed_tokens.weight and model.norm.weight overlap");
+    ASSERT_OK_SO_FAR();
+
+    /* wrong dtype */
+    copy_dir(good, bad);
+    mutate_tensor(bad, "model.layers.1.mlp.down_proj.qweight", MUT_DTYPE);
+    ASSERT_OK_SO_FAR();
+    expect_open_fails(bad, "model.layers.1.mlp.down_proj.qweight: expected int32 [512, 16], "
+                           "found fp32 [512, 16] (in model.safetensors)");
+    ASSERT_OK_SO_FAR();
+
+    /* wrong shape */
+    copy_dir(good, bad);
+    mutate_tensor(bad, "model.layers.0.self_attn.q_proj.scales", MUT_SHAPE);
+    ASSERT_OK_SO_FAR();
+    expect_open_fails(bad, "model.layers.0.self_attn.q_proj.scales: expected fp16 [1, 512], "
+                           "found fp16 [1, 256]");
+    ASSERT_OK_SO_FAR();
+
+    /* missing tensor */
+    copy_dir(good, bad);
+    mutate_tensor(bad, "model.layers.1.self_attn.k_norm.weight", MUT_DROP);
+    ASSERT_OK_SO_FAR();
+    expect_open_fails(bad, "missing tensor model.layers.1.self_attn.k_norm.weight (expected fp16 [128])");
+    ASSERT_OK_SO_FAR();
+
+    /* unsupported quantization versions / methods / bits */
+    const char *vers[3] = {"gemv", "gemv_fast", "marlin"};
+    for (int i = 0; i < 3; i++) {
+        char want[200], to[64];
+        copy_dir(good, bad);
+        snprintf(to, sizeof to, "\"%s\"", vers[i]);
+        edit_file(bad, "config.json", "\"gemm\"", to);
+        snprintf(want, sizeof want, "unsupported AWQ version \"%s\"", vers[i]);
+        expect_open_fails(bad, want);
+        expect_open_fails(bad, "supported: awq version gemm");
+        ASSERT_OK_SO_FAR();
+    }
+    copy_dir(good, bad);
+    edit_file(bad, "config.json", "\"awq\"", "\"gptq\"");
+    expect_open_fails(bad, "quant_method \"gptq\"; supported: awq");
+    ASSERT_OK_SO_FAR();
+    copy_dir(good, bad);
+    edit_file(bad, "config.json", "\"bits\":\t4", "\"bits\":\t8");
+    expect_open_fails(bad, "unsupported AWQ bits 8");
+    ASSERT_OK_SO_FAR();
+    copy_dir(good, bad);
+    edit_file(bad, "config.json", "\"zero_point\":\ttrue", "\"zero_point\":\tfalse");
+    expect_open_fails(bad, "zero_point false");
+    ASSERT_OK_SO_FAR();
+    copy_dir(good, bad);
+    edit_file(bad, "config.json", "\"modules_to_not_convert\":\tnull",
+              "\"modules_to_not_convert\":\t[\"mlp.down_proj\"]");
+    expect_open_fails(bad, "modules_to_not_convert lists \"mlp.down_proj\"");
+    ASSERT_OK_SO_FAR();
+
+    /* unquantized: refused by ckpt_open, accepted by ckpt_open_ex for quantize */
+    copy_dir(good, bad);
+    edit_file(bad, "config.json", "\"quantization_config\"", "\"quantization_config_was\"");
+    expect_open_fails(bad, "awqd quantize");
+    ASSERT_OK_SO_FAR();
+
+    /* family / rope / config errors */
+    copy_dir(good, bad);
+    edit_file(bad, "config.json", "\"qwen3\"", "\"gemma3\"");
+    expect_open_fails(bad, "model_type \"gemma3\"");
+    ASSERT_OK_SO_FAR();
+    copy_dir(good, bad);
+    edit_file(bad, "config.json", "\"rope_scaling\":\tnull",
+              "\"rope_scaling\":\t{\"rope_type\": \"yarn\", \"factor\": 4}");
+    expect_open_fails(bad, "rope scaling type \"yarn\" is not supported");
+    ASSERT_OK_SO_FAR();
+    copy_dir(good, bad);
+    edit_file(bad, "config.json", "\"num_key_value_heads\":\t2", "\"num_key_value_heads\":\t3");
+    expect_open_fails(bad, "not a multiple of num_key_value_heads 3");
+    ASSERT_OK_SO_FAR();
+    copy_dir(good, bad);
+    edit_file(bad, "config.json", "\"hidden_size\":\t128", "\"hidden_size\":\t-1");
+    expect_open_fails(bad, "must be positive");
+    ASSERT_OK_SO_FAR();
+    copy_dir(good, bad);
+    edit_file(bad, "config.json", "{", "[");
+    expect_open_fails(bad, "config.json: not a JSON object");
+    ASSERT_OK_SO_FAR();
+    copy_dir(good, bad);
+    edit_file(bad, "config.json", "\"vocab_size\":\t640", "\"vocab_size\":\t641");
+    expect_open_fails(bad, "model.embed_tokens.weight: expected fp16 [641, 128], found fp16 [640, 128]");
+    ASSERT_OK_SO_FAR();
+
+    /* non-divisible tp on a good model */
+    struct ckpt *ck;
+    char err[512];
+    ASSERT(ckpt_open(good, &ck, err, sizeof err) == 0);
+    struct model_weights w;
+    ASSERT(ckpt_load(ck, 0, 3, &w, err, sizeof err) != 0);
+    ASSERT_CONTAINS(err, "tp 3: num_attention_heads 4 is not divisible by 3");
+    ASSERT(ckpt_load(ck, 0, 0, &w, err, sizeof err) != 0);
+    ASSERT_CONTAINS(err, "bad tensor-parallel rank 0 of tp 0");
+    ckpt_close(ck);
+}
+
+TEST(ckpt, missing_shard_and_unquantized) {
+    struct mkmodel_spec s;
+    mkmodel_preset("tiny", &s);
+    s.vocab = 640;
+    s.n_layers = 2;
+    s.shard_bytes = 150000;
+    const char *d = make_model(&s, "sharded");
+    ASSERT(d);
+    char p[700];
+    snprintf(p, sizeof p, "%s/model-00002-of-00004.safetensors", d);
+    ASSERT(access(p, R_OK) == 0);
+    ASSERT(unlink(p) == 0);
+    expect_open_fails(d, "missing shard model-00002-of-00004.safetensors");
+    ASSERT_OK_SO_FAR();
+    /* fp16 checkpoint: open_ex accepts, load refuses */
+    s.shard_bytes = 0;
+    s.unquantized = 1;
+    d = make_model(&s, "fp16");
+    ASSERT(d);
+    expect_open_fails(d, "unquantized");
+    ASSERT_OK_SO_FAR();
+    struct ckpt *ck;
+    char err[512];
+    ASSERT_MSG(ckpt_open_ex(d, 1, &ck, err, sizeof err) == 0, "%s", err);
+    ASSERT_EQ_INT(ckpt_config(ck)->quantized, 0);
+    struct model_weights w;
+    ASSERT(ckpt_load(ck, 0, 1, &w, err, sizeof err) != 0);
+    ASSERT_CONTAINS(err, "awqd quantize");
+    ckpt_close(ck);
+}

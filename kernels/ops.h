@@ -42,6 +42,12 @@
 
 enum buf_kind { BUF_ACT = 0, BUF_F32 = 1, BUF_I32 = 2, BUF_W16 = 3 };
 
+/* How an uploaded linear will be used (a backend may lay it out for that). */
+enum linear_kind {
+    LINEAR_PLAIN = 0,             /* ops->linear */
+    LINEAR_GATE_UP = 1,           /* ops->linear_silu_mul: N = 2 * inter, gate | up columns */
+};
+
 struct buf;        /* backend memory; opaque to the model */
 struct op_linear;  /* one W4A16 linear layer uploaded to the backend */
 
@@ -83,8 +89,10 @@ struct ops {
 
     /* --- weights ----------------------------------------------------------- */
     /* Uploads one AWQ linear (host, AutoAWQ packing; bias optional). The CPU
-     * backend dequantizes to fp32 here (reference only); CUDA keeps INT4. */
-    struct op_linear *(*upload_linear)(void *ctx, const struct awq_linear *l);
+     * backend dequantizes here (reference only); CUDA keeps INT4 and may
+     * repack (e.g. interleave gate/up columns for LINEAR_GATE_UP). */
+    struct op_linear *(*upload_linear)(void *ctx, const struct awq_linear *l,
+                                       enum linear_kind kind);
     void (*free_linear)(void *ctx, struct op_linear *l);           /* NULL ok */
 
     /* --- compute ----------------------------------------------------------- */
@@ -100,7 +108,7 @@ struct ops {
     void (*add_rmsnorm)(void *ctx, struct buf *resid, const struct buf *delta, struct buf *out,
                         const struct buf *w, int n, int dim, float eps);
 
-    /* y[n, N] = x[n, K] @ W[K, N] (+ bias). x, y: ACT. */
+    /* y[n, N] = x[n, K] @ W[K, N] (+ bias). x, y: ACT. l: LINEAR_PLAIN. */
     void (*linear)(void *ctx, struct buf *y, const struct buf *x, int n, const struct op_linear *l);
 
     /* In place on qkv (ACT [n, (nh + 2 * nkv) * hd], q | k | v per row):
@@ -120,9 +128,11 @@ struct ops {
                       float scale, const struct attn_batch *ab, const struct buf *k_cache,
                       const struct buf *v_cache);
 
-    /* out[i, j] = silu(gu[i, j]) * gu[i, inter + j]. gu: ACT [n, 2 * inter];
-     * out: ACT [n, inter]. */
-    void (*silu_mul)(void *ctx, struct buf *out, const struct buf *gu, int n, int inter);
+    /* The MLP's first half, fused: with g|u = x @ W (+ bias), W = [K, 2 * inter]
+     * uploaded as LINEAR_GATE_UP, out[i, j] = silu(g[i, j]) * u[i, j].
+     * x: ACT [n, K]; out: ACT [n, inter]. */
+    void (*linear_silu_mul)(void *ctx, struct buf *out, const struct buf *x, int n,
+                            const struct op_linear *l);
 
     /* logits[r, v] = x[rows[r], :] . table[v, :] for r < m, v < vocab_rows.
      * x: ACT [n, dim]; rows: I32 [m]; table: W16 [vocab_rows, dim];

@@ -1,7 +1,7 @@
 /* test_cpu_ops.c — the CPU reference backend op by op against naive math
  * written here: W4A16 linear on AutoAWQ's packing vectors, RMSNorm with the
  * residual, q/k norm + RoPE + KV write, paged attention over scrambled block
- * tables, SiLU·mul, embedding and lm_head with vocab ranges, threads giving
+ * tables, gate|up linear + SiLU·mul, embedding and lm_head with vocab ranges, threads giving
  * bit-identical results, and the in-process all-reduce. */
 #include "tests/harness/test.h"
 
@@ -69,7 +69,7 @@ TEST(cpu_ops, linear_matches_autoawq_dequant) {
         uint16_t *bias = malloc((size_t)N * sizeof *bias);
         for (int j = 0; j < N; j++) bias[j] = f2h_simple(frand(&seed));
         struct awq_linear l = {K, N, 128, qw->data, qz->data, sc->data, li == 1 ? bias : NULL};
-        struct op_linear *ol = o->upload_linear(o->ctx, &l);
+        struct op_linear *ol = o->upload_linear(o->ctx, &l, LINEAR_PLAIN);
         ASSERT(ol);
         int M = 5;
         float *x = malloc((size_t)M * K * sizeof *x);
@@ -99,6 +99,46 @@ TEST(cpu_ops, linear_matches_autoawq_dequant) {
     safetensors_close(st);
 }
 
+/* gate|up linear + SiLU·mul == silu(plain linear of the gate columns) *
+ * plain linear of the up columns, with biases. */
+TEST(cpu_ops, linear_silu_mul_matches_plain_linear) {
+    char err[128];
+    struct ops *o;
+    ASSERT_EQ_INT(ops_cpu_create(2, &o, err, sizeof err), 0);
+    enum { K = 128, I = 24, N = 2 * I, M = 3 };
+    unsigned seed = 13;
+    uint32_t qw[K * N / 8], qz[N / 8];
+    uint16_t sc[N], bias[N];
+    for (int i = 0; i < K * N / 8; i++) qw[i] = (uint32_t)rand_r(&seed) * 2654435761u;
+    for (int i = 0; i < N / 8; i++) qz[i] = (uint32_t)rand_r(&seed) * 2654435761u;
+    for (int i = 0; i < N; i++) sc[i] = f2h_simple(0.01f + 0.01f * (frand(&seed) + 1)),
+                                bias[i] = f2h_simple(frand(&seed));
+    struct awq_linear l = {K, N, 128, qw, qz, sc, bias};
+    struct op_linear *plain = o->upload_linear(o->ctx, &l, LINEAR_PLAIN);
+    struct op_linear *gu = o->upload_linear(o->ctx, &l, LINEAR_GATE_UP);
+    ASSERT(plain && gu);
+    float x[M * K];
+    for (int i = 0; i < M * K; i++) x[i] = frand(&seed);
+    struct buf *bx = mk(o, BUF_ACT, x, M * K), *by = mk(o, BUF_ACT, NULL, M * N),
+               *bs = mk(o, BUF_ACT, NULL, M * I);
+    o->linear(o->ctx, by, bx, M, plain);
+    o->linear_silu_mul(o->ctx, bs, bx, M, gu);
+    float *y = get(o, by, M * N), *s = get(o, bs, M * I);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < I; j++) {
+            double g = y[i * N + j], u = y[i * N + I + j];
+            ASSERT_NEAR(s[i * I + j], g / (1 + exp(-g)) * u, 1e-5 * (1 + fabs(g * u)));
+        }
+    free(y);
+    free(s);
+    o->free(o->ctx, bx);
+    o->free(o->ctx, by);
+    o->free(o->ctx, bs);
+    o->free_linear(o->ctx, plain);
+    o->free_linear(o->ctx, gu);
+    ops_destroy(o);
+}
+
 TEST(cpu_ops, threads_are_bit_identical) {
     char err[128];
     struct ops *o1, *o4;
@@ -118,7 +158,7 @@ TEST(cpu_ops, threads_are_bit_identical) {
     struct ops *os[2] = {o1, o4};
     for (int t = 0; t < 2; t++) {
         struct ops *o = os[t];
-        struct op_linear *ol = o->upload_linear(o->ctx, &l);
+        struct op_linear *ol = o->upload_linear(o->ctx, &l, LINEAR_PLAIN);
         struct buf *bx = mk(o, BUF_ACT, x, M * K), *by = mk(o, BUF_ACT, NULL, M * N);
         o->linear(o->ctx, by, bx, M, ol);
         y[t] = get(o, by, M * N);
@@ -176,16 +216,6 @@ TEST(cpu_ops, add_rmsnorm_embed_silu_lm_head) {
         ASSERT_NEAR(e[2 * D + j], h2f(tab16[5 * D + j]), 0);
     }
     free(e);
-    /* silu * mul */
-    struct buf *bs = mk(o, BUF_ACT, NULL, n * D / 2);
-    o->silu_mul(o->ctx, bs, bd, n, D / 2);
-    float *s = get(o, bs, n * D / 2);
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < D / 2; j++) {
-            double g = d[i * D + j], u = d[i * D + D / 2 + j];
-            ASSERT_NEAR(s[i * D / 2 + j], g / (1 + exp(-g)) * u, 1e-6);
-        }
-    free(s);
     /* lm_head on rows 2 and 0 */
     int32_t rows[2] = {2, 0};
     struct buf *brows = mk(o, BUF_I32, rows, 2), *bl = mk(o, BUF_F32, NULL, 2 * VR);
@@ -198,8 +228,8 @@ TEST(cpu_ops, add_rmsnorm_embed_silu_lm_head) {
             ASSERT_NEAR(lg[q * VR + v], ref, 1e-5);
         }
     free(lg);
-    struct buf *all[] = {br, bd, bo, bw, tab, bids, be, bs, brows, bl};
-    for (int i = 0; i < 10; i++) o->free(o->ctx, all[i]);
+    struct buf *all[] = {br, bd, bo, bw, tab, bids, be, brows, bl};
+    for (int i = 0; i < 9; i++) o->free(o->ctx, all[i]);
     ops_destroy(o);
 }
 

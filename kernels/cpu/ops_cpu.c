@@ -19,6 +19,7 @@ struct cpu_ctx {
 /* One linear layer, dequantized (to fp16 values) and transposed so each output column is a
  * contiguous dot product. */
 struct op_linear {
+    enum linear_kind kind;
     int k, n;
     float *wt;                    /* fp32 [N, K] = W^T */
     float *bias;                  /* fp32 [N] or NULL */
@@ -123,10 +124,13 @@ static void cpu_copy(void *ctx, struct buf *dst, size_t dst_off, const struct bu
 /* weights                                                                   */
 /* ======================================================================== */
 
-static struct op_linear *cpu_upload_linear(void *ctx, const struct awq_linear *l) {
+static struct op_linear *cpu_upload_linear(void *ctx, const struct awq_linear *l,
+                                           enum linear_kind kind) {
     AWQD_ASSERT(l->k > 0 && l->n > 0 && l->n % 8 == 0 && l->group > 0 && l->k % l->group == 0);
+    AWQD_ASSERT(kind == LINEAR_PLAIN || (kind == LINEAR_GATE_UP && l->n % 2 == 0));
     struct op_linear *o = calloc(1, sizeof *o);
     if (!o) return NULL;
+    o->kind = kind;
     o->k = l->k;
     o->n = l->n;
     o->wt = malloc((size_t)l->k * l->n * sizeof(float));
@@ -240,6 +244,7 @@ static void linear_cols(void *arg, int c0, int c1) {
 
 static void cpu_linear(void *ctx, struct buf *y, const struct buf *x, int n,
                        const struct op_linear *l) {
+    AWQD_ASSERT(l->kind == LINEAR_PLAIN);
     AWQD_ASSERT(x->n >= (size_t)n * l->k && y->n >= (size_t)n * l->n);
     struct linear_job j = {cpu_f32(y), cpu_f32(x), n, l};
     cpu_pool_run(pool_of(ctx), l->n, 8, linear_cols, &j);
@@ -380,14 +385,29 @@ static void cpu_attention(void *ctx, struct buf *out, const struct buf *qkv, int
     free(row_seq);
 }
 
-/* --- SiLU * mul --- */
-static void cpu_silu_mul(void *ctx, struct buf *out, const struct buf *gu, int n, int inter) {
-    AWQD_ASSERT(gu->n >= (size_t)n * 2 * inter && out->n >= (size_t)n * inter);
-    for (int i = 0; i < n; i++) {
-        const float *g = cpu_f32(gu) + (size_t)i * 2 * inter, *u = g + inter;
-        float *o = cpu_f32(out) + (size_t)i * inter;
-        for (int j = 0; j < inter; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+/* --- gate|up linear + SiLU * mul --- */
+static void silu_mul_cols(void *arg, int c0, int c1) {
+    struct linear_job *j = arg;
+    const struct op_linear *l = j->l;
+    int inter = l->n / 2;
+    for (int r = 0; r < j->n; r++) {
+        const float *x = j->x + (size_t)r * l->k;
+        float *y = j->y + (size_t)r * inter;
+        for (int c = c0; c < c1; c++) {
+            float g = dot(x, l->wt + (size_t)c * l->k, l->k);
+            float u = dot(x, l->wt + (size_t)(inter + c) * l->k, l->k);
+            if (l->bias) g += l->bias[c], u += l->bias[inter + c];
+            y[c] = g / (1.0f + expf(-g)) * u;
+        }
     }
+}
+
+static void cpu_linear_silu_mul(void *ctx, struct buf *out, const struct buf *x, int n,
+                                const struct op_linear *l) {
+    AWQD_ASSERT(l->kind == LINEAR_GATE_UP);
+    AWQD_ASSERT(x->n >= (size_t)n * l->k && out->n >= (size_t)n * (l->n / 2));
+    struct linear_job j = {cpu_f32(out), cpu_f32(x), n, l};
+    cpu_pool_run(pool_of(ctx), l->n / 2, 8, silu_mul_cols, &j);
 }
 
 /* --- lm_head --- */
@@ -460,7 +480,7 @@ int ops_cpu_create(int n_threads, struct ops **out, char *err, size_t errlen) {
     o->linear = cpu_linear;
     o->qk_norm_rope_kv = cpu_qk_norm_rope_kv;
     o->attention = cpu_attention;
-    o->silu_mul = cpu_silu_mul;
+    o->linear_silu_mul = cpu_linear_silu_mul;
     o->lm_head = cpu_lm_head;
     o->sync = cpu_sync;
     o->destroy = cpu_destroy;

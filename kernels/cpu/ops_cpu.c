@@ -186,6 +186,28 @@ static float dot(const float *a, const float *b, int n) {
     return s;
 }
 
+/* out[r] = dot(x[r], w, n) for r < nr <= 4, reading w once for all rows. The
+ * summation order per row is exactly dot()'s, so a row's result never depends
+ * on which rows share the call (batched == alone, bit for bit). */
+#define DOT_ROWS 4
+static void dot_rows(const float *const *x, int nr, const float *w, int n, float *out) {
+    if (nr < DOT_ROWS) {
+        for (int r = 0; r < nr; r++) out[r] = dot(x[r], w, n);
+        return;
+    }
+    float acc[DOT_ROWS][8] = {{0}};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int r = 0; r < DOT_ROWS; r++)
+            for (int j = 0; j < 8; j++) acc[r][j] += x[r][i + j] * w[i + j];
+    for (int r = 0; r < DOT_ROWS; r++) {
+        const float *a = acc[r];
+        float s = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+        for (int t = i; t < n; t++) s += x[r][t] * w[t];
+        out[r] = s;
+    }
+}
+
 /* --- embedding --- */
 static void cpu_embed(void *ctx, struct buf *out, const struct buf *table, const struct buf *ids,
                       int n, int dim, int row_start, int rows) {
@@ -232,12 +254,15 @@ struct linear_job {
 static void linear_cols(void *arg, int c0, int c1) {
     struct linear_job *j = arg;
     const struct op_linear *l = j->l;
-    for (int r = 0; r < j->n; r++) {
-        const float *x = j->x + (size_t)r * l->k;
-        float *y = j->y + (size_t)r * l->n;
+    for (int r0 = 0; r0 < j->n; r0 += DOT_ROWS) {
+        int nr = j->n - r0 < DOT_ROWS ? j->n - r0 : DOT_ROWS;
+        const float *xs[DOT_ROWS];
+        for (int r = 0; r < nr; r++) xs[r] = j->x + (size_t)(r0 + r) * l->k;
         for (int c = c0; c < c1; c++) {
-            float v = dot(x, l->wt + (size_t)c * l->k, l->k);
-            y[c] = l->bias ? v + l->bias[c] : v;
+            float v[DOT_ROWS];
+            dot_rows(xs, nr, l->wt + (size_t)c * l->k, l->k, v);
+            for (int r = 0; r < nr; r++)
+                j->y[(size_t)(r0 + r) * l->n + c] = l->bias ? v[r] + l->bias[c] : v[r];
         }
     }
 }
@@ -390,14 +415,19 @@ static void silu_mul_cols(void *arg, int c0, int c1) {
     struct linear_job *j = arg;
     const struct op_linear *l = j->l;
     int inter = l->n / 2;
-    for (int r = 0; r < j->n; r++) {
-        const float *x = j->x + (size_t)r * l->k;
-        float *y = j->y + (size_t)r * inter;
+    for (int r0 = 0; r0 < j->n; r0 += DOT_ROWS) {
+        int nr = j->n - r0 < DOT_ROWS ? j->n - r0 : DOT_ROWS;
+        const float *xs[DOT_ROWS];
+        for (int r = 0; r < nr; r++) xs[r] = j->x + (size_t)(r0 + r) * l->k;
         for (int c = c0; c < c1; c++) {
-            float g = dot(x, l->wt + (size_t)c * l->k, l->k);
-            float u = dot(x, l->wt + (size_t)(inter + c) * l->k, l->k);
-            if (l->bias) g += l->bias[c], u += l->bias[inter + c];
-            y[c] = g / (1.0f + expf(-g)) * u;
+            float g[DOT_ROWS], u[DOT_ROWS];
+            dot_rows(xs, nr, l->wt + (size_t)c * l->k, l->k, g);
+            dot_rows(xs, nr, l->wt + (size_t)(inter + c) * l->k, l->k, u);
+            for (int r = 0; r < nr; r++) {
+                float gr = g[r], ur = u[r];
+                if (l->bias) gr += l->bias[c], ur += l->bias[inter + c];
+                j->y[(size_t)(r0 + r) * inter + c] = gr / (1.0f + expf(-gr)) * ur;
+            }
         }
     }
 }
@@ -420,10 +450,15 @@ struct lm_job {
 
 static void lm_cols(void *arg, int v0, int v1) {
     struct lm_job *j = arg;
-    for (int r = 0; r < j->m; r++) {
-        const float *x = j->x + (size_t)j->rows[r] * j->dim;
-        float *o = j->logits + (size_t)r * j->vocab_rows;
-        for (int v = v0; v < v1; v++) o[v] = dot(x, j->table + (size_t)v * j->dim, j->dim);
+    for (int r0 = 0; r0 < j->m; r0 += DOT_ROWS) {
+        int nr = j->m - r0 < DOT_ROWS ? j->m - r0 : DOT_ROWS;
+        const float *xs[DOT_ROWS];
+        for (int r = 0; r < nr; r++) xs[r] = j->x + (size_t)j->rows[r0 + r] * j->dim;
+        for (int v = v0; v < v1; v++) {
+            float o[DOT_ROWS];
+            dot_rows(xs, nr, j->table + (size_t)v * j->dim, j->dim, o);
+            for (int r = 0; r < nr; r++) j->logits[(size_t)(r0 + r) * j->vocab_rows + v] = o[r];
+        }
     }
 }
 

@@ -29,8 +29,14 @@
  *
  * Workspace: kernels may split K across blocks for small M; the partial sums
  * (fp32) go to the caller's workspace and are added in a fixed order (results
- * are bitwise deterministic for a given M). ws may be NULL / too small: the
- * call then uses fewer splits (still correct, possibly slower).
+ * are bitwise deterministic for a given M). For large M (>= 256 on H100) the
+ * fastest path dequantizes W into the workspace as a transient fp16 copy
+ * (K*N*2 bytes, + M*N*2 for GATE_UP) and calls cuBLAS; nothing persistent is
+ * kept. ws may be NULL / too small: the call then uses fewer splits or the
+ * INT4 tensor-core GEMM instead (still correct, possibly slower).
+ * w4a16_workspace_bytes() says what the fastest choice needs; one buffer can
+ * be shared by all layers of a stream (size it for the largest). The cuBLAS
+ * path uses one cuBLAS handle per calling host thread (created on first use).
  *
  * Errors: negative errno with a message in err (NULL ok): -EINVAL for shapes
  * and arguments, -ENOMEM / -EIO from CUDA (every CUDA call is checked).
@@ -67,6 +73,7 @@ enum w4a16_kernel {
     W4A16_KERNEL_SKINNY = 1, /* streaming tensor-core GEMV, M <= 32, split-K */
     W4A16_KERNEL_TC64 = 2,   /* pipelined tensor-core GEMM, block tile 128 n x 64 m */
     W4A16_KERNEL_TC128 = 3,  /* pipelined tensor-core GEMM, block tile 128 n x 128 m */
+    W4A16_KERNEL_CUBLAS = 4, /* large M: dequantize into the workspace + cuBLAS FP16 GEMM */
 };
 
 /* Copies one AWQ linear (host memory, AutoAWQ packing) to the current device,

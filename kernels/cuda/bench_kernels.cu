@@ -1,0 +1,290 @@
+/* bench_kernels.cu — `awqd bench kernels`: the W4A16 kernels on Qwen3-8B's
+ * layer shapes for M = 1 .. 4096, against cuBLAS FP16 (cublasGemmEx on a
+ * dequantized fp16 copy made only here) and the device-to-device copy rate,
+ * all measured in the same run.
+ *
+ * Method: CUDA events around each call, L2 flushed before every timed call
+ * (a kernel reads 2x L2 of other memory), warm-up first, median of --reps.
+ * GB/s counts the INT4 weight traffic (qweight + scales + zeros, each read
+ * once); TFLOP/s is 2 M N K / time; "copy" is cudaMemcpy D2D bytes read +
+ * written per second over 1 GiB. The gate|up row runs the silu*up epilogue
+ * (writes [M, N/2]) while cuBLAS writes the whole [M, N]. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/w4a16.h"
+
+extern "C" {
+#include "engine/bench.h"
+#include "engine/ckpt.h"
+}
+
+static uint64_t b_rng = 0x243f6a8885a308d3ull;
+static uint32_t b_rnd(void) {
+    b_rng ^= b_rng << 13;
+    b_rng ^= b_rng >> 7;
+    b_rng ^= b_rng << 17;
+    return (uint32_t)(b_rng >> 16);
+}
+
+static __global__ void k_flush(const uint4 *p, size_t n, unsigned *sink) {
+    unsigned acc = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint4 v = p[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) *sink = acc; /* practically never; keeps the loads */
+}
+
+struct timer {
+    cudaEvent_t a, b;
+    uint4 *flush;
+    size_t flush_n;
+    unsigned *sink;
+    int sms;
+};
+
+template <typename F>
+static double time_median_us(timer &t, int reps, F fn) {
+    std::vector<float> v;
+    for (int i = 0; i < reps + 2; i++) {
+        k_flush<<<t.sms * 4, 512>>>(t.flush, t.flush_n, t.sink);
+        CUDA_CHECK_ABORT(cudaEventRecord(t.a));
+        fn();
+        CUDA_CHECK_ABORT(cudaEventRecord(t.b));
+        CUDA_CHECK_ABORT(cudaEventSynchronize(t.b));
+        float ms = 0;
+        CUDA_CHECK_ABORT(cudaEventElapsedTime(&ms, t.a, t.b));
+        if (i >= 2) v.push_back(ms); /* first two are warm-up */
+    }
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2] * 1000.0;
+}
+
+struct shape {
+    const char *name;
+    int k, n, gate_up;
+};
+
+static const char *kname(enum w4a16_kernel k) {
+    switch (k) {
+    case W4A16_KERNEL_SKINNY: return "skinny";
+    case W4A16_KERNEL_TC64: return "tc64";
+    case W4A16_KERNEL_TC128: return "tc128";
+    case W4A16_KERNEL_CUBLAS: return "deq+cublas";
+    default: return "auto";
+    }
+}
+
+static float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+extern "C" int bench_kernels(int argc, char **argv) {
+    int reps = 30, variants = 0;
+    const char *csv_path = NULL, *ms_arg = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096";
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
+        else if (!strcmp(argv[i], "--m") && i + 1 < argc) ms_arg = argv[++i];
+        else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--variants")) variants = 1;
+        else {
+            fprintf(stderr,
+                    "usage: awqd bench kernels [--reps N] [--m 1,2,4,...] [--shape qkv|o|gate_up|down]\n"
+                    "                          [--variants] [--csv FILE]\n"
+                    "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas) at each M\n");
+            return strcmp(argv[i], "--help") && strcmp(argv[i], "-h") ? 2 : 0;
+        }
+    }
+    if (reps < 3) reps = 3;
+    int ms[32];
+    int nms = util_parse_int_list(ms_arg, ms, 32);
+    if (nms <= 0) {
+        fprintf(stderr, "awqd bench kernels: bad --m list \"%s\"\n", ms_arg);
+        return 2;
+    }
+    int maxm = 1;
+    for (int i = 0; i < nms; i++) maxm = std::max(maxm, ms[i]);
+
+    int dev = 0, ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        fprintf(stderr, "awqd bench kernels: no CUDA device\n");
+        return 1;
+    }
+    cudaDeviceProp prop;
+    CUDA_CHECK_ABORT(cudaGetDeviceProperties(&prop, dev));
+    int clk_khz = 0, memclk_khz = 0;
+    cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, dev);
+    cudaDeviceGetAttribute(&memclk_khz, cudaDevAttrMemoryClockRate, dev);
+    printf("device: %s, %d SMs, L2 %d MiB, sm clock %d MHz, mem clock %d MHz\n", prop.name,
+           prop.multiProcessorCount, prop.l2CacheSize >> 20, clk_khz / 1000, memclk_khz / 1000);
+
+    timer t;
+    t.sms = prop.multiProcessorCount;
+    CUDA_CHECK_ABORT(cudaEventCreate(&t.a));
+    CUDA_CHECK_ABORT(cudaEventCreate(&t.b));
+    t.flush_n = (size_t)std::max(prop.l2CacheSize, 32 << 20) * 4 / 16;
+    CUDA_CHECK_ABORT(cudaMalloc(&t.flush, t.flush_n * 16));
+    CUDA_CHECK_ABORT(cudaMemset(t.flush, 1, t.flush_n * 16));
+    CUDA_CHECK_ABORT(cudaMalloc(&t.sink, 4));
+
+    /* copy rate: 1 GiB device to device */
+    double copy_gbs;
+    {
+        size_t nb = (size_t)1 << 30;
+        void *a, *b;
+        CUDA_CHECK_ABORT(cudaMalloc(&a, nb));
+        CUDA_CHECK_ABORT(cudaMalloc(&b, nb));
+        CUDA_CHECK_ABORT(cudaMemset(a, 3, nb));
+        double us = time_median_us(t, 10, [&] { cudaMemcpyAsync(b, a, nb, cudaMemcpyDeviceToDevice); });
+        copy_gbs = 2.0 * nb / (us * 1e-6) / 1e9;
+        cudaFree(a);
+        cudaFree(b);
+    }
+    printf("copy rate (cudaMemcpy D2D, read+write): %.0f GB/s\n", copy_gbs);
+
+    cublasHandle_t cb;
+    CUBLAS_CHECK_ABORT(cublasCreate(&cb));
+
+    static const shape shapes[] = {
+        {"qkv", 4096, 6144, 0},
+        {"o", 4096, 4096, 0},
+        {"gate_up", 4096, 24576, 1},
+        {"down", 12288, 4096, 0},
+    };
+    FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
+    if (csv)
+        fprintf(csv, "shape,K,N,M,kernel,ksplit,us,weight_GBs,pct_copy,TFLOPs,cublas_us,"
+                     "speedup_vs_cublas,skinny_us,tc64_us,tc128_us,deqcublas_us\n");
+    printf("\n%-8s %5s %-10s %3s %9s %8s %6s %7s %10s %8s", "shape", "M", "kernel", "ks", "us",
+           "GB/s", "%copy", "TFLOP/s", "cublas_us", "speedup");
+    if (variants) printf(" %9s %9s %9s %9s", "skinny", "tc64", "tc128", "deq+cubl");
+    printf("\n");
+
+    for (const shape &sh : shapes) {
+        if (only && strcmp(only, sh.name)) continue;
+        int K = sh.k, N = sh.n, G = 128;
+        size_t nq = (size_t)K * N / 8, nz = (size_t)K / G * N / 8, ns = (size_t)K / G * N;
+        std::vector<uint32_t> qw(nq), qz(nz);
+        std::vector<uint16_t> sc(ns);
+        for (auto &v : qw) v = b_rnd() ^ (b_rnd() << 16);
+        for (auto &v : qz) v = b_rnd() ^ (b_rnd() << 16);
+        for (auto &v : sc) v = __half_as_ushort(__float2half(0.005f + 0.01f * (b_rnd() & 0xffff) / 65536.f));
+        struct awq_linear l;
+        l.k = K;
+        l.n = N;
+        l.group = G;
+        l.qweight = qw.data();
+        l.qzeros = qz.data();
+        l.scales = sc.data();
+        l.bias = NULL;
+        struct w4a16_weight *w = NULL;
+        char err[256];
+        if (w4a16_upload(&l, sh.gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &w, err,
+                         sizeof err)) {
+            fprintf(stderr, "upload %s: %s\n", sh.name, err);
+            return 1;
+        }
+        /* dequantized fp16 copy for cuBLAS (benchmark only) */
+        static const int ord[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+        std::vector<uint16_t> wd((size_t)K * N);
+        for (int k = 0; k < K; k++)
+            for (int n = 0; n < N; n++) {
+                int q = (qw[(size_t)k * (N / 8) + n / 8] >> (4 * ord[n % 8])) & 15;
+                int z = (qz[(size_t)(k / G) * (N / 8) + n / 8] >> (4 * ord[n % 8])) & 15;
+                wd[(size_t)k * N + n] =
+                    __half_as_ushort(__float2half((float)(q - z) * h2f(sc[(size_t)(k / G) * N + n])));
+            }
+        uint16_t *dW, *dx, *dy, *dyc;
+        CUDA_CHECK_ABORT(cudaMalloc(&dW, wd.size() * 2));
+        CUDA_CHECK_ABORT(cudaMemcpy(dW, wd.data(), wd.size() * 2, cudaMemcpyHostToDevice));
+        std::vector<uint16_t> hx((size_t)maxm * K);
+        for (auto &v : hx) v = __half_as_ushort(__float2half((b_rnd() & 0xffff) / 32768.f - 1.f));
+        CUDA_CHECK_ABORT(cudaMalloc(&dx, hx.size() * 2));
+        CUDA_CHECK_ABORT(cudaMemcpy(dx, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+        CUDA_CHECK_ABORT(cudaMalloc(&dy, (size_t)maxm * N * 2));
+        CUDA_CHECK_ABORT(cudaMalloc(&dyc, (size_t)maxm * N * 2));
+        size_t wsb = w4a16_workspace_bytes(w, maxm);
+        /* forced variants may split more than the dispatch does */
+        size_t np = (N + 127) / 128 * 128;
+        size_t wsb_var = std::max(wsb, (size_t)16 * np * 256 * 4 + np * K * 2 + (size_t)maxm * np * 2 + 4096);
+        void *ws;
+        CUDA_CHECK_ABORT(cudaMalloc(&ws, wsb_var));
+        int epi = sh.gate_up ? W4A16_EPI_SILU_MUL : 0;
+        double wbytes = (double)K * N / 2 + (double)K / G * N * 2.5;
+
+        for (int mi = 0; mi < nms; mi++) {
+            int M = ms[mi];
+            enum w4a16_kernel kc;
+            int ks;
+            w4a16_choice(w, M, &kc, &ks);
+            int rc = 0;
+            double us = time_median_us(t, reps, [&] {
+                rc |= w4a16_linear(w, dx, M, dy, epi, ws, wsb, 0, err, sizeof err);
+            });
+            if (rc) {
+                fprintf(stderr, "w4a16_linear %s M=%d: %s\n", sh.name, M, err);
+                return 1;
+            }
+            const __half one = __float2half(1.f), zero = __float2half(0.f);
+            float fone = 1.f, fzero = 0.f;
+            (void)one;
+            (void)zero;
+            double cus = time_median_us(t, reps, [&] {
+                cublasGemmEx(cb, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &fone, dW, CUDA_R_16F, N, dx,
+                             CUDA_R_16F, K, &fzero, dyc, CUDA_R_16F, N, CUBLAS_COMPUTE_32F,
+                             CUBLAS_GEMM_DEFAULT);
+            });
+            CUDA_CHECK_ABORT(cudaGetLastError());
+            double var[4] = {0, 0, 0, 0};
+            if (variants) {
+                for (int v = 0; v < 4; v++) {
+                    enum w4a16_kernel fk = (enum w4a16_kernel)(W4A16_KERNEL_SKINNY + v);
+                    if (fk == W4A16_KERNEL_SKINNY && M > 32) continue;
+                    if (fk != W4A16_KERNEL_SKINNY && M < 8) continue;
+                    var[v] = time_median_us(t, reps, [&] {
+                        rc |= w4a16_linear_ex(w, dx, M, dy, epi, fk, 0, ws, wsb_var, 0, err, sizeof err);
+                    });
+                }
+                if (rc) {
+                    fprintf(stderr, "w4a16_linear_ex %s M=%d: %s\n", sh.name, M, err);
+                    return 1;
+                }
+            }
+            double gbs = wbytes / (us * 1e-6) / 1e9;
+            double tfl = 2.0 * M * N * (double)K / (us * 1e-6) / 1e12;
+            printf("%-8s %5d %-10s %3d %9.2f %8.0f %5.1f%% %7.1f %10.2f %7.2fx", sh.name, M,
+                   kname(kc), ks, us, gbs, 100.0 * gbs / copy_gbs, tfl, cus, cus / us);
+            if (variants) printf(" %9.2f %9.2f %9.2f %9.2f", var[0], var[1], var[2], var[3]);
+            printf("\n");
+            fflush(stdout);
+            if (csv)
+                fprintf(csv, "%s,%d,%d,%d,%s,%d,%.3f,%.1f,%.2f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
+                        sh.name, K, N, M, kname(kc), ks, us, gbs, 100.0 * gbs / copy_gbs, tfl, cus,
+                        cus / us, var[0], var[1], var[2], var[3]);
+        }
+        cudaFree(ws);
+        cudaFree(dW);
+        cudaFree(dx);
+        cudaFree(dy);
+        cudaFree(dyc);
+        w4a16_free(w);
+    }
+    if (csv) fclose(csv);
+    cublasDestroy(cb);
+    cudaFree(t.flush);
+    cudaFree(t.sink);
+    return 0;
+}

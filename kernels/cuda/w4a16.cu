@@ -1,0 +1,1010 @@
+/* w4a16.cu — fused INT4-weight x FP16-activation linear layers (w4a16.h).
+ *
+ * ======================================================================
+ * Device weight layout (made by w4a16_upload; 4 bits per weight, no fp16 copy)
+ * ======================================================================
+ * Both kernels compute the transposed product on the tensor cores,
+ *     D[n, m] = sum_k W^T[n, k] * x^T[k, m]      (mma.m16n8k16, fp32 accumulate)
+ * so the weights are the 16x16 "A" operand and up to 8 rows of x the 16x8 "B"
+ * operand. That makes M = 1..8 one mma column block (no 16-row padding).
+ *
+ * Columns are grouped in n16 tiles. Tile nt holds 16 physical rows rho:
+ *   PLAIN:   rho -> column nt*16 + rho (columns >= N are zero padding)
+ *   GATE_UP: rho < 8 -> gate column nt*8 + rho, rho >= 8 -> up column
+ *            inter + nt*8 + rho - 8, so a thread's accumulator rows r and r+8
+ *            are the matching gate and up values of one output column.
+ * K is cut in chunks of 64 (kc = k / 64). For every (nt, kc) the 32 lanes of a
+ * warp read one uint4 each (512 contiguous bytes):
+ *   qw   uint4 [N16a][KC][32 lanes]   word t (0..3) of lane (r = lane/4, c =
+ *        lane%4) is the mma A fragment of k16 step t, with the k order inside
+ *        the chunk permuted so that lane c multiplies x[16c .. 16c+15]:
+ *        nibble (j>>1)*2 + hi + (j&1)*4 holds W[k = 64kc + 16c + 4t + j]
+ *        [rho = r + 8*hi], j = 0..3. The permutation is applied to x too (it
+ *        is just the order of the sum), so x fragments are two 16-byte loads.
+ *        With that nibble order the LOP3 trick gives the A registers directly:
+ *        (w & 0x000f000f) | 0x64006400     = {1024+q(r,j0), 1024+q(r,j1)}
+ *        (w & 0x00f000f0) | 0x64006400     = {1024+16q(r+8,j0), ...+16q(r+8,j1)}
+ *        and the same on w >> 8 for j = 2, 3.
+ *   sc   uint32 [KG][N16a][8]  half2 {s(rho=r), s(rho=r+8)} of group g
+ *   zr   uint8  [KG][N16a][8]  z(rho=r) | z(rho=r+8) << 4
+ *   bias fp16   [N16a*16]      in physical (rho) order, optional
+ * N16a = N16 rounded up to 8 tiles (zero padding) so a 128-column block never
+ * reads out of bounds.
+ *
+ * Dequantization: subtracting the half2 {1024+z} ({1024+16z} for the high
+ * nibbles) leaves q - z (16(q - z)) exactly. The skinny kernel multiplies by
+ * the fp32 scale after each 64-deep mma chunk (exact dequantization); the
+ * pipelined GEMM multiplies the fp16 value by the fp16 scale before the mma
+ * (the fp16 dequantized weight, as a dequantize + cuBLAS path would use).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/w4a16.h"
+
+extern "C" {
+#include "engine/ckpt.h"
+}
+
+/* ------------------------------------------------------------------------ */
+/* The weight object                                                         */
+/* ------------------------------------------------------------------------ */
+
+struct w4a16_weight {
+    int k, n, group;          /* checkpoint shape */
+    int layout;               /* enum w4a16_layout */
+    int out_cols;             /* N (PLAIN) or N/2 (GATE_UP) */
+    int n16, n16a;            /* n16 tiles used / allocated (multiple of 8) */
+    int kc, kg;               /* K/64 chunks, K/G groups */
+    uint4 *qw;                /* [n16a][kc][32] */
+    uint32_t *sc;             /* [kg][n16a][8] half2 */
+    uint8_t *zr;              /* [kg][n16a][8] */
+    uint16_t *bias;           /* [n16a*16] fp16 physical order, or NULL */
+    int *cnt;                 /* [cnt_len] split-K arrival counters, zero between calls */
+    int cnt_len;
+    size_t bytes;             /* device bytes held */
+    int sms;                  /* multiprocessors of the device */
+};
+
+#define CNT_LEN_MIN 4096
+
+/* ------------------------------------------------------------------------ */
+/* Device helpers                                                            */
+/* ------------------------------------------------------------------------ */
+
+static __device__ __forceinline__ uint32_t lop3_lo(uint32_t w) {
+    uint32_t d; /* (w & 0x000f000f) | 0x64006400 */
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(w), "n"(0x000f000f), "n"(0x64006400));
+    return d;
+}
+static __device__ __forceinline__ uint32_t lop3_hi(uint32_t w) {
+    uint32_t d; /* (w & 0x00f000f0) | 0x64006400 */
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(w), "n"(0x00f000f0), "n"(0x64006400));
+    return d;
+}
+static __device__ __forceinline__ uint32_t hsub2u(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+static __device__ __forceinline__ uint32_t hfma2u(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+static __device__ __forceinline__ uint32_t hmul2u(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+static __device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4], uint32_t b0,
+                                                uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(bytes));
+}
+static __device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;");
+}
+template <int N>
+static __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+/* Zero-point subtrahends: {1024+z, 1024+z} and {1024+16z, 1024+16z} as half2 bits. */
+static __device__ __forceinline__ uint32_t magic_lo(uint32_t z) {
+    uint32_t h = 0x6400u | z;
+    return h | (h << 16);
+}
+static __device__ __forceinline__ uint32_t magic_hi(uint32_t z) {
+    uint32_t h = 0x6400u | (z << 4);
+    return h | (h << 16);
+}
+
+/* Unscaled A fragment: rows r -> q - z, rows r+8 -> 16 (q - z); exact. */
+static __device__ __forceinline__ void deq_raw(uint32_t w, uint32_t mlo, uint32_t mhi,
+                                               uint32_t a[4]) {
+    uint32_t w8 = w >> 8;
+    a[0] = hsub2u(lop3_lo(w), mlo);
+    a[1] = hsub2u(lop3_hi(w), mhi);
+    a[2] = hsub2u(lop3_lo(w8), mlo);
+    a[3] = hsub2u(lop3_hi(w8), mhi);
+}
+
+/* Scaled A fragment: (q - z) * s in fp16. nz_hi = {-(64+z), ...} for rows r+8. */
+static __device__ __forceinline__ void deq_scaled(uint32_t w, uint32_t mlo, uint32_t nz_hi,
+                                                  uint32_t s_lo, uint32_t s_hi, uint32_t a[4]) {
+    const uint32_t sixteenth = 0x2c002c00u; /* {1/16, 1/16} */
+    uint32_t w8 = w >> 8;
+    a[0] = hmul2u(hsub2u(lop3_lo(w), mlo), s_lo);
+    a[1] = hmul2u(hfma2u(lop3_hi(w), sixteenth, nz_hi), s_hi);
+    a[2] = hmul2u(hsub2u(lop3_lo(w8), mlo), s_lo);
+    a[3] = hmul2u(hfma2u(lop3_hi(w8), sixteenth, nz_hi), s_hi);
+}
+
+struct epi_args {
+    uint16_t *y;          /* fp16 [M, ldy] */
+    const uint16_t *bias; /* fp16 [n16a*16] physical order, or NULL */
+    int m;                /* rows */
+    int n;                /* PLAIN: valid columns */
+    int ldy;              /* output row stride (N, or inter for GATE_UP) */
+    int gate_up;          /* 1: silu(gate) * up */
+};
+
+static __device__ __forceinline__ void store_h(uint16_t *p, float v) {
+    *p = __half_as_ushort(__float2half_rn(v));
+}
+
+/* One thread's mma D fragment of tile nt: d0 = (rho r, m0), d1 = (rho r, m0+1),
+ * d2 = (rho r+8, m0), d3 = (rho r+8, m0+1). Applies bias / silu and stores. */
+static __device__ __forceinline__ void epilogue(const epi_args &ep, int nt, int r, int m0,
+                                                float d0, float d1, float d2, float d3) {
+    int plo = nt * 16 + r, phi = plo + 8;
+    if (ep.bias) {
+        float blo = __half2float(__ushort_as_half(ep.bias[plo]));
+        float bhi = __half2float(__ushort_as_half(ep.bias[phi]));
+        d0 += blo;
+        d1 += blo;
+        d2 += bhi;
+        d3 += bhi;
+    }
+    if (ep.gate_up) {
+        int j = nt * 8 + r;
+        if (j >= ep.ldy) return; /* padding tiles of the last block */
+        if (m0 < ep.m) store_h(ep.y + (size_t)m0 * ep.ldy + j, d0 / (1.f + __expf(-d0)) * d2);
+        if (m0 + 1 < ep.m)
+            store_h(ep.y + (size_t)(m0 + 1) * ep.ldy + j, d1 / (1.f + __expf(-d1)) * d3);
+    } else {
+        if (m0 < ep.m) {
+            uint16_t *row = ep.y + (size_t)m0 * ep.ldy;
+            if (plo < ep.n) store_h(row + plo, d0);
+            if (phi < ep.n) store_h(row + phi, d2);
+        }
+        if (m0 + 1 < ep.m) {
+            uint16_t *row = ep.y + (size_t)(m0 + 1) * ep.ldy;
+            if (plo < ep.n) store_h(row + plo, d1);
+            if (phi < ep.n) store_h(row + phi, d3);
+        }
+    }
+}
+
+/* Split-K: every block of one output tile writes its NACC fp32 values per
+ * thread to part[(tile * ksplit + split) * NACC * NT + i * NT + tid]; the
+ * last block to arrive (atomic counter) adds the ksplit partials in split
+ * order (deterministic) and returns 1 with the sum in acc. The counter is
+ * reset for the next call. */
+template <int NACC, int NT>
+static __device__ __forceinline__ int splitk_reduce(float *acc, float *part, int *cnt, int tile,
+                                                    int split, int ksplit, int tid, bool writer) {
+    __shared__ int s_last;
+    float *mine = part + ((size_t)tile * ksplit + split) * NACC * NT;
+    if (writer) {
+#pragma unroll
+        for (int i = 0; i < NACC; i++) __stcg(mine + i * NT + tid, acc[i]);
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int old = atomicAdd(cnt + tile, 1);
+        s_last = old == ksplit - 1;
+        if (s_last) cnt[tile] = 0;
+    }
+    __syncthreads();
+    if (!s_last) return 0;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < NACC; i++) acc[i] = 0.f;
+    for (int s = 0; s < ksplit; s++) {
+        const float *p = part + ((size_t)tile * ksplit + s) * NACC * NT;
+#pragma unroll
+        for (int i = 0; i < NACC; i++) acc[i] += __ldcg(p + i * NT + tid);
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Skinny kernel (decode, M <= 8*MT): block = 8 warps = 8 n16 tiles (128     */
+/* columns) x one K range (split-K across blocks). The block's x rows and    */
+/* scales/zeros for its K range go to shared memory once; each warp then     */
+/* streams its tile's 512-byte chunks through a SK_STAGES-deep cp.async ring */
+/* (every lane reads back exactly the 16 bytes it copied, so no barrier), so */
+/* many loads are in flight without holding registers.                       */
+/* ------------------------------------------------------------------------ */
+
+#define SK_WARPS 8
+#define SK_STAGES 8
+#define SK_X_BYTES_MAX (48 * 1024) /* x slice limit -> K range per split */
+
+struct sk_smem {
+    int krange, ngroups, xstride; /* halves per x row */
+    size_t x_off, w_off, s_off, z_off, total;
+};
+
+static __host__ __device__ sk_smem sk_layout(int m, int cps, int G) {
+    sk_smem L;
+    L.krange = cps * 64;
+    L.ngroups = (L.krange + G - 1) / G + 1;
+    L.xstride = L.krange + 8;
+    L.x_off = 0;
+    L.w_off = ((size_t)m * L.xstride * 2 + 15) / 16 * 16;
+    L.s_off = L.w_off + (size_t)SK_WARPS * SK_STAGES * 512;
+    L.z_off = L.s_off + (size_t)L.ngroups * 256;
+    L.total = L.z_off + (size_t)L.ngroups * 64;
+    return L;
+}
+
+template <int MT>
+static __global__ void __launch_bounds__(SK_WARPS * 32)
+k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
+         const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a,
+         int KC, int G, int cps, int ksplit, epi_args ep, float *__restrict__ part,
+         int *__restrict__ cnt) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int nb = blockIdx.x, split = blockIdx.y;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int r = lane >> 2, c = lane & 3;
+    const int kc0 = split * cps, kc1 = min(KC, kc0 + cps);
+    const int n = kc1 - kc0;
+    const int nt0 = nb * SK_WARPS, nt = nt0 + warp;
+    const sk_smem L = sk_layout(ep.m, cps, G);
+    uint16_t *sx = (uint16_t *)(smem + L.x_off);
+    uint4 *ring = (uint4 *)(smem + L.w_off) + warp * SK_STAGES * 32;
+    uint32_t *ssc = (uint32_t *)(smem + L.s_off);
+    uint8_t *szr = smem + L.z_off;
+    const int g0 = kc0 * 64 / G, g1 = (kc1 * 64 + G - 1) / G;
+
+    /* x rows [0, M) x K range, scales and zeros of the groups: one commit group */
+    {
+        const int cpr = n * 8; /* 16-byte chunks per row */
+        for (int i = tid; i < ep.m * cpr; i += SK_WARPS * 32) {
+            int row = i / cpr, ch = i - row * cpr;
+            cp_async16(sx + row * L.xstride + ch * 8, x + (size_t)row * K + kc0 * 64 + ch * 8, 16);
+        }
+        for (int i = tid; i < (g1 - g0) * 16; i += SK_WARPS * 32) {
+            int g = i >> 4, ch = i & 15;
+            cp_async16((unsigned char *)ssc + g * 256 + ch * 16,
+                       (const unsigned char *)(sc + ((size_t)(g0 + g) * n16a + nt0) * 8) + ch * 16, 16);
+        }
+        for (int i = tid; i < (g1 - g0) * 4; i += SK_WARPS * 32) {
+            int g = i >> 2, ch = i & 3;
+            cp_async16(szr + g * 64 + ch * 16, zr + ((size_t)(g0 + g) * n16a + nt0) * 8 + ch * 16, 16);
+        }
+        cp_async_commit();
+    }
+    const uint4 *wp = qw + ((size_t)nt * KC + kc0) * 32 + lane;
+#pragma unroll
+    for (int s = 0; s < SK_STAGES - 1; s++) {
+        if (s < n) cp_async16(ring + s * 32 + lane, wp + (size_t)s * 32, 16);
+        cp_async_commit();
+    }
+    cp_async_wait<SK_STAGES - 1>(); /* the x / scales group */
+    __syncthreads();
+
+    float acc[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    const int cpg = G / 64;
+
+    for (int it = 0; it < n; it++) {
+        int nx = it + SK_STAGES - 1;
+        if (nx < n) cp_async16(ring + (nx % SK_STAGES) * 32 + lane, wp + (size_t)nx * 32, 16);
+        cp_async_commit();
+        cp_async_wait<SK_STAGES - 1>();
+        uint4 wv = ring[(it % SK_STAGES) * 32 + lane];
+        int gl = (kc0 + it) / cpg - g0;
+        uint32_t s2 = ssc[gl * 64 + warp * 8 + r];
+        uint32_t z = szr[gl * 64 + warp * 8 + r];
+        uint32_t mlo = magic_lo(z & 15), mhi = magic_hi(z >> 4);
+        uint4 xa[MT], xb[MT];
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            int m = i * 8 + r;
+            if (m < ep.m) {
+                const uint16_t *xr = sx + m * L.xstride + it * 64 + 16 * c;
+                xa[i] = *(const uint4 *)xr;
+                xb[i] = *(const uint4 *)(xr + 8);
+            } else {
+                xa[i] = xb[i] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        float d[MT][4];
+#pragma unroll
+        for (int i = 0; i < MT; i++) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.f;
+        const uint32_t *wt = &wv.x;
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            uint32_t a[4];
+            deq_raw(wt[t], mlo, mhi, a);
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                const uint32_t *xs = t < 2 ? &xa[i].x : &xb[i].x;
+                mma16816(d[i], a, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
+            }
+        }
+        __half2 sh2 = *reinterpret_cast<__half2 *>(&s2);
+        float slo = __low2float(sh2), shi = __high2float(sh2) * 0.0625f;
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            acc[i][0] = fmaf(slo, d[i][0], acc[i][0]);
+            acc[i][1] = fmaf(slo, d[i][1], acc[i][1]);
+            acc[i][2] = fmaf(shi, d[i][2], acc[i][2]);
+            acc[i][3] = fmaf(shi, d[i][3], acc[i][3]);
+        }
+    }
+    cp_async_wait<0>();
+
+    if (ksplit > 1 &&
+        !splitk_reduce<MT * 4, SK_WARPS * 32>(&acc[0][0], part, cnt, nb, split, ksplit, tid, true))
+        return;
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+        epilogue(ep, nt, r, i * 8 + 2 * c, acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pipelined tensor-core GEMM. Block = (2*WN) n16 tiles x (8*MW*WM) rows,    */
+/* warps WN x WM, each 32 columns x 8*MW rows. STAGES-deep cp.async ring of  */
+/* (x tile, INT4 tile, scales, zeros) per 64-deep chunk; dequantization from */
+/* shared memory to registers right before the mma.                          */
+/* ------------------------------------------------------------------------ */
+
+#define TC_XS 72 /* x row stride in halves (64 + 8 padding: conflict-free LDS.128) */
+
+template <int WN, int WM, int MW, int STAGES>
+struct tc_cfg {
+    static constexpr int NT = WN * WM * 32;
+    static constexpr int BN16 = 2 * WN;
+    static constexpr int BM = 8 * MW * WM;
+    static constexpr int X_BYTES = BM * TC_XS * 2;
+    static constexpr int W_BYTES = BN16 * 32 * 16;
+    static constexpr int S_BYTES = BN16 * 8 * 4;
+    static constexpr int Z_BYTES = BN16 * 8 < 16 ? 16 : BN16 * 8;
+    static constexpr int STAGE = X_BYTES + W_BYTES + S_BYTES + Z_BYTES;
+    static constexpr int SMEM = STAGE * STAGES;
+    static constexpr int NACC = 2 * MW * 4;
+};
+
+template <int WN, int WM, int MW, int STAGES>
+static __global__ void __launch_bounds__(WN *WM * 32, 1)
+k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
+     const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
+     int G, int cps, int ksplit, epi_args ep, float *__restrict__ part, int *__restrict__ cnt) {
+    typedef tc_cfg<WN, WM, MW, STAGES> C;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int nb = blockIdx.x, mb = blockIdx.y, split = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wn = warp % WN, wm = warp / WN;
+    const int r = lane >> 2, c = lane & 3;
+    const int kc0 = split * cps, kc1 = min(KC, kc0 + cps);
+    const int nk = kc1 - kc0;
+    const int cpg = G / 64;
+    const int nt0 = nb * C::BN16; /* first n16 tile of the block */
+    const int m0 = mb * C::BM;
+
+    auto stage_ptr = [&](int slot) { return smem + (size_t)slot * C::STAGE; };
+
+    auto load_stage = [&](int slot, int kc) {
+        unsigned char *st = stage_ptr(slot);
+        uint16_t *sx = (uint16_t *)st;
+        /* x tile: BM rows x 8 chunks of 16 bytes; rows >= M zero-filled */
+        for (int i = tid; i < C::BM * 8; i += C::NT) {
+            int row = i >> 3, ch = i & 7;
+            int gm = m0 + row;
+            const uint16_t *src = x + (size_t)(gm < ep.m ? gm : 0) * K + kc * 64 + ch * 8;
+            cp_async16(sx + row * TC_XS + ch * 8, src, gm < ep.m ? 16 : 0);
+        }
+        uint4 *sw = (uint4 *)(st + C::X_BYTES);
+        for (int i = tid; i < C::BN16 * 32; i += C::NT) {
+            int tl = i >> 5, ln = i & 31;
+            cp_async16(sw + i, qw + ((size_t)(nt0 + tl) * KC + kc) * 32 + ln, 16);
+        }
+        int g = kc / cpg;
+        const unsigned char *gs = (const unsigned char *)(sc + ((size_t)g * n16a + nt0) * 8);
+        unsigned char *ss = st + C::X_BYTES + C::W_BYTES;
+        for (int i = tid; i < C::S_BYTES / 16; i += C::NT) cp_async16(ss + i * 16, gs + i * 16, 16);
+        const unsigned char *gz = zr + ((size_t)g * n16a + nt0) * 8;
+        unsigned char *sz = ss + C::S_BYTES;
+        for (int i = tid; i < C::Z_BYTES / 16; i += C::NT) cp_async16(sz + i * 16, gz + i * 16, 16);
+    };
+
+    float acc[2][MW][4];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int i = 0; i < MW; i++) acc[j][i][0] = acc[j][i][1] = acc[j][i][2] = acc[j][i][3] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nk) load_stage(s, kc0 + s);
+        cp_async_commit();
+    }
+
+    for (int it = 0; it < nk; it++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        if (it + STAGES - 1 < nk) load_stage((it + STAGES - 1) % STAGES, kc0 + it + STAGES - 1);
+        cp_async_commit();
+
+        const unsigned char *st = stage_ptr(it % STAGES);
+        const uint16_t *sx = (const uint16_t *)st;
+        const uint4 *sw = (const uint4 *)(st + C::X_BYTES);
+        const uint32_t *ss = (const uint32_t *)(st + C::X_BYTES + C::W_BYTES);
+        const uint8_t *sz = (const uint8_t *)(st + C::X_BYTES + C::W_BYTES + C::S_BYTES);
+
+        uint32_t a[2][4][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            int tl = wn * 2 + j;
+            uint4 wv = sw[tl * 32 + lane];
+            uint32_t s2 = ss[tl * 8 + r];
+            uint32_t z = sz[tl * 8 + r];
+            uint32_t mlo = magic_lo(z & 15);
+            uint32_t nz = 0xd400u | ((z >> 4) << 4); /* -(64 + z_hi) */
+            nz |= nz << 16;
+            uint32_t slo = (s2 & 0xffffu) | (s2 << 16), shi = (s2 >> 16) | (s2 & 0xffff0000u);
+            const uint32_t *wt = &wv.x;
+#pragma unroll
+            for (int t = 0; t < 4; t++) deq_scaled(wt[t], mlo, nz, slo, shi, a[j][t]);
+        }
+#pragma unroll
+        for (int i = 0; i < MW; i++) {
+            const uint16_t *xr = sx + (wm * MW * 8 + i * 8 + r) * TC_XS + 16 * c;
+            uint4 xa = *(const uint4 *)xr, xb = *(const uint4 *)(xr + 8);
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const uint32_t *xs = t < 2 ? &xa.x : &xb.x;
+#pragma unroll
+                for (int j = 0; j < 2; j++) mma16816(acc[j][i], a[j][t], xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    if (ksplit > 1) {
+        int tile = mb * gridDim.x + nb;
+        if (!splitk_reduce<C::NACC, C::NT>(&acc[0][0][0], part, cnt, tile, split, ksplit, tid, true))
+            return;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int i = 0; i < MW; i++)
+            epilogue(ep, nt0 + wn * 2 + j, r, m0 + wm * MW * 8 + i * 8 + 2 * c, acc[j][i][0],
+                     acc[j][i][1], acc[j][i][2], acc[j][i][3]);
+}
+
+/* The two GEMM configurations. */
+#define TC64_ARGS 4, 1, 8, 4   /* 128 n x 64 m, 4 warps */
+#define TC128_ARGS 4, 2, 8, 4  /* 128 n x 128 m, 8 warps */
+
+/* ------------------------------------------------------------------------ */
+/* Large M: dequantize to a transient fp16 W^T in the caller's workspace and */
+/* run cuBLAS (measured faster than the mma.sync GEMM from M ~ 256 on; the   */
+/* fp16 copy lives only in the workspace for the duration of the call).     */
+/* ------------------------------------------------------------------------ */
+
+/* wt: fp16 [n16*16][K] physical row order, each lane writes two 32-byte runs */
+static __global__ void k_dequant_t(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
+                                   const uint8_t *__restrict__ zr, int n16, int n16a, int KC,
+                                   int K, int G, uint16_t *__restrict__ wt) {
+    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)n16 * KC * 32) return;
+    int lane = (int)(idx & 31);
+    size_t wi = idx >> 5;
+    int kc = (int)(wi % KC), nt = (int)(wi / KC);
+    int r = lane >> 2, c = lane & 3;
+    uint4 wv = qw[idx];
+    int g = kc * 64 / G;
+    uint32_t s2 = sc[((size_t)g * n16a + nt) * 8 + r];
+    uint32_t z = zr[((size_t)g * n16a + nt) * 8 + r];
+    uint32_t mlo = magic_lo(z & 15);
+    uint32_t nz = 0xd400u | ((z >> 4) << 4);
+    nz |= nz << 16;
+    uint32_t slo = (s2 & 0xffffu) | (s2 << 16), shi = (s2 >> 16) | (s2 & 0xffff0000u);
+    uint32_t lo[8], hi[8];
+    const uint32_t *wt_ = &wv.x;
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        uint32_t a[4];
+        deq_scaled(wt_[t], mlo, nz, slo, shi, a);
+        lo[2 * t] = a[0];
+        lo[2 * t + 1] = a[2];
+        hi[2 * t] = a[1];
+        hi[2 * t + 1] = a[3];
+    }
+    uint4 *plo = (uint4 *)(wt + (size_t)(nt * 16 + r) * K + kc * 64 + 16 * c);
+    uint4 *phi = (uint4 *)(wt + (size_t)(nt * 16 + r + 8) * K + kc * 64 + 16 * c);
+    plo[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    plo[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+    phi[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    phi[1] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+}
+
+/* y[m][n] += bias[n] (fp16 in place) */
+static __global__ void k_bias(uint16_t *y, const uint16_t *__restrict__ bias, int m, int n) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)m * n) return;
+    float v = __half2float(__ushort_as_half(y[i])) + __half2float(__ushort_as_half(bias[i % n]));
+    y[i] = __half_as_ushort(__float2half_rn(v));
+}
+
+/* y[m][j] = silu(Y[m][pg] + b[pg]) * (Y[m][pu] + b[pu]), pg = (j/8)*16 + j%8, pu = pg + 8 */
+static __global__ void k_silu_mul(const uint16_t *__restrict__ Y, const uint16_t *__restrict__ bias,
+                                  uint16_t *__restrict__ y, int m, int inter, int ldY) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)m * inter) return;
+    int row = (int)(i / inter), j = (int)(i % inter);
+    int pg = (j >> 3) * 16 + (j & 7), pu = pg + 8;
+    float g = __half2float(__ushort_as_half(Y[(size_t)row * ldY + pg]));
+    float u = __half2float(__ushort_as_half(Y[(size_t)row * ldY + pu]));
+    if (bias) {
+        g += __half2float(__ushort_as_half(bias[pg]));
+        u += __half2float(__ushort_as_half(bias[pu]));
+    }
+    y[i] = __half_as_ushort(__float2half_rn(g / (1.f + __expf(-g)) * u));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Host: upload / repack                                                     */
+/* ------------------------------------------------------------------------ */
+
+static const int AWQ_ORDER[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+/* Physical row rho of tile nt -> checkpoint column, or -1 for padding. */
+static int phys_col(const struct w4a16_weight *w, int nt, int rho) {
+    if (w->layout == W4A16_LAYOUT_GATE_UP) {
+        int inter = w->n / 2;
+        int j = nt * 8 + (rho & 7);
+        if (j >= inter) return -1;
+        return rho < 8 ? j : inter + j;
+    }
+    int n = nt * 16 + rho;
+    return n < w->n ? n : -1;
+}
+
+static int nib_at(const uint32_t *packed, int row, int n8, int n) {
+    return (int)((packed[(size_t)row * n8 + n / 8] >> (4 * AWQ_ORDER[n % 8])) & 15u);
+}
+
+extern "C" int w4a16_upload(const struct awq_linear *l, enum w4a16_layout layout,
+                            struct w4a16_weight **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (!l || !l->qweight || !l->qzeros || !l->scales)
+        return util_err(err, errlen, -EINVAL, "w4a16_upload: missing tensors");
+    int K = l->k, N = l->n, G = l->group;
+    if (K <= 0 || N <= 0 || G <= 0 || K % 64 || G % 64 || K % G || N % 8)
+        return util_err(err, errlen, -EINVAL,
+                        "w4a16_upload: unsupported shape K=%d N=%d group=%d (need K %% 64 == 0, "
+                        "group %% 64 == 0, K %% group == 0, N %% 8 == 0)",
+                        K, N, G);
+    if (layout == W4A16_LAYOUT_GATE_UP && (N % 16))
+        return util_err(err, errlen, -EINVAL,
+                        "w4a16_upload: gate|up matrix with N=%d: need N/2 %% 8 == 0", N);
+    if (layout != W4A16_LAYOUT_PLAIN && layout != W4A16_LAYOUT_GATE_UP)
+        return util_err(err, errlen, -EINVAL, "w4a16_upload: bad layout %d", (int)layout);
+
+    struct w4a16_weight *w = (struct w4a16_weight *)calloc(1, sizeof *w);
+    if (!w) return util_err(err, errlen, -ENOMEM, "w4a16_upload: out of memory");
+    w->k = K;
+    w->n = N;
+    w->group = G;
+    w->layout = layout;
+    w->out_cols = layout == W4A16_LAYOUT_GATE_UP ? N / 2 : N;
+    w->n16 = layout == W4A16_LAYOUT_GATE_UP ? N / 16 : (N + 15) / 16;
+    w->n16a = (w->n16 + 7) / 8 * 8;
+    w->kc = K / 64;
+    w->kg = K / G;
+    const int n8 = N / 8, n16a = w->n16a, KC = w->kc, KG = w->kg;
+
+    size_t qw_n = (size_t)n16a * KC * 32 * 4; /* uint32 words */
+    size_t sc_n = (size_t)KG * n16a * 8;
+    uint32_t *hq = (uint32_t *)calloc(qw_n, 4);
+    uint32_t *hs = (uint32_t *)calloc(sc_n, 4);
+    uint8_t *hz = (uint8_t *)calloc(sc_n, 1);
+    uint16_t *hb = l->bias ? (uint16_t *)calloc((size_t)n16a * 16, 2) : NULL;
+    int *colmap = (int *)malloc(sizeof(int) * (size_t)n16a * 16);
+    int rc = 0;
+    if (!hq || !hs || !hz || !colmap || (l->bias && !hb)) {
+        rc = util_err(err, errlen, -ENOMEM, "w4a16_upload: out of host memory (K=%d N=%d)", K, N);
+        goto done;
+    }
+    for (int nt = 0; nt < n16a; nt++)
+        for (int rho = 0; rho < 16; rho++) colmap[nt * 16 + rho] = phys_col(w, nt, rho);
+
+    /* qweight */
+    for (int nt = 0; nt < n16a; nt++) {
+        const int *cm = colmap + nt * 16;
+        for (int kc = 0; kc < KC; kc++) {
+            uint32_t *dst = hq + ((size_t)nt * KC + kc) * 128;
+            for (int lane = 0; lane < 32; lane++) {
+                int r = lane >> 2, c = lane & 3;
+                for (int t = 0; t < 4; t++) {
+                    uint32_t word = 0;
+                    for (int j = 0; j < 4; j++) {
+                        int k = kc * 64 + 16 * c + 4 * t + j;
+                        for (int hi = 0; hi < 2; hi++) {
+                            int n = cm[r + 8 * hi];
+                            if (n < 0) continue;
+                            uint32_t q = (uint32_t)nib_at(l->qweight, k, n8, n);
+                            word |= q << (4 * ((j >> 1) * 2 + hi + (j & 1) * 4));
+                        }
+                    }
+                    dst[lane * 4 + t] = word;
+                }
+            }
+        }
+    }
+    /* scales, zeros, bias */
+    for (int g = 0; g < KG; g++)
+        for (int nt = 0; nt < n16a; nt++)
+            for (int r = 0; r < 8; r++) {
+                int nlo = colmap[nt * 16 + r], nhi = colmap[nt * 16 + r + 8];
+                uint32_t slo = nlo >= 0 ? l->scales[(size_t)g * N + nlo] : 0;
+                uint32_t shi = nhi >= 0 ? l->scales[(size_t)g * N + nhi] : 0;
+                uint32_t zlo = nlo >= 0 ? (uint32_t)nib_at(l->qzeros, g, n8, nlo) : 0;
+                uint32_t zhi = nhi >= 0 ? (uint32_t)nib_at(l->qzeros, g, n8, nhi) : 0;
+                size_t i = ((size_t)g * n16a + nt) * 8 + r;
+                hs[i] = slo | (shi << 16);
+                hz[i] = (uint8_t)(zlo | (zhi << 4));
+            }
+    if (hb)
+        for (int p = 0; p < n16a * 16; p++) hb[p] = colmap[p] >= 0 ? l->bias[colmap[p]] : 0;
+
+    {
+        int dev = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&w->sms, cudaDevAttrMultiProcessorCount, dev);
+        if (e != cudaSuccess) {
+            rc = util_err(err, errlen, -EIO, "w4a16_upload: no CUDA device: %s", cudaGetErrorString(e));
+            goto done;
+        }
+    }
+    w->cnt_len = n16a * 8 > CNT_LEN_MIN ? n16a * 8 : CNT_LEN_MIN;
+#define UP_CHECK(call)                                                                         \
+    do {                                                                                       \
+        cudaError_t e_ = (call);                                                               \
+        if (e_ != cudaSuccess) {                                                               \
+            rc = util_err(err, errlen, CUDA_CHECK_RC_(e_), "w4a16_upload K=%d N=%d: %s failed at %s:%d: %s", \
+                          K, N, #call, __FILE__, __LINE__, cudaGetErrorString(e_));            \
+            goto done;                                                                         \
+        }                                                                                      \
+    } while (0)
+    UP_CHECK(cudaMalloc((void **)&w->qw, qw_n * 4));
+    UP_CHECK(cudaMalloc((void **)&w->sc, sc_n * 4));
+    UP_CHECK(cudaMalloc((void **)&w->zr, sc_n));
+    UP_CHECK(cudaMalloc((void **)&w->cnt, sizeof(int) * (size_t)w->cnt_len));
+    if (hb) UP_CHECK(cudaMalloc((void **)&w->bias, (size_t)n16a * 16 * 2));
+    UP_CHECK(cudaMemcpy(w->qw, hq, qw_n * 4, cudaMemcpyHostToDevice));
+    UP_CHECK(cudaMemcpy(w->sc, hs, sc_n * 4, cudaMemcpyHostToDevice));
+    UP_CHECK(cudaMemcpy(w->zr, hz, sc_n, cudaMemcpyHostToDevice));
+    UP_CHECK(cudaMemset(w->cnt, 0, sizeof(int) * (size_t)w->cnt_len));
+    if (hb) UP_CHECK(cudaMemcpy(w->bias, hb, (size_t)n16a * 16 * 2, cudaMemcpyHostToDevice));
+#undef UP_CHECK
+    w->bytes = qw_n * 4 + sc_n * 5 + sizeof(int) * (size_t)w->cnt_len + (hb ? (size_t)n16a * 32 : 0);
+    *out = w;
+    w = NULL;
+done:
+    free(hq);
+    free(hs);
+    free(hz);
+    free(hb);
+    free(colmap);
+    if (w) w4a16_free(w);
+    return rc;
+}
+
+extern "C" void w4a16_free(struct w4a16_weight *w) {
+    if (!w) return;
+    cudaFree(w->qw);
+    cudaFree(w->sc);
+    cudaFree(w->zr);
+    cudaFree(w->bias);
+    cudaFree(w->cnt);
+    free(w);
+}
+
+extern "C" int w4a16_k(const struct w4a16_weight *w) { return w->k; }
+extern "C" int w4a16_n(const struct w4a16_weight *w) { return w->n; }
+extern "C" int w4a16_out_cols(const struct w4a16_weight *w) { return w->out_cols; }
+extern "C" size_t w4a16_device_bytes(const struct w4a16_weight *w) { return w->bytes; }
+
+/* ------------------------------------------------------------------------ */
+/* Dispatch                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Crossovers measured on an H100 (docs/PERFORMANCE.md). */
+#define DISPATCH_SKINNY_MAX_M 16
+#define DISPATCH_CUBLAS_MIN_M 256
+
+static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+/* Split count for a grid of `tiles` output tiles over KC chunks: enough blocks
+ * to give every SM ~`per_sm` of them, keeping >= min_chunks chunks per split. */
+static int auto_split(int tiles, int KC, int sms, int per_sm, int min_chunks) {
+    int want = ceil_div(sms * per_sm, tiles);
+    int maxs = KC / min_chunks;
+    if (want > maxs) want = maxs;
+    if (want > 16) want = 16;
+    return want < 1 ? 1 : want;
+}
+
+/* Skinny: the block's x slice (m rows x K range) must fit SK_X_BYTES_MAX. */
+static int sk_max_cps(int m) {
+    int c = SK_X_BYTES_MAX / (m * 128);
+    return c < 1 ? 1 : c;
+}
+static int sk_min_split(const struct w4a16_weight *w, int m) {
+    return ceil_div(w->kc, sk_max_cps(m));
+}
+
+static void grid_of(const struct w4a16_weight *w, int m, enum w4a16_kernel k, int *nb, int *mbk,
+                    int *nacc_threads) {
+    switch (k) {
+    case W4A16_KERNEL_SKINNY:
+        *nb = ceil_div(w->n16, SK_WARPS);
+        *mbk = 1;
+        *nacc_threads = (ceil_div(m, 8) == 3 ? 4 : ceil_div(m, 8)) * 4 * SK_WARPS * 32;
+        break;
+    case W4A16_KERNEL_TC64:
+        *nb = ceil_div(w->n16, 8);
+        *mbk = ceil_div(m, 64);
+        *nacc_threads = 128 * 64;
+        break;
+    default:
+        *nb = ceil_div(w->n16, 8);
+        *mbk = ceil_div(m, 128);
+        *nacc_threads = 128 * 128;
+        break;
+    }
+}
+
+static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern, int *ksplit) {
+    enum w4a16_kernel k = *kern;
+    if (k == W4A16_KERNEL_AUTO)
+        k = m <= DISPATCH_SKINNY_MAX_M  ? W4A16_KERNEL_SKINNY
+            : m < DISPATCH_CUBLAS_MIN_M ? W4A16_KERNEL_TC64
+                                        : W4A16_KERNEL_CUBLAS;
+    if (k == W4A16_KERNEL_SKINNY && m > 32) k = W4A16_KERNEL_TC64;
+    if (k == W4A16_KERNEL_CUBLAS) {
+        *kern = k;
+        *ksplit = 1;
+        return;
+    }
+    int nb, mbk, na;
+    grid_of(w, m, k, &nb, &mbk, &na);
+    int ks = *ksplit;
+    if (ks <= 0) {
+        if (k == W4A16_KERNEL_SKINNY)
+            ks = auto_split(nb, w->kc, w->sms, 2, 2);
+        else
+            ks = auto_split(nb * mbk, w->kc, w->sms, 1, 8);
+    }
+    if (k == W4A16_KERNEL_SKINNY && ks < sk_min_split(w, m)) ks = sk_min_split(w, m);
+    if (ks > w->kc) ks = w->kc;
+    *kern = k;
+    *ksplit = ks;
+}
+
+static size_t ws_need(const struct w4a16_weight *w, int m, enum w4a16_kernel k, int ksplit) {
+    if (k == W4A16_KERNEL_CUBLAS)
+        return align256((size_t)w->n16 * 16 * w->k * 2) +
+               (w->layout == W4A16_LAYOUT_GATE_UP ? align256((size_t)m * w->n16 * 16 * 2) : 0);
+    if (ksplit <= 1) return 0;
+    int nb, mbk, na;
+    grid_of(w, m, k, &nb, &mbk, &na);
+    return (size_t)nb * mbk * ksplit * na * sizeof(float);
+}
+
+extern "C" void w4a16_choice(const struct w4a16_weight *w, int m, enum w4a16_kernel *kernel,
+                             int *ksplit) {
+    enum w4a16_kernel k = W4A16_KERNEL_AUTO;
+    int ks = 0;
+    choose(w, m, &k, &ks);
+    *kernel = k;
+    *ksplit = ks;
+}
+
+extern "C" size_t w4a16_workspace_bytes(const struct w4a16_weight *w, int max_m) {
+    size_t best = 0;
+    for (int m = 1; m <= max_m; m = (m < 512 || m == max_m) ? m + 1 : (2 * m < max_m ? 2 * m : max_m)) {
+        enum w4a16_kernel k = W4A16_KERNEL_AUTO;
+        int ks = 0;
+        choose(w, m, &k, &ks);
+        size_t b = ws_need(w, m, k, ks);
+        if (b > best) best = b;
+    }
+    return best;
+}
+
+template <int WN, int WM, int MW, int STAGES>
+static int launch_tc(const struct w4a16_weight *w, const uint16_t *x, int m, epi_args ep,
+                     int ksplit, float *part, cudaStream_t s, char *err, size_t errlen) {
+    typedef tc_cfg<WN, WM, MW, STAGES> C;
+    static int attr_set = 0; /* per device would be stricter; one device per process here */
+    if (!attr_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(k_tc<WN, WM, MW, STAGES>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
+                   err, errlen);
+        attr_set = 1;
+    }
+    int cps = ceil_div(w->kc, ksplit);
+    ksplit = ceil_div(w->kc, cps);
+    dim3 grid(ceil_div(w->n16, C::BN16), ceil_div(m, C::BM), ksplit);
+    if (ksplit > 1 && (int)(grid.x * grid.y) > w->cnt_len) return -ERANGE;
+    k_tc<WN, WM, MW, STAGES><<<grid, C::NT, C::SMEM, s>>>(w->qw, w->sc, w->zr, x, w->k, w->n16a,
+                                                         w->kc, w->group, cps, ksplit, ep, part,
+                                                         w->cnt);
+    CUDA_CHECK_LAUNCH(err, errlen);
+    return 0;
+}
+
+static thread_local cublasHandle_t tl_cublas = NULL;
+
+static int launch_cublas(const struct w4a16_weight *w, const uint16_t *x, int m, epi_args ep,
+                         void *workspace, cudaStream_t s, char *err, size_t errlen) {
+    if (!tl_cublas) CUBLAS_CHECK(cublasCreate(&tl_cublas), err, errlen);
+    CUBLAS_CHECK(cublasSetStream(tl_cublas, s), err, errlen);
+    const int np = w->n16 * 16, K = w->k;
+    uint16_t *wt = (uint16_t *)workspace;
+    uint16_t *Y = ep.gate_up ? (uint16_t *)((char *)workspace + align256((size_t)np * K * 2)) : ep.y;
+    size_t nthr = (size_t)w->n16 * w->kc * 32;
+    k_dequant_t<<<(unsigned)((nthr + 255) / 256), 256, 0, s>>>(w->qw, w->sc, w->zr, w->n16, w->n16a,
+                                                               w->kc, K, w->group, wt);
+    CUDA_CHECK_LAUNCH(err, errlen);
+    const float one = 1.f, zero = 0.f;
+    int ng = ep.gate_up ? np : w->n;
+    CUBLAS_CHECK(cublasGemmEx(tl_cublas, CUBLAS_OP_T, CUBLAS_OP_N, ng, m, K, &one, wt, CUDA_R_16F, K,
+                              x, CUDA_R_16F, K, &zero, Y, CUDA_R_16F, ng, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT),
+                 err, errlen);
+    if (ep.gate_up) {
+        size_t n = (size_t)m * ep.ldy;
+        k_silu_mul<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(Y, ep.bias, ep.y, m, ep.ldy, np);
+        CUDA_CHECK_LAUNCH(err, errlen);
+    } else if (ep.bias) {
+        size_t n = (size_t)m * w->n;
+        k_bias<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(ep.y, ep.bias, m, w->n);
+        CUDA_CHECK_LAUNCH(err, errlen);
+    }
+    return 0;
+}
+
+template <int MT>
+static int launch_skinny(const struct w4a16_weight *w, const uint16_t *x, epi_args ep, int ksplit,
+                         float *part, cudaStream_t s, char *err, size_t errlen) {
+    static int attr_set = 0;
+    if (!attr_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(k_skinny<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        160 * 1024),
+                   err, errlen);
+        attr_set = 1;
+    }
+    int cps = ceil_div(w->kc, ksplit);
+    if (cps > sk_max_cps(ep.m)) cps = sk_max_cps(ep.m);
+    ksplit = ceil_div(w->kc, cps);
+    if (ksplit > 1 && ceil_div(w->n16, SK_WARPS) > w->cnt_len) return -ERANGE;
+    sk_smem L = sk_layout(ep.m, cps, w->group);
+    dim3 grid(ceil_div(w->n16, SK_WARPS), ksplit);
+    k_skinny<MT><<<grid, SK_WARPS * 32, L.total, s>>>(w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc,
+                                                      w->group, cps, ksplit, ep, part, w->cnt);
+    CUDA_CHECK_LAUNCH(err, errlen);
+    return 0;
+}
+
+extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, int m,
+                               uint16_t *y, int epilogue_flags, enum w4a16_kernel kernel,
+                               int ksplit, void *workspace, size_t ws_bytes, cudaStream_t s,
+                               char *err, size_t errlen) {
+    if (!w || !x || !y || m < 0)
+        return util_err(err, errlen, -EINVAL, "w4a16_linear: bad arguments");
+    if (m == 0) return 0;
+    int silu = (epilogue_flags & W4A16_EPI_SILU_MUL) != 0;
+    int bias = (epilogue_flags & W4A16_EPI_BIAS) != 0;
+    if (epilogue_flags & ~(W4A16_EPI_SILU_MUL | W4A16_EPI_BIAS))
+        return util_err(err, errlen, -EINVAL, "w4a16_linear: unknown epilogue flags 0x%x", epilogue_flags);
+    if (silu != (w->layout == W4A16_LAYOUT_GATE_UP))
+        return util_err(err, errlen, -EINVAL,
+                        "w4a16_linear: the silu_mul epilogue needs (and the gate|up layout "
+                        "requires) W4A16_LAYOUT_GATE_UP (K=%d N=%d)", w->k, w->n);
+    if (bias && !w->bias)
+        return util_err(err, errlen, -EINVAL, "w4a16_linear: bias epilogue on a weight without bias");
+    if (((uintptr_t)x | (uintptr_t)y) & 15)
+        return util_err(err, errlen, -EINVAL, "w4a16_linear: x and y must be 16-byte aligned");
+
+    epi_args ep;
+    ep.y = y;
+    ep.bias = bias ? w->bias : NULL;
+    ep.m = m;
+    ep.n = w->n;
+    ep.ldy = w->out_cols;
+    ep.gate_up = silu;
+
+    enum w4a16_kernel k = kernel;
+    int ks = ksplit;
+    choose(w, m, &k, &ks);
+    if (ks > 1 && (ws_need(w, m, k, ks) > ws_bytes || !workspace)) {
+        /* fall back to the largest split that fits */
+        while (ks > 1 && ws_need(w, m, k, ks) > ws_bytes) ks--;
+        if (!workspace) ks = 1;
+    }
+    if (k == W4A16_KERNEL_CUBLAS && (!workspace || ws_need(w, m, k, 1) > ws_bytes)) {
+        k = W4A16_KERNEL_TC64; /* no room for the transient fp16 copy */
+        ks = 0;
+        choose(w, m, &k, &ks);
+        while (ks > 1 && ws_need(w, m, k, ks) > ws_bytes) ks--;
+        if (!workspace) ks = 1;
+    }
+    if (k == W4A16_KERNEL_SKINNY && ks < sk_min_split(w, m)) {
+        k = W4A16_KERNEL_TC64; /* no room for the split the skinny kernel needs */
+        ks = 1;
+    }
+    float *part = (float *)workspace;
+    int rc;
+    if (k == W4A16_KERNEL_SKINNY) {
+        int mt = ceil_div(m, 8);
+        switch (mt) {
+        case 1: rc = launch_skinny<1>(w, x, ep, ks, part, s, err, errlen); break;
+        case 2: rc = launch_skinny<2>(w, x, ep, ks, part, s, err, errlen); break;
+        case 3:
+        case 4: rc = launch_skinny<4>(w, x, ep, ks, part, s, err, errlen); break;
+        default: return util_err(err, errlen, -EINVAL, "w4a16_linear: skinny kernel with m=%d > 32", m);
+        }
+    } else if (k == W4A16_KERNEL_CUBLAS) {
+        rc = launch_cublas(w, x, m, ep, workspace, s, err, errlen);
+    } else if (k == W4A16_KERNEL_TC64) {
+        rc = launch_tc<TC64_ARGS>(w, x, m, ep, ks, part, s, err, errlen);
+        if (rc == -ERANGE) rc = launch_tc<TC64_ARGS>(w, x, m, ep, 1, part, s, err, errlen);
+    } else {
+        rc = launch_tc<TC128_ARGS>(w, x, m, ep, ks, part, s, err, errlen);
+        if (rc == -ERANGE) rc = launch_tc<TC128_ARGS>(w, x, m, ep, 1, part, s, err, errlen);
+    }
+    return rc;
+}
+
+extern "C" int w4a16_linear(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_t *y,
+                            int epilogue_flags, void *workspace, size_t ws_bytes, cudaStream_t s,
+                            char *err, size_t errlen) {
+    return w4a16_linear_ex(w, x, m, y, epilogue_flags, W4A16_KERNEL_AUTO, 0, workspace, ws_bytes,
+                           s, err, errlen);
+}

@@ -1,0 +1,432 @@
+/* test_w4a16.c — the fused W4A16 kernels (kernels/cuda/w4a16.h) against a CPU
+ * reference, on the real layer shapes (Qwen3-8B / 32B, Llama-3-70B, tp = 1, 2,
+ * 4, 8) and awkward ones, for M in the issue's list.
+ *
+ * Reference: y_ref[m][n] = sum_k x[m][k] * (q - z) * s, accumulated in double
+ * from the same fp16 x (a local dequantizer, independent of the kernels'
+ * repacking; AWQ order map from AWQ_FORMAT.md).
+ *
+ * Error bound (stated, not tuned): over the checked rows,
+ *     max |y - y_ref| <= 2e-3 * max |y_ref|      (plain and bias)
+ * The inputs are exact in both; the kernels accumulate in fp32 (error ~K *
+ * 2^-24, negligible), the GEMM path rounds each dequantized weight to fp16
+ * (relative 2^-11 per weight, random signs: <= 2^-11 of the output scale), and
+ * y is rounded to fp16 (2^-11 relative). 2^-11 + 2^-11 ~ 1e-3, doubled for
+ * margin. For silu(g) * u: |d(silu(g) u)| <= 1.1 |u| |dg| + |g| |du|, so
+ *     max |y - y_ref| <= 5e-3 * max|g_ref| * max|u_ref|.
+ * Every output element must be written (y is poisoned with NaN first), and a
+ * second identical call must be bitwise equal (deterministic split-K).
+ *
+ * Large shapes check a sample of rows (all rows when M <= 8; else 0, 1, a
+ * random one, M/2, M-1) against the reference; all rows are checked for NaN. */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "engine/ckpt.h"
+#include "kernels/cuda/w4a16.h"
+#include "tests/harness/test.h"
+
+/* ---- small helpers (local; the test must not depend on the code it checks) */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float rnd_unit(void) { return (float)(rnd() & 0xffffff) / 16777216.0f; } /* [0,1) */
+
+static uint16_t h_from_f(float f) { /* fp32 -> fp16, round to nearest even */
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    int32_t e = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+    uint32_t man = x & 0x7fffffu;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) {
+        if (e < -10) return (uint16_t)sign;
+        man |= 0x800000u;
+        int shift = 14 - e;
+        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+static float f_from_h(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31, man = h & 0x3ffu, x;
+    if (e == 0) {
+        float v = ldexpf((float)man, -24);
+        return sign ? -v : v;
+    }
+    if (e == 31) x = sign | 0x7f800000u | (man << 13);
+    else x = sign | ((e - 15 + 127) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static const int ORDER[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+struct host_layer {
+    struct awq_linear l;
+    uint32_t *qw, *qz;
+    uint16_t *sc, *bias;
+};
+
+static void layer_make(struct host_layer *h, int K, int N, int G, int with_bias) {
+    memset(h, 0, sizeof *h);
+    size_t nq = (size_t)K * (N / 8), nz = (size_t)(K / G) * (N / 8), ns = (size_t)(K / G) * N;
+    h->qw = malloc(nq * 4);
+    h->qz = malloc(nz * 4);
+    h->sc = malloc(ns * 2);
+    for (size_t i = 0; i < nq; i++) h->qw[i] = rnd() ^ (rnd() << 16);
+    for (size_t i = 0; i < nz; i++) h->qz[i] = rnd() ^ (rnd() << 16);
+    for (size_t i = 0; i < ns; i++) h->sc[i] = h_from_f(0.005f + 0.01f * rnd_unit());
+    if (with_bias) {
+        h->bias = malloc((size_t)N * 2);
+        for (int i = 0; i < N; i++) h->bias[i] = h_from_f(2.f * rnd_unit() - 1.f);
+    }
+    h->l.k = K;
+    h->l.n = N;
+    h->l.group = G;
+    h->l.qweight = h->qw;
+    h->l.qzeros = h->qz;
+    h->l.scales = h->sc;
+    h->l.bias = h->bias;
+}
+
+static void layer_free(struct host_layer *h) {
+    free(h->qw);
+    free(h->qz);
+    free(h->sc);
+    free(h->bias);
+}
+
+/* W[K, N] fp32, exact (q - z) * s */
+static float *ref_dequant(const struct awq_linear *l) {
+    int K = l->k, N = l->n, G = l->group, n8 = N / 8;
+    float *w = malloc((size_t)K * N * 4);
+    if (!w) return NULL;
+    for (int k = 0; k < K; k++) {
+        const uint32_t *qr = l->qweight + (size_t)k * n8, *zr = l->qzeros + (size_t)(k / G) * n8;
+        const uint16_t *sr = l->scales + (size_t)(k / G) * N;
+        float *wr = w + (size_t)k * N;
+        for (int n = 0; n < N; n++) {
+            int q = (int)((qr[n / 8] >> (4 * ORDER[n % 8])) & 15);
+            int z = (int)((zr[n / 8] >> (4 * ORDER[n % 8])) & 15);
+            wr[n] = (float)(q - z) * f_from_h(sr[n]);
+        }
+    }
+    return w;
+}
+
+/* out[N] (double) = x_row[K] @ W */
+static void ref_row(const float *w, const uint16_t *xrow, int K, int N, double *out) {
+    for (int n = 0; n < N; n++) out[n] = 0;
+    for (int k = 0; k < K; k++) {
+        double xk = f_from_h(xrow[k]);
+        if (xk == 0) continue;
+        const float *wr = w + (size_t)k * N;
+        for (int n = 0; n < N; n++) out[n] += xk * wr[n];
+    }
+}
+
+#define CK(call) do { cudaError_t e_ = (call); ASSERT_MSG(e_ == cudaSuccess, "%s: %s", #call, \
+                                                          cudaGetErrorString(e_)); } while (0)
+
+static int have_gpu(void) {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+/* Runs one (weight, M, epilogue, kernel, split) case and checks it. */
+static void check_case(const struct host_layer *h, const float *wref, struct w4a16_weight *dw,
+                       int gate_up, int M, int epi, enum w4a16_kernel kern, int ksplit,
+                       const char *what) {
+    int K = h->l.k, N = h->l.n, oc = gate_up ? N / 2 : N;
+    size_t nx = (size_t)M * K, ny = (size_t)M * oc;
+    uint16_t *hx = malloc(nx * 2), *hy = malloc(ny * 2), *hy2 = malloc(ny * 2);
+    double *ref = malloc(sizeof(double) * N);
+    ASSERT(hx && hy && hy2 && ref);
+    for (size_t i = 0; i < nx; i++) hx[i] = h_from_f(2.f * rnd_unit() - 1.f);
+    uint16_t *dx = NULL, *dy = NULL;
+    void *ws = NULL;
+    size_t wsb = w4a16_workspace_bytes(dw, M);
+    if (kern != W4A16_KERNEL_AUTO) { /* room for any forced kernel / split */
+        size_t np = (size_t)(N + 127) / 128 * 128, mp = (size_t)(M + 127) / 128 * 128;
+        size_t need = 16 * np * mp * 4 + np * K * 2 + mp * np * 2 + 4096;
+        if (need > wsb) wsb = need;
+    }
+    CK(cudaMalloc((void **)&dx, nx * 2));
+    CK(cudaMalloc((void **)&dy, ny * 2));
+    if (wsb) CK(cudaMalloc(&ws, wsb));
+    CK(cudaMemcpy(dx, hx, nx * 2, cudaMemcpyHostToDevice));
+    char err[256] = "";
+    uint16_t *outs[2] = {hy, hy2};
+    for (int rep = 0; rep < 2; rep++) {
+        CK(cudaMemset(dy, 0xff, ny * 2)); /* NaN poison */
+        int rc = w4a16_linear_ex(dw, dx, M, dy, epi, kern, ksplit, ws, wsb, 0, err, sizeof err);
+        ASSERT_MSG(rc == 0, "%s M=%d: w4a16_linear rc=%d: %s", what, M, rc, err);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(outs[rep], dy, ny * 2, cudaMemcpyDeviceToHost));
+    }
+    for (size_t i = 0; i < ny; i++) {
+        ASSERT_MSG(!isnan(f_from_h(hy[i])), "%s M=%d: y[%zu][%zu] not written (NaN)", what, M,
+                   i / oc, i % oc);
+    }
+    ASSERT_MSG(memcmp(hy, hy2, ny * 2) == 0, "%s M=%d: two identical calls differ", what, M);
+
+    int rows[8], nr = 0;
+    if (M <= 8) {
+        for (int m = 0; m < M; m++) rows[nr++] = m;
+    } else {
+        rows[nr++] = 0;
+        rows[nr++] = 1;
+        rows[nr++] = (int)(rnd() % (uint32_t)M);
+        rows[nr++] = M / 2;
+        rows[nr++] = M - 1;
+    }
+    double maxref = 0, maxerr = 0, gmax = 0, umax = 0;
+    int worst_m = 0, worst_n = 0;
+    double worst_ref = 0;
+    double *yr = malloc(sizeof(double) * (size_t)nr * oc);
+    ASSERT(yr);
+    for (int ri = 0; ri < nr; ri++) {
+        int m = rows[ri];
+        ref_row(wref, hx + (size_t)m * K, K, N, ref);
+        if (epi & W4A16_EPI_BIAS)
+            for (int n = 0; n < N; n++) ref[n] += f_from_h(h->bias[n]);
+        for (int j = 0; j < oc; j++) {
+            double v;
+            if (gate_up) {
+                double g = ref[j], u = ref[oc + j];
+                if (fabs(g) > gmax) gmax = fabs(g);
+                if (fabs(u) > umax) umax = fabs(u);
+                v = g / (1 + exp(-g)) * u;
+            } else {
+                v = ref[j];
+            }
+            yr[(size_t)ri * oc + j] = v;
+            if (fabs(v) > maxref) maxref = fabs(v);
+        }
+    }
+    for (int ri = 0; ri < nr; ri++)
+        for (int j = 0; j < oc; j++) {
+            double e = fabs(f_from_h(hy[(size_t)rows[ri] * oc + j]) - yr[(size_t)ri * oc + j]);
+            if (!(e <= maxerr)) {
+                maxerr = e;
+                worst_m = rows[ri];
+                worst_n = j;
+                worst_ref = yr[(size_t)ri * oc + j];
+            }
+        }
+    double bound = gate_up ? 5e-3 * gmax * umax : 2e-3 * maxref;
+    if (getenv("AWQD_TEST_VERBOSE"))
+        fprintf(stderr, "  %-28s M=%-5d kern=%d split=%d  max|err| %.3g  bound %.3g (rel %.2g)\n",
+                what, M, (int)kern, ksplit, maxerr, bound, maxerr / (maxref > 0 ? maxref : 1));
+    ASSERT_MSG(maxerr <= bound && maxref > 0,
+               "%s M=%d kern=%d split=%d: max|y-ref| = %.4g at [%d][%d] (y %.5g ref %.5g) > bound %.4g "
+               "(max|ref| %.4g)", what, M, (int)kern, ksplit, maxerr, worst_m, worst_n,
+               f_from_h(hy[(size_t)worst_m * oc + worst_n]),
+               worst_ref, bound, maxref);
+    free(yr);
+    cudaFree(dx);
+    cudaFree(dy);
+    cudaFree(ws);
+    free(hx);
+    free(hy);
+    free(hy2);
+    free(ref);
+}
+
+/* One shape: upload, then every M of ms[] through the automatic dispatch. */
+static void check_shape(const char *what, int K, int N, int G, int gate_up, int with_bias,
+                        const int *ms, int nms) {
+    struct host_layer h;
+    layer_make(&h, K, N, G, with_bias);
+    struct w4a16_weight *dw = NULL;
+    char err[256];
+    int rc = w4a16_upload(&h.l, gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &dw, err,
+                          sizeof err);
+    ASSERT_MSG(rc == 0, "%s: upload: %s", what, err);
+    float *wref = ref_dequant(&h.l);
+    ASSERT(wref);
+    int epi = (gate_up ? W4A16_EPI_SILU_MUL : 0) | (with_bias ? W4A16_EPI_BIAS : 0);
+    for (int i = 0; i < nms; i++) {
+        check_case(&h, wref, dw, gate_up, ms[i], epi, W4A16_KERNEL_AUTO, 0, what);
+        if (test_failed()) break;
+    }
+    free(wref);
+    w4a16_free(dw);
+    layer_free(&h);
+}
+
+static const int M_ALL[] = {1, 2, 3, 7, 8, 15, 16, 17, 31, 64, 100, 128, 257, 1000, 2048, 4096};
+static const int M_SOME[] = {1, 3, 16, 17, 64, 257, 1000};
+static const int M_FEW[] = {1, 16, 100, 257};
+#define NM(a) (int)(sizeof(a) / sizeof(a[0]))
+
+/* A model's four matrices at tp = 1, 2, 4, 8. ms_tp1 for tp = 1, ms for the shards. */
+static void check_model(const char *name, int hidden, int inter, int nq, int nkv, int hd,
+                        const int *ms1, int nms1, const int *ms, int nms, int max_tp) {
+    for (int tp = 1; tp <= max_tp; tp *= 2) {
+        int kvh = nkv / tp > 0 ? nkv / tp : 1;
+        int qkv_n = (nq / tp + 2 * kvh) * hd;
+        char what[96];
+        const int *m = tp == 1 ? ms1 : ms;
+        int nm = tp == 1 ? nms1 : nms;
+        snprintf(what, sizeof what, "%s tp%d qkv", name, tp);
+        check_shape(what, hidden, qkv_n, 128, 0, 0, m, nm);
+        ASSERT_OK_SO_FAR();
+        snprintf(what, sizeof what, "%s tp%d o", name, tp);
+        check_shape(what, nq * hd / tp, hidden, 128, 0, 0, m, nm);
+        ASSERT_OK_SO_FAR();
+        snprintf(what, sizeof what, "%s tp%d gate_up", name, tp);
+        check_shape(what, hidden, 2 * inter / tp, 128, 1, 0, m, nm);
+        ASSERT_OK_SO_FAR();
+        snprintf(what, sizeof what, "%s tp%d down", name, tp);
+        check_shape(what, inter / tp, hidden, 128, 0, 0, m, nm);
+        ASSERT_OK_SO_FAR();
+    }
+}
+
+TEST(w4a16, qwen3_8b_all_m) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    check_model("qwen3-8b", 4096, 12288, 32, 8, 128, M_ALL, NM(M_ALL), M_SOME, NM(M_SOME), 8);
+}
+
+TEST(w4a16, qwen3_32b) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    check_model("qwen3-32b", 5120, 25600, 64, 8, 128, M_FEW, NM(M_FEW), M_FEW, NM(M_FEW), 8);
+}
+
+TEST(w4a16, llama3_70b) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    static const int m1[] = {1, 17, 257};
+    check_model("llama3-70b", 8192, 28672, 64, 8, 128, m1, NM(m1), M_FEW, NM(M_FEW), 8);
+}
+
+TEST(w4a16, awkward_shapes) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    /* N not a multiple of 16/64/128, tiny K, group 64, tiny N */
+    check_shape("K128 N8", 128, 8, 128, 0, 0, M_ALL, NM(M_ALL));
+    ASSERT_OK_SO_FAR();
+    check_shape("K128 N200", 128, 200, 128, 0, 0, M_ALL, NM(M_ALL));
+    ASSERT_OK_SO_FAR();
+    check_shape("K192 G64 N72", 192, 72, 64, 0, 0, M_ALL, NM(M_ALL));
+    ASSERT_OK_SO_FAR();
+    check_shape("K384 N1000 bias", 384, 1000, 128, 0, 1, M_ALL, NM(M_ALL));
+    ASSERT_OK_SO_FAR();
+    check_shape("gate_up K256 inter24", 256, 48, 128, 1, 0, M_ALL, NM(M_ALL));
+    ASSERT_OK_SO_FAR();
+    check_shape("gate_up K640 inter136 bias", 640, 272, 128, 1, 1, M_SOME, NM(M_SOME));
+    ASSERT_OK_SO_FAR();
+    check_shape("K4096 N4104", 4096, 4104, 128, 0, 1, M_SOME, NM(M_SOME));
+}
+
+/* Every kernel and several splits on one shape, whatever the dispatch picks. */
+TEST(w4a16, forced_kernels_and_splits) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    struct host_layer h;
+    layer_make(&h, 1024, 1040, 128, 1);
+    struct w4a16_weight *dw = NULL, *dg = NULL;
+    char err[256];
+    ASSERT_MSG(w4a16_upload(&h.l, W4A16_LAYOUT_PLAIN, &dw, err, sizeof err) == 0, "%s", err);
+    ASSERT_MSG(w4a16_upload(&h.l, W4A16_LAYOUT_GATE_UP, &dg, err, sizeof err) == 0, "%s", err);
+    float *wref = ref_dequant(&h.l);
+    static const int ms[] = {1, 5, 9, 16, 24, 32, 33, 64, 65, 130};
+    static const int splits[] = {1, 2, 3, 7, 16};
+    for (int kern = W4A16_KERNEL_SKINNY; kern <= W4A16_KERNEL_CUBLAS; kern++)
+        for (int i = 0; i < NM(ms); i++) {
+            if (kern == W4A16_KERNEL_SKINNY && ms[i] > 32) continue;
+            for (int s = 0; s < NM(splits); s++) {
+                if (kern == W4A16_KERNEL_CUBLAS && s > 0) break; /* no split */
+                check_case(&h, wref, dw, 0, ms[i], W4A16_EPI_BIAS, (enum w4a16_kernel)kern,
+                           splits[s], "forced plain+bias");
+                ASSERT_OK_SO_FAR();
+                check_case(&h, wref, dg, 1, ms[i], W4A16_EPI_SILU_MUL, (enum w4a16_kernel)kern,
+                           splits[s], "forced gate_up");
+                ASSERT_OK_SO_FAR();
+            }
+        }
+    free(wref);
+    w4a16_free(dw);
+    w4a16_free(dg);
+    layer_free(&h);
+}
+
+/* A workspace too small (or none) must still give the right answer. */
+TEST(w4a16, no_workspace) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    struct host_layer h;
+    layer_make(&h, 2048, 512, 128, 0);
+    struct w4a16_weight *dw = NULL;
+    char err[256];
+    ASSERT_MSG(w4a16_upload(&h.l, W4A16_LAYOUT_PLAIN, &dw, err, sizeof err) == 0, "%s", err);
+    ASSERT(w4a16_workspace_bytes(dw, 1) > 0); /* N = 512 splits K at M = 1 */
+    size_t ny = 4 * 512;
+    uint16_t *dx, *dy, *hx = malloc(4 * 2048 * 2), *ha = malloc(ny * 2), *hb = malloc(ny * 2);
+    for (int i = 0; i < 4 * 2048; i++) hx[i] = h_from_f(rnd_unit() - 0.5f);
+    CK(cudaMalloc((void **)&dx, 4 * 2048 * 2));
+    CK(cudaMalloc((void **)&dy, ny * 2));
+    CK(cudaMemcpy(dx, hx, 4 * 2048 * 2, cudaMemcpyHostToDevice));
+    void *ws;
+    size_t wsb = w4a16_workspace_bytes(dw, 4);
+    CK(cudaMalloc(&ws, wsb));
+    ASSERT(w4a16_linear(dw, dx, 4, dy, 0, ws, wsb, 0, err, sizeof err) == 0);
+    CK(cudaMemcpy(ha, dy, ny * 2, cudaMemcpyDeviceToHost));
+    ASSERT(w4a16_linear(dw, dx, 4, dy, 0, NULL, 0, 0, err, sizeof err) == 0);
+    CK(cudaMemcpy(hb, dy, ny * 2, cudaMemcpyDeviceToHost));
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < ny; i++) {
+        double d = fabs(f_from_h(ha[i]) - f_from_h(hb[i]));
+        if (d > md) md = d;
+        if (fabs(f_from_h(ha[i])) > mr) mr = fabs(f_from_h(ha[i]));
+    }
+    ASSERT_MSG(md <= 2e-3 * mr, "split vs unsplit differ by %g (max %g)", md, mr);
+    cudaFree(ws);
+    cudaFree(dx);
+    cudaFree(dy);
+    free(hx);
+    free(ha);
+    free(hb);
+    w4a16_free(dw);
+    layer_free(&h);
+}
+
+TEST(w4a16, rejects_bad_input) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    struct host_layer h;
+    struct w4a16_weight *dw = NULL;
+    char err[256] = "";
+    layer_make(&h, 6432, 64, 32, 0); /* K % 64 != 0, group 32 */
+    ASSERT_EQ_INT(w4a16_upload(&h.l, W4A16_LAYOUT_PLAIN, &dw, err, sizeof err), -EINVAL);
+    ASSERT_CONTAINS(err, "unsupported shape");
+    ASSERT(dw == NULL);
+    layer_free(&h);
+    layer_make(&h, 256, 64, 128, 0);
+    ASSERT_EQ_INT(w4a16_upload(&h.l, W4A16_LAYOUT_PLAIN, &dw, err, sizeof err), 0);
+    uint16_t *dx, *dy;
+    CK(cudaMalloc((void **)&dx, 256 * 2));
+    CK(cudaMalloc((void **)&dy, 64 * 2));
+    ASSERT_EQ_INT(w4a16_linear(dw, dx, 1, dy, W4A16_EPI_SILU_MUL, NULL, 0, 0, err, sizeof err),
+                  -EINVAL);
+    ASSERT_CONTAINS(err, "silu_mul");
+    ASSERT_EQ_INT(w4a16_linear(dw, dx, 1, dy, W4A16_EPI_BIAS, NULL, 0, 0, err, sizeof err), -EINVAL);
+    ASSERT_CONTAINS(err, "without bias");
+    ASSERT_EQ_INT(w4a16_linear(dw, dx + 1, 1, dy, 0, NULL, 0, 0, err, sizeof err), -EINVAL);
+    cudaFree(dx);
+    cudaFree(dy);
+    w4a16_free(dw);
+    layer_free(&h);
+}

@@ -1,12 +1,706 @@
-/* cmd_quantize.c — `awqd quantize`. Placeholder until the checkpoint writer lands. */
+/* cmd_quantize.c — `awqd quantize IN OUT [--group N] [--threads N]`:
+ * round-to-nearest AWQ quantization (zero point per group, AutoAWQ's
+ * pseudo_quantize_tensor, engine/awq_pack.h) of an fp16/bf16/fp32 Hugging Face
+ * checkpoint of a supported family, written in the AWQ gemm format.
+ *
+ * `awqd quantize --from-ak48 FILE.bin OUT [--tokenizer DIR]` converts the
+ * seed's single-file "ak48" export (Qwen3, already AWQ int4) into the same HF
+ * layout, so everything else only ever reads HF checkpoints.
+ *
+ * Output: config.json (+ quantization_config), tokenizer / generation files
+ * copied, model.safetensors or 4 GB shards + model.safetensors.index.json.
+ * Work is split into AWQ groups / row blocks run on a few threads. */
+#include "engine/awq_pack.h"
+#include "engine/ckpt.h"
+#include "engine/mkmodel.h"
+#include "engine/safetensors.h"
+#include "engine/util.h"
 #include "server/cmd.h"
 
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SHARD_BYTES 4000000000ull
+
+/* ======================================================================== */
+/* output plan                                                               */
+
+enum okind {
+    OUT_COPY,      /* src (src_dtype, numel elements) -> d.dtype (fp16 or the same int) */
+    OUT_QWEIGHT,   /* quantize w [n, k] (w_dtype) into this qweight and its qz / sc */
+    OUT_QAUX,      /* qzeros / scales: written by their qweight's units */
+};
+
+struct otensor {
+    struct st_desc d;             /* output name (owned), dtype, shape */
+    enum okind kind;
+    const void *src;              /* OUT_COPY / OUT_QWEIGHT: source data */
+    enum st_dtype src_dtype;
+    int k, n, qz, sc;             /* OUT_QWEIGHT */
+    int shard, local;
+};
+
+struct oplan {
+    struct otensor *t;
+    int n, cap;
+    int n_shards;
+    uint64_t total;
+};
+
+static int oadd(struct oplan *p, const char *name, enum st_dtype dt, int ndim, int64_t d0,
+                int64_t d1, enum okind kind, const void *src, enum st_dtype sdt) {
+    if (p->n == p->cap) {
+        int nc = p->cap ? 2 * p->cap : 256;
+        struct otensor *nt = realloc(p->t, (size_t)nc * sizeof *nt);
+        if (!nt) return -1;
+        p->t = nt;
+        p->cap = nc;
+    }
+    struct otensor *o = &p->t[p->n];
+    memset(o, 0, sizeof *o);
+    o->d.name = strdup(name);
+    if (!o->d.name) return -1;
+    o->d.dtype = dt;
+    o->d.ndim = ndim;
+    o->d.shape[0] = d0;
+    o->d.shape[1] = d1;
+    o->kind = kind;
+    o->src = src;
+    o->src_dtype = sdt;
+    return p->n++;
+}
+
+static void oplan_free(struct oplan *p) {
+    for (int i = 0; i < p->n; i++) free((char *)p->t[i].d.name);
+    free(p->t);
+    memset(p, 0, sizeof *p);
+}
+
+static uint64_t obytes(const struct otensor *o) {
+    uint64_t nb = st_dtype_size(o->d.dtype);
+    for (int i = 0; i < o->d.ndim; i++) nb *= (uint64_t)o->d.shape[i];
+    return nb;
+}
+
+/* ======================================================================== */
+/* running the plan                                                          */
+
+struct unit { int t; int64_t a, b; };
+
+struct qctx {
+    struct oplan *p;
+    struct st_writer **w;
+    int group;
+    struct unit *u;
+    int n_units;
+    int next, failed, done_threads;   /* atomics */
+    uint64_t done;                    /* atomic */
+    char err[512];
+    pthread_mutex_t lock;
+};
+
+static void qfail(struct qctx *c, const char *m) {
+    pthread_mutex_lock(&c->lock);
+    if (!c->failed) snprintf(c->err, sizeof c->err, "%s", m);
+    __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&c->lock);
+}
+
+static int qput(struct qctx *c, int t, size_t off, const void *d, size_t len) {
+    char e[512];
+    const struct otensor *o = &c->p->t[t];
+    if (st_writer_put(c->w[o->shard], o->local, off, d, len, e, sizeof e)) {
+        qfail(c, e);
+        return -1;
+    }
+    __atomic_fetch_add(&c->done, (uint64_t)len, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static uint16_t to_fp16(const void *src, enum st_dtype dt, size_t i) {
+    if (dt == ST_F16) {
+        uint16_t v;
+        memcpy(&v, (const char *)src + 2 * i, 2);
+        return v;
+    }
+    if (dt == ST_BF16) {
+        uint16_t v;
+        memcpy(&v, (const char *)src + 2 * i, 2);
+        return f32_to_fp16(bf16_to_f32(v));
+    }
+    float f;
+    memcpy(&f, (const char *)src + 4 * i, 4);
+    return f32_to_fp16(f);
+}
+
+static int run_qunit(struct qctx *c, const struct unit *u) {
+    const struct otensor *o = &c->p->t[u->t];
+    if (o->kind == OUT_COPY) {
+        size_t esz = st_dtype_size(o->d.dtype);
+        size_t cnt = (size_t)(u->b - u->a);
+        if (o->d.dtype != ST_F16 || o->src_dtype == ST_F16)
+            return qput(c, u->t, (size_t)u->a * esz, (const char *)o->src + (size_t)u->a * esz,
+                        cnt * esz);
+        uint16_t *buf = malloc(cnt * 2);
+        if (!buf) { qfail(c, "out of memory"); return -1; }
+        for (size_t i = 0; i < cnt; i++) buf[i] = to_fp16(o->src, o->src_dtype, (size_t)u->a + i);
+        int rc = qput(c, u->t, (size_t)u->a * 2, buf, cnt * 2);
+        free(buf);
+        return rc;
+    }
+    /* OUT_QWEIGHT: group u->a of W [K, N] = weight^T, weight [N, K] */
+    int G = c->group, K = o->k, N = o->n;
+    int64_t g = u->a, k0 = g * G;
+    uint16_t *wt = malloc((size_t)G * N * 2);  /* fp16 [G, N] */
+    uint8_t *codes = malloc((size_t)G * N);    /* [G, N] */
+    uint32_t *qw = malloc((size_t)G * N / 2);  /* int32 [G, N/8] */
+    uint16_t *sc = malloc((size_t)N * 2);      /* fp16 [N] */
+    uint8_t *zc = malloc((size_t)N);           /* [N] */
+    uint32_t *qz = malloc((size_t)N / 2);      /* int32 [N/8] */
+    int rc = -1;
+    if (!wt || !codes || !qw || !sc || !zc || !qz) { qfail(c, "out of memory"); goto out; }
+    for (int n = 0; n < N; n++)
+        for (int r = 0; r < G; r++)
+            wt[(size_t)r * N + n] = to_fp16(o->src, o->src_dtype, (size_t)n * K + (size_t)(k0 + r));
+    awq_rtn_group(wt, G, N, (size_t)N, sc, zc, codes);
+    awq_pack(codes, G, N, qw);
+    awq_pack(zc, 1, N, qz);
+    if (qput(c, u->t, (size_t)k0 * (size_t)(N / 8) * 4, qw, (size_t)G * N / 2) ||
+        qput(c, o->qz, (size_t)g * (size_t)(N / 8) * 4, qz, (size_t)N / 2) ||
+        qput(c, o->sc, (size_t)g * (size_t)N * 2, sc, (size_t)N * 2))
+        goto out;
+    rc = 0;
+out:
+    free(wt);
+    free(codes);
+    free(qw);
+    free(sc);
+    free(zc);
+    free(qz);
+    return rc;
+}
+
+static void *qworker(void *arg) {
+    struct qctx *c = arg;
+    for (;;) {
+        if (__atomic_load_n(&c->failed, __ATOMIC_RELAXED)) break;
+        int i = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED);
+        if (i >= c->n_units) break;
+        if (run_qunit(c, &c->u[i])) break;
+    }
+    __atomic_fetch_add(&c->done_threads, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void shard_name(int n_shards, int s, char *buf, size_t len) {
+    if (n_shards == 1) snprintf(buf, len, "model.safetensors");
+    else snprintf(buf, len, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
+}
+
+static int write_text(const char *dir, const char *name, const char *text, char *err,
+                      size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) return util_err(err, errlen, -errno, "%s: %s", path, strerror(errno));
+    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    ok = fclose(f) == 0 && ok;
+    return ok ? 0 : util_err(err, errlen, -EIO, "%s: write failed", path);
+}
+
+/* Writes the planned tensors into outdir (shards + index) with `threads`. */
+static int write_plan(struct oplan *p, const char *outdir, int group, int threads, char *err,
+                      size_t errlen) {
+    /* shards */
+    uint64_t in_shard = 0;
+    int shard = 0;
+    p->total = 0;
+    for (int i = 0; i < p->n; i++) {
+        uint64_t nb = obytes(&p->t[i]);
+        if (in_shard && in_shard + nb > SHARD_BYTES) { shard++; in_shard = 0; }
+        in_shard += nb;
+        p->t[i].shard = shard;
+        p->total += nb;
+    }
+    p->n_shards = shard + 1;
+    struct qctx c;
+    memset(&c, 0, sizeof c);
+    pthread_mutex_init(&c.lock, NULL);
+    c.p = p;
+    c.group = group;
+    c.w = calloc((size_t)p->n_shards, sizeof *c.w);
+    struct st_desc *sd = calloc((size_t)p->n + 1, sizeof *sd);
+    int rc = 0, cap = 1024;
+    c.u = malloc((size_t)cap * sizeof *c.u);
+    if (!c.w || !sd || !c.u) { rc = util_err(err, errlen, -ENOMEM, "out of memory"); goto out; }
+    char path[4096], name[64];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", outdir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", outdir);
+    unlink(path);
+    for (int s = 0; s < p->n_shards; s++) {
+        int n = 0;
+        for (int i = 0; i < p->n; i++)
+            if (p->t[i].shard == s) { p->t[i].local = n; sd[n++] = p->t[i].d; }
+        shard_name(p->n_shards, s, name, sizeof name);
+        snprintf(path, sizeof path, "%s/%s", outdir, name);
+        if ((rc = st_writer_open(path, sd, n, &c.w[s], err, errlen))) goto out;
+    }
+    if (p->n_shards > 1) {
+        cJSON *ix = cJSON_CreateObject();
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(ix, "metadata"), "total_size", (double)p->total);
+        cJSON *wm = cJSON_AddObjectToObject(ix, "weight_map");
+        for (int i = 0; i < p->n; i++) {
+            shard_name(p->n_shards, p->t[i].shard, name, sizeof name);
+            cJSON_AddStringToObject(wm, p->t[i].d.name, name);
+        }
+        char *t = cJSON_Print(ix);
+        cJSON_Delete(ix);
+        rc = t ? write_text(outdir, "model.safetensors.index.json", t, err, errlen)
+               : util_err(err, errlen, -ENOMEM, "out of memory");
+        free(t);
+        if (rc) goto out;
+    }
+    for (int i = 0; i < p->n; i++) {
+        const struct otensor *o = &p->t[i];
+        int64_t rows, step;
+        if (o->kind == OUT_QAUX) continue;
+        if (o->kind == OUT_QWEIGHT) {
+            rows = o->k / group;
+            step = 1;
+        } else {
+            rows = 1;
+            for (int d = 0; d < o->d.ndim; d++) rows *= o->d.shape[d];
+            step = 1 << 20;
+        }
+        for (int64_t a = 0; a < rows; a += step) {
+            if (c.n_units == cap) {
+                cap *= 2;
+                struct unit *nu = realloc(c.u, (size_t)cap * sizeof *nu);
+                if (!nu) { rc = util_err(err, errlen, -ENOMEM, "out of memory"); goto out; }
+                c.u = nu;
+            }
+            c.u[c.n_units++] = (struct unit){i, a, a + step < rows ? a + step : rows};
+        }
+    }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nth = threads > 0 ? threads : (int)(ncpu > 0 ? ncpu : 1);
+    if (nth > 64) nth = 64;
+    pthread_t th[64];
+    int started = 0;
+    double t0 = util_now_s(), last = t0;
+    int progress = p->total >= (1ull << 30);
+    for (int i = 0; i < nth; i++)
+        if (pthread_create(&th[i], NULL, qworker, &c) == 0) started++;
+    if (!started) qworker(&c);
+    while (started && __atomic_load_n(&c.done_threads, __ATOMIC_ACQUIRE) < started) {
+        usleep(100000);
+        double now = util_now_s();
+        if (progress && now - last >= 2.0) {
+            last = now;
+            uint64_t d = __atomic_load_n(&c.done, __ATOMIC_RELAXED);
+            fprintf(stderr, "quantize: %5.1f%% (%.2f of %.2f GB written, %.0f MB/s)\n",
+                    100.0 * (double)d / (double)p->total, d / 1e9, p->total / 1e9,
+                    d / 1e6 / (now - t0));
+        }
+    }
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    if (c.failed) rc = util_err(err, errlen, -EIO, "%s", c.err);
+out:
+    if (c.w)
+        for (int s = 0; s < p->n_shards; s++) {
+            char e2[512];
+            if (c.w[s] && st_writer_close(c.w[s], e2, sizeof e2) && !rc)
+                rc = util_err(err, errlen, -EIO, "%s", e2);
+        }
+    pthread_mutex_destroy(&c.lock);
+    free(c.w);
+    free(c.u);
+    free(sd);
+    return rc;
+}
+
+static int mkdir_out(const char *dir, char *err, size_t errlen) {
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return util_err(err, errlen, -errno, "%s: %s", dir, strerror(errno));
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return util_err(err, errlen, -ENOTDIR, "%s: not a directory", dir);
+    return 0;
+}
+
+static void copy_if_exists(const char *in, const char *out, const char *name) {
+    char src[4096], dst[4096], e[256], *buf;
+    size_t len;
+    snprintf(src, sizeof src, "%s/%s", in, name);
+    if (access(src, R_OK)) return;
+    if (util_read_file(src, 0, &buf, &len, e, sizeof e)) return;
+    snprintf(dst, sizeof dst, "%s/%s", out, name);
+    FILE *f = fopen(dst, "wb");
+    if (f) {
+        if (fwrite(buf, 1, len, f) != len) log_warn("%s: short write", dst);
+        fclose(f);
+    }
+    free(buf);
+}
+
+static cJSON *quant_config(int group) {
+    cJSON *q = cJSON_CreateObject();
+    cJSON_AddNumberToObject(q, "bits", 4);
+    cJSON_AddNumberToObject(q, "group_size", group);
+    cJSON_AddNullToObject(q, "modules_to_not_convert");
+    cJSON_AddStringToObject(q, "quant_method", "awq");
+    cJSON_AddStringToObject(q, "version", "gemm");
+    cJSON_AddBoolToObject(q, "zero_point", 1);
+    return q;
+}
+
+/* ======================================================================== */
+/* HF fp16/bf16 -> AWQ                                                       */
+
+static const char *const k_proj_names[7] = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+
+/* Is `name` "model.layers.<i>.<proj>.weight" of one of the seven projections? */
+static int is_linear_weight(const char *name) {
+    int layer, off = 0;
+    if (sscanf(name, "model.layers.%d.%n", &layer, &off) != 1 || off == 0) return 0;
+    const char *rest = name + off;
+    for (int i = 0; i < 7; i++) {
+        size_t l = strlen(k_proj_names[i]);
+        if (!strncmp(rest, k_proj_names[i], l) && !strcmp(rest + l, ".weight")) return 1;
+    }
+    return 0;
+}
+
+static int quantize_hf(const char *in, const char *out, int group, int threads, char *err,
+                       size_t errlen) {
+    struct ckpt *ck;
+    int rc = ckpt_open_ex(in, 1, &ck, err, errlen);
+    if (rc) return rc;
+    const struct model_config *c = ckpt_config(ck);
+    const struct safetensors *st = ckpt_safetensors(ck);
+    struct oplan p = {0};
+    cJSON *cfg = NULL;
+    if (c->quantized) {
+        rc = util_err(err, errlen, -EINVAL, "%s is already AWQ-quantized", in);
+        goto out;
+    }
+    int q = c->n_heads * c->head_dim;
+    if (c->hidden % group || q % group || c->intermediate % group) {
+        rc = util_err(err, errlen, -EINVAL,
+                      "cannot quantize with group %d: hidden_size %d, heads x head_dim %d and "
+                      "intermediate_size %d must be multiples of it", group, c->hidden, q,
+                      c->intermediate);
+        goto out;
+    }
+    for (int i = 0; i < st->n_tensors; i++) {
+        const struct st_tensor *t = &st->tensors[i];
+        int isf = t->dtype == ST_F16 || t->dtype == ST_BF16 || t->dtype == ST_F32;
+        if (is_linear_weight(t->name)) {
+            char base[300], nm[320];
+            snprintf(base, sizeof base, "%.*s", (int)(strlen(t->name) - 7), t->name);
+            int N = (int)t->shape[0], K = (int)t->shape[1];
+            if (N % 8) {
+                rc = util_err(err, errlen, -EINVAL, "%s: out_features %d not a multiple of 8",
+                              t->name, N);
+                goto out;
+            }
+            snprintf(nm, sizeof nm, "%s.qweight", base);
+            int iq = oadd(&p, nm, ST_I32, 2, K, N / 8, OUT_QWEIGHT, t->data, t->dtype);
+            snprintf(nm, sizeof nm, "%s.qzeros", base);
+            int iz = oadd(&p, nm, ST_I32, 2, K / group, N / 8, OUT_QAUX, NULL, ST_I32);
+            snprintf(nm, sizeof nm, "%s.scales", base);
+            int is = oadd(&p, nm, ST_F16, 2, K / group, N, OUT_QAUX, NULL, ST_F16);
+            if (iq < 0 || iz < 0 || is < 0) { rc = util_err(err, errlen, -ENOMEM, "out of memory"); goto out; }
+            p.t[iq].k = K;
+            p.t[iq].n = N;
+            p.t[iq].qz = iz;
+            p.t[iq].sc = is;
+        } else if (strstr(t->name, "rotary_emb.inv_freq")) {
+            continue; /* a buffer some exporters save; recomputed from the config */
+        } else {
+            if (oadd(&p, t->name, isf ? ST_F16 : t->dtype, t->ndim, t->shape[0],
+                     t->ndim > 1 ? t->shape[1] : 0, OUT_COPY, t->data, t->dtype) < 0) {
+                rc = util_err(err, errlen, -ENOMEM, "out of memory");
+                goto out;
+            }
+            if (t->ndim > 2) {
+                rc = util_err(err, errlen, -EINVAL, "%s: %d-D tensors are not supported", t->name,
+                              t->ndim);
+                goto out;
+            }
+        }
+    }
+    if ((rc = mkdir_out(out, err, errlen))) goto out;
+    /* config.json: the input's, plus quantization_config */
+    {
+        char path[4096], *text;
+        size_t len;
+        snprintf(path, sizeof path, "%s/config.json", in);
+        if ((rc = util_read_file(path, 16u << 20, &text, &len, err, errlen))) goto out;
+        cfg = cJSON_ParseWithLength(text, len);
+        free(text);
+        if (!cfg) { rc = util_err(err, errlen, -EINVAL, "%s: bad JSON", path); goto out; }
+        cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
+        cJSON_DeleteItemFromObjectCaseSensitive(cfg, "torch_dtype");
+        cJSON_AddStringToObject(cfg, "torch_dtype", "float16");
+        cJSON_AddItemToObject(cfg, "quantization_config", quant_config(group));
+        char *t = cJSON_Print(cfg);
+        rc = t ? write_text(out, "config.json", t, err, errlen) : -ENOMEM;
+        free(t);
+        if (rc) goto out;
+    }
+    static const char *extra[] = {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                                  "special_tokens_map.json", "vocab.json", "merges.txt",
+                                  "tokenizer.model", "chat_template.jinja"};
+    for (size_t i = 0; i < sizeof extra / sizeof *extra; i++) copy_if_exists(in, out, extra[i]);
+    rc = write_plan(&p, out, group, threads, err, errlen);
+out:
+    cJSON_Delete(cfg);
+    oplan_free(&p);
+    ckpt_close(ck);
+    return rc;
+}
+
+/* ======================================================================== */
+/* ak48 -> HF AWQ                                                            */
+
+#define AK48_MAGIC 0x616b3438u
+#define AK48_VERSION 5
+
+static int32_t rd32(const unsigned char *p) {
+    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                     (uint32_t)p[3] << 24);
+}
+
+static int convert_ak48(const char *in, const char *out, const char *tok_flag, int threads,
+                        char *err, size_t errlen) {
+    int fd = open(in, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return util_err(err, errlen, -errno, "%s: %s", in, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < 256) {
+        close(fd);
+        return util_err(err, errlen, -EINVAL, "%s: not an ak48 file (shorter than its 256-byte header)", in);
+    }
+    size_t size = (size_t)sb.st_size;
+    const unsigned char *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return util_err(err, errlen, -errno, "%s: mmap: %s", in, strerror(errno));
+    struct oplan p = {0};
+    int rc = 0;
+    uint32_t magic = (uint32_t)rd32(m);
+    int32_t ver = rd32(m + 4), dim = rd32(m + 8), hid = rd32(m + 12), nl = rd32(m + 16),
+            nh = rd32(m + 20), nkv = rd32(m + 24), vocab = rd32(m + 28), seq = rd32(m + 32);
+    int shared = m[36];
+    int32_t hd = rd32(m + 37), G = rd32(m + 41);
+    if (magic != AK48_MAGIC) {
+        rc = util_err(err, errlen, -EINVAL, "%s: magic 0x%08x is not ak48 (0x%08x)", in, magic,
+                      AK48_MAGIC);
+        goto out;
+    }
+    if (ver != AK48_VERSION) {
+        rc = util_err(err, errlen, -ENOTSUP, "%s: ak48 version %d; supported: %d", in, ver,
+                      AK48_VERSION);
+        goto out;
+    }
+    if (dim <= 0 || hid <= 0 || nl <= 0 || nh <= 0 || nkv <= 0 || vocab <= 0 || seq <= 0 ||
+        hd <= 0 || G <= 0 || dim > (1 << 16) || hid > (1 << 18) || nl > 1024 || nh > 1024 ||
+        nkv > nh || nh % nkv || vocab > (1 << 22) || hd > 1024 || G % 8 || shared > 1 ||
+        dim % G || hid % G || (nh * hd) % G || (nkv * hd) % 8) {
+        rc = util_err(err, errlen, -EINVAL,
+                      "%s: implausible ak48 header (dim %d, hidden_dim %d, layers %d, heads %d/%d,"
+                      " head_dim %d, vocab %d, group %d)", in, dim, hid, nl, nh, nkv, hd, vocab, G);
+        goto out;
+    }
+    /* walk the layout, checking it fits the file exactly */
+    uint64_t off = 256;
+    int ok = 1;
+#define TAKE(bytes) (off + (uint64_t)(bytes) <= size ? (const void *)(m + (off += (uint64_t)(bytes)) - (uint64_t)(bytes)) : (ok = 0, (const void *)m))
+    char nm[256];
+    for (int l = 0; l < nl; l++) {
+        snprintf(nm, sizeof nm, "model.layers.%d.input_layernorm.weight", l);
+        if (oadd(&p, nm, ST_F16, 1, dim, 0, OUT_COPY, TAKE((uint64_t)dim * 2), ST_F16) < 0) goto oom;
+    }
+    for (int l = 0; l < nl; l++) {
+        snprintf(nm, sizeof nm, "model.layers.%d.post_attention_layernorm.weight", l);
+        if (oadd(&p, nm, ST_F16, 1, dim, 0, OUT_COPY, TAKE((uint64_t)dim * 2), ST_F16) < 0) goto oom;
+    }
+    if (oadd(&p, "model.norm.weight", ST_F16, 1, dim, 0, OUT_COPY, TAKE((uint64_t)dim * 2), ST_F16) < 0) goto oom;
+    if (oadd(&p, "model.embed_tokens.weight", ST_F16, 2, vocab, dim, OUT_COPY,
+             TAKE((uint64_t)vocab * dim * 2), ST_F16) < 0) goto oom;
+    /* wq wk wv wo w1(gate) w2(down) w3(up), each all layers */
+    static const char *names[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                   "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj",
+                                   "mlp.up_proj"};
+    for (int w = 0; w < 7; w++) {
+        int K, N;
+        switch (w) {
+        case 0: K = dim; N = nh * hd; break;
+        case 1: case 2: K = dim; N = nkv * hd; break;
+        case 3: K = nh * hd; N = dim; break;
+        case 5: K = hid; N = dim; break;
+        default: K = dim; N = hid; break;
+        }
+        for (int l = 0; l < nl; l++) {
+            snprintf(nm, sizeof nm, "model.layers.%d.%s.qweight", l, names[w]);
+            if (oadd(&p, nm, ST_I32, 2, K, N / 8, OUT_COPY, TAKE((uint64_t)K * N / 2), ST_I32) < 0) goto oom;
+            snprintf(nm, sizeof nm, "model.layers.%d.%s.qzeros", l, names[w]);
+            if (oadd(&p, nm, ST_I32, 2, K / G, N / 8, OUT_COPY, TAKE((uint64_t)K / G * N / 2), ST_I32) < 0) goto oom;
+            snprintf(nm, sizeof nm, "model.layers.%d.%s.scales", l, names[w]);
+            if (oadd(&p, nm, ST_F16, 2, K / G, N, OUT_COPY, TAKE((uint64_t)K / G * N * 2), ST_F16) < 0) goto oom;
+        }
+    }
+    if (!shared &&
+        oadd(&p, "lm_head.weight", ST_F16, 2, vocab, dim, OUT_COPY, TAKE((uint64_t)vocab * dim * 2), ST_F16) < 0)
+        goto oom;
+    for (int l = 0; l < nl; l++) {
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.q_norm.weight", l);
+        if (oadd(&p, nm, ST_F16, 1, hd, 0, OUT_COPY, TAKE((uint64_t)hd * 2), ST_F16) < 0) goto oom;
+    }
+    for (int l = 0; l < nl; l++) {
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.k_norm.weight", l);
+        if (oadd(&p, nm, ST_F16, 1, hd, 0, OUT_COPY, TAKE((uint64_t)hd * 2), ST_F16) < 0) goto oom;
+    }
+#undef TAKE
+    if (!ok || off != size) {
+        rc = util_err(err, errlen, -EINVAL,
+                      "%s: ak48 file is %zu bytes, its header describes %s%llu bytes — truncated "
+                      "or not this layout", in, size, ok ? "" : "more than ", (unsigned long long)off);
+        goto out;
+    }
+    if ((rc = mkdir_out(out, err, errlen))) goto out;
+    /* config.json / generation_config.json as Qwen3's (the header has no rope / eps) */
+    {
+        cJSON *c = cJSON_CreateObject();
+        cJSON *a = cJSON_AddArrayToObject(c, "architectures");
+        cJSON_AddItemToArray(a, cJSON_CreateString("Qwen3ForCausalLM"));
+        cJSON_AddBoolToObject(c, "attention_bias", 0);
+        cJSON_AddNumberToObject(c, "bos_token_id", 151643);
+        cJSON_AddNumberToObject(c, "eos_token_id", 151645);
+        cJSON_AddNumberToObject(c, "head_dim", hd);
+        cJSON_AddStringToObject(c, "hidden_act", "silu");
+        cJSON_AddNumberToObject(c, "hidden_size", dim);
+        cJSON_AddNumberToObject(c, "intermediate_size", hid);
+        cJSON_AddNumberToObject(c, "max_position_embeddings", seq);
+        cJSON_AddStringToObject(c, "model_type", "qwen3");
+        cJSON_AddNumberToObject(c, "num_attention_heads", nh);
+        cJSON_AddNumberToObject(c, "num_hidden_layers", nl);
+        cJSON_AddNumberToObject(c, "num_key_value_heads", nkv);
+        cJSON_AddNumberToObject(c, "rms_norm_eps", 1e-6);
+        cJSON_AddNumberToObject(c, "rope_theta", 1000000.0);
+        cJSON_AddBoolToObject(c, "tie_word_embeddings", shared);
+        cJSON_AddStringToObject(c, "torch_dtype", "float16");
+        cJSON_AddNumberToObject(c, "vocab_size", vocab);
+        cJSON_AddItemToObject(c, "quantization_config", quant_config(G));
+        cJSON_AddStringToObject(c, "awqd_converted_from", "ak48");
+        char *t = cJSON_Print(c);
+        cJSON_Delete(c);
+        rc = t ? write_text(out, "config.json", t, err, errlen) : -ENOMEM;
+        free(t);
+        if (rc) goto out;
+        rc = write_text(out, "generation_config.json",
+                        "{\"bos_token_id\": 151643, \"eos_token_id\": [151645, 151643]}", err,
+                        errlen);
+        if (rc) goto out;
+    }
+    {
+        struct mkmodel_spec s;
+        mkmodel_preset("qwen3-8b", &s);
+        char tdir[4096], e2[1024];
+        if (mkmodel_find_tokenizer(&s, tok_flag, tdir, sizeof tdir, e2, sizeof e2) == 0) {
+            copy_if_exists(tdir, out, "tokenizer.json");
+            copy_if_exists(tdir, out, "tokenizer_config.json");
+        } else {
+            fprintf(stderr, "awqd quantize: warning: %s\n", e2);
+        }
+    }
+    rc = write_plan(&p, out, G, threads, err, errlen);
+    goto out;
+oom:
+    rc = util_err(err, errlen, -ENOMEM, "out of memory");
+out:
+    oplan_free(&p);
+    munmap((void *)m, size);
+    return rc;
+}
+
+/* ======================================================================== */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: awqd quantize IN OUT [--group N] [--threads N]\n"
+            "       awqd quantize --from-ak48 FILE.bin OUT [--tokenizer DIR] [--threads N]\n"
+            "\n"
+            "Round-to-nearest AWQ quantization (4 bits, zero point per group of N input\n"
+            "features, default 128) of an fp16/bf16/fp32 Hugging Face checkpoint of a\n"
+            "supported family (qwen3, qwen2, llama, mistral), written in the AWQ gemm format\n"
+            "awqd serves: q/k/v/o/gate/up/down of every layer become qweight/qzeros/scales;\n"
+            "embeddings, lm_head and norms stay fp16. Tokenizer and generation files are\n"
+            "copied. (No activation-aware scale search yet: plain RTN.)\n"
+            "\n"
+            "--from-ak48 converts the seed's single-file ak48 export (Qwen3 AWQ) into a\n"
+            "Hugging Face checkpoint directory instead; the Qwen3 tokenizer is copied when\n"
+            "found (see awqd mkmodel --help).\n");
+}
 
 int cmd_quantize(int argc, char **argv) {
     if (cmd_wants_help(argc, argv)) {
-        printf("usage: awqd quantize IN OUT\n\nNot built yet: the checkpoint writer.\n");
+        usage(stdout);
         return 0;
     }
-    return cmd_not_built("quantize", "the checkpoint writer");
+    const char *pos[2] = {0}, *tok = NULL;
+    int npos = 0, group = 128, threads = 0, ak48 = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if ((!strcmp(a, "--group") || !strcmp(a, "--threads") || !strcmp(a, "--tokenizer")) &&
+            i + 1 >= argc) {
+            fprintf(stderr, "awqd quantize: %s needs a value\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "--group")) {
+            group = atoi(argv[++i]);
+            if (group < 8 || group % 8 || group > 4096) {
+                fprintf(stderr, "awqd quantize: --group must be a multiple of 8 (e.g. 128)\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--threads")) {
+            threads = atoi(argv[++i]);
+        } else if (!strcmp(a, "--tokenizer")) {
+            tok = argv[++i];
+        } else if (!strcmp(a, "--from-ak48")) {
+            ak48 = 1;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "awqd quantize: unknown option %s\n", a);
+            return 2;
+        } else if (npos < 2) {
+            pos[npos++] = a;
+        } else {
+            fprintf(stderr, "awqd quantize: unexpected argument %s\n", a);
+            return 2;
+        }
+    }
+    if (npos != 2) {
+        usage(stderr);
+        return 2;
+    }
+    char err[1024];
+    double t0 = util_now_s();
+    int rc = ak48 ? convert_ak48(pos[0], pos[1], tok, threads, err, sizeof err)
+                  : quantize_hf(pos[0], pos[1], group, threads, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "awqd quantize: %s\n", err);
+        return 1;
+    }
+    fprintf(stderr, "awqd quantize: wrote %s in %.1f s\n", pos[1], util_now_s() - t0);
+    return 0;
 }

@@ -317,6 +317,7 @@ static size_t utf8_lossy(const uint8_t *s, size_t n, int final, char *out, size_
 struct ivec { int32_t *v; size_t n, cap; };
 
 static int ivec_push(struct ivec *a, const int32_t *ids, size_t n) {
+    if (n == 0) return 0;
     if (a->n + n > a->cap) {
         size_t cap = a->cap ? a->cap * 2 : 64;
         while (cap < a->n + n) cap *= 2;
@@ -564,7 +565,7 @@ static int parse_pretok(struct tok *t, const cJSON *p, char *err, size_t errlen)
 static int append_ids(int32_t **arr, int *n, const int32_t *ids, int k) {
     int32_t *a = realloc(*arr, (size_t)(*n + k + 1) * sizeof *a);
     if (!a) return -ENOMEM;
-    memcpy(a + *n, ids, (size_t)k * sizeof *ids);
+    if (k) memcpy(a + *n, ids, (size_t)k * sizeof *ids);
     *arr = a; *n += k;
     return 0;
 }
@@ -851,6 +852,30 @@ fail:
     return rc;
 }
 
+/* Applies the normalizer chain to s[0..n): *out is malloc'd (NUL-terminated). */
+static int normalize(const struct tok *t, const char *s, size_t n, char **out, size_t *outlen) {
+    char *cur = NULL;
+    size_t curlen = n;
+    const char *src = s;
+    for (int i = 0; i < t->nnorm; i++) {
+        utf8proc_uint8_t *o = NULL;
+        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)src, (utf8proc_ssize_t)curlen, &o,
+                                          (utf8proc_option_t)t->norm[i]);
+        free(cur);
+        if (r < 0) { free(o); return -EILSEQ; }
+        cur = (char *)o; curlen = (size_t)r; src = cur;
+    }
+    if (!cur) {
+        cur = malloc(n + 1);
+        if (!cur) return -ENOMEM;
+        memcpy(cur, s, n);
+        cur[n] = 0;
+    }
+    *out = cur;
+    *outlen = curlen;
+    return 0;
+}
+
 int tok_load(const char *dir, struct tok **out, char *err, size_t errlen) {
     if (!dir || !out) return util_err(err, errlen, -EINVAL, "tok_load: NULL argument");
     *out = NULL;
@@ -878,16 +903,24 @@ int tok_load(const char *dir, struct tok **out, char *err, size_t errlen) {
     for (int i = 0; i < CACHE_SHARDS; i++) pthread_mutex_init(&t->cache[i].mu, NULL);
 
     if ((rc = load_model(t, root, err, errlen)) < 0) goto fail;
+    if ((rc = parse_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), err, errlen)) < 0) goto fail;
+    t->norm_nfc_only = t->nnorm == 1 && t->norm[0] == (UTF8PROC_STABLE | UTF8PROC_COMPOSE);
     for (int i = 0; i < t->nadded; i++) {
         struct added_tok *a = &t->added[i];
         if (!a->len) continue;
-        if ((rc = trie_add(a->normalized ? &t->trie_norm : &t->trie_raw, a->content, a->len, i)) < 0) {
-            rc = util_err(err, errlen, rc, "tokenizer: out of memory");
+        if (!a->normalized) rc = trie_add(&t->trie_raw, a->content, a->len, i);
+        else { /* matched in normalized text, so the pattern is normalized too (as HF does) */
+            char *c = NULL;
+            size_t cl = 0;
+            rc = normalize(t, a->content, a->len, &c, &cl);
+            if (rc == 0) rc = trie_add(&t->trie_norm, c, cl, i);
+            free(c);
+        }
+        if (rc < 0) {
+            rc = util_err(err, errlen, rc, "tokenizer: cannot prepare added token \"%s\"", a->content);
             goto fail;
         }
     }
-    if ((rc = parse_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), err, errlen)) < 0) goto fail;
-    t->norm_nfc_only = t->nnorm == 1 && t->norm[0] == (UTF8PROC_STABLE | UTF8PROC_COMPOSE);
     if ((rc = parse_pretok(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), err, errlen)) < 0) goto fail;
     {
         int has_bl = 0;
@@ -1124,7 +1157,7 @@ static int bpe_word(const struct tok *t, const uint8_t *w, size_t n, struct ivec
     size_t k = out->n - before;
     int32_t *blob = malloc(k * sizeof(int32_t) + n);
     if (!blob) return 0; /* caching is optional */
-    memcpy(blob, out->v + before, k * sizeof(int32_t));
+    if (k) memcpy(blob, out->v + before, k * sizeof(int32_t));
     memcpy(blob + k, w, n);
     pthread_mutex_lock(&c->mu);
     if (c->count >= CACHE_SHARD_CAP / 2) cache_clear(c);
@@ -1289,7 +1322,7 @@ static inline int nfc_inert(uint32_t c) {
     return c < 0x300 || (c >= 0x3040 && c <= 0x3096) || (c >= 0x30A1 && c <= 0x30FA) ||
            (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x4E00 && c <= 0x9FFF) ||
            (c >= 0xAC00 && c <= 0xD7A3) || (c >= 0xFF01 && c <= 0xFF5E) ||
-           (c >= 0x1F300 && c <= 0x1FAFF) || (c >= 0x3000 && c <= 0x303F);
+           (c >= 0x1F300 && c <= 0x1FAFF) || (c >= 0x3000 && c <= 0x3029) || (c >= 0x3030 && c <= 0x303F);
 }
 
 static int needs_norm(const struct tok *t, const uint8_t *s, size_t n) {
@@ -1313,20 +1346,10 @@ static int segment(struct enc *e, const char *s, size_t n) {
     if (n == 0) return 0;
     if (!t->nnorm || !needs_norm(t, (const uint8_t *)s, n)) return segment_normalized(e, s, n);
     char *cur = NULL;
-    size_t curlen = n;
-    const char *src = s;
-    for (int i = 0; i < t->nnorm; i++) {
-        utf8proc_uint8_t *o = NULL;
-        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)src, (utf8proc_ssize_t)curlen, &o,
-                                          (utf8proc_option_t)t->norm[i]);
-        free(cur);
-        if (r < 0) {
-            free(o);
-            return util_err(e->err, e->errlen, -EILSEQ, "tokenizer: normalization failed: %s", utf8proc_errmsg(r));
-        }
-        cur = (char *)o; curlen = (size_t)r; src = cur;
-    }
-    int rc = segment_normalized(e, cur, curlen);
+    size_t curlen = 0;
+    int rc = normalize(t, s, n, &cur, &curlen);
+    if (rc < 0) return util_err(e->err, e->errlen, rc, "tokenizer: normalization failed");
+    rc = segment_normalized(e, cur, curlen);
     free(cur);
     return rc;
 }

@@ -1,0 +1,540 @@
+/* ops_cuda.cu — the CUDA backend of kernels/ops.h on one device and one
+ * stream: fp16 activations and KV cache, fp32 accumulation everywhere, AWQ
+ * weights kept INT4 (kernels/cuda/w4a16.h), lm_head through cuBLAS (fp16 in,
+ * fp32 out). Attention lives in attn.cu.
+ *
+ * Buffers (struct buf, ops_cuda_internal.h): ACT and W16 are fp16 on the
+ * device; upload/download convert from/to host float through a pinned
+ * staging buffer. Every op is enqueued on ctx->stream; download and sync wait.
+ * A failed launch is remembered and reported by the next download/sync. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops_cuda_internal.h"
+#include "kernels/cuda/w4a16.h"
+
+extern "C" {
+#include "engine/ckpt.h"
+#include "engine/util.h"
+}
+
+/* One W4A16 linear on the device (INT4, repacked by w4a16_upload). */
+struct op_linear {
+    struct w4a16_weight *w;
+    enum linear_kind kind;
+    int k, n;                     /* as in the checkpoint (GATE_UP: n = 2 * inter) */
+    int has_bias;
+};
+
+/* split-K workspace: enough for every call with up to this many rows to use
+ * the kernels' preferred split */
+#define LIN_WS_ROWS 64
+
+void ops_cuda__fail(struct cuda_ctx *c, int rc, const char *what, const char *detail) {
+    log_error("cuda backend: %s: %s", what, detail);
+    if (c->rc) return;
+    c->rc = rc;
+    snprintf(c->msg, sizeof c->msg, "%.40s: %.200s", what, detail);
+}
+
+static size_t elem_bytes(enum buf_kind k) { return k == BUF_ACT || k == BUF_W16 ? 2 : 4; }
+
+/* Makes the pinned host staging buffer hold n fp16 elements. */
+static int stage_reserve(struct cuda_ctx *c, size_t n) {
+    if (n <= c->h_stage_elems) return 0;
+    size_t cap = c->h_stage_elems ? c->h_stage_elems : 4096;
+    while (cap < n) cap *= 2;
+    if (c->h_stage) {
+        CUDA_CHECK(cudaStreamSynchronize(c->stream), NULL, 0);
+        cudaFreeHost(c->h_stage);
+        c->h_stage = NULL;
+        c->h_stage_elems = 0;
+    }
+    CUDA_CHECK(cudaMallocHost((void **)&c->h_stage, cap * sizeof(uint16_t)), NULL, 0);
+    c->h_stage_elems = cap;
+    return 0;
+}
+
+/* ======================================================================== */
+/* buffers                                                                   */
+/* ======================================================================== */
+
+static struct buf *cu_alloc(void *ctx, enum buf_kind kind, size_t n) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    cudaSetDevice(c->device);
+    struct buf *b = (struct buf *)calloc(1, sizeof *b);
+    if (!b) return NULL;
+    b->kind = kind;
+    b->n = n;
+    size_t bytes = (n ? n : 1) * elem_bytes(kind);
+    if (cudaMalloc(&b->d, bytes) != cudaSuccess) {
+        cudaGetLastError(); /* clear the (non-sticky) OOM */
+        free(b);
+        return NULL;
+    }
+    if (cudaMemsetAsync(b->d, 0, bytes, c->stream) != cudaSuccess) {
+        cudaFree(b->d);
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+static void cu_free(void *ctx, struct buf *b) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!b) return;
+    cudaSetDevice(c->device);
+    cudaStreamSynchronize(c->stream); /* nothing queued may still use it */
+    cudaFree(b->d);
+    free(b);
+}
+
+static int cu_upload(void *ctx, struct buf *dst, size_t off, const void *src, size_t n) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (off > dst->n || n > dst->n - off) return -ERANGE;
+    if (n == 0) return 0;
+    CUDA_CHECK(cudaSetDevice(c->device), NULL, 0);
+    char *d = (char *)dst->d + off * elem_bytes(dst->kind);
+    if (dst->kind == BUF_ACT || dst->kind == BUF_W16) {
+        /* chunked through the pinned staging buffer (fp32 -> fp16 for ACT) */
+        const size_t chunk = (size_t)1 << 22;
+        int rc = stage_reserve(c, n < chunk ? n : chunk);
+        if (rc) return rc;
+        for (size_t i = 0; i < n; i += chunk) {
+            size_t m = n - i < chunk ? n - i : chunk;
+            CUDA_CHECK(cudaStreamSynchronize(c->stream), NULL, 0); /* staging free again */
+            if (dst->kind == BUF_W16) {
+                memcpy(c->h_stage, (const uint16_t *)src + i, m * sizeof(uint16_t));
+            } else {
+                const float *f = (const float *)src + i;
+                for (size_t j = 0; j < m; j++) c->h_stage[j] = f32_to_fp16(f[j]);
+            }
+            CUDA_CHECK(cudaMemcpyAsync(d + i * 2, c->h_stage, m * 2, cudaMemcpyHostToDevice,
+                                       c->stream),
+                       NULL, 0);
+        }
+        CUDA_CHECK(cudaStreamSynchronize(c->stream), NULL, 0);
+        return 0;
+    }
+    /* F32 / I32: pageable copy; the source may be reused once this returns */
+    CUDA_CHECK(cudaMemcpyAsync(d, src, n * 4, cudaMemcpyHostToDevice, c->stream), NULL, 0);
+    return 0;
+}
+
+static int cu_download(void *ctx, void *dst, const struct buf *src, size_t off, size_t n) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (off > src->n || n > src->n - off) return -ERANGE;
+    CUDA_CHECK(cudaSetDevice(c->device), NULL, 0);
+    if (c->rc) return c->rc;
+    if (n == 0) return 0;
+    const char *s = (const char *)src->d + off * elem_bytes(src->kind);
+    if (src->kind == BUF_ACT || src->kind == BUF_W16) {
+        const size_t chunk = (size_t)1 << 22;
+        int rc = stage_reserve(c, n < chunk ? n : chunk);
+        if (rc) return rc;
+        for (size_t i = 0; i < n; i += chunk) {
+            size_t m = n - i < chunk ? n - i : chunk;
+            CUDA_CHECK(cudaMemcpyAsync(c->h_stage, s + i * 2, m * 2, cudaMemcpyDeviceToHost,
+                                       c->stream),
+                       NULL, 0);
+            CUDA_CHECK(cudaStreamSynchronize(c->stream), NULL, 0);
+            float *f = (float *)dst + i;
+            for (size_t j = 0; j < m; j++) f[j] = fp16_to_f32(c->h_stage[j]);
+        }
+        return c->rc;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(dst, s, n * 4, cudaMemcpyDeviceToHost, c->stream), NULL, 0);
+    CUDA_CHECK(cudaStreamSynchronize(c->stream), NULL, 0);
+    return c->rc;
+}
+
+static void cu_copy(void *ctx, struct buf *dst, size_t dst_off, const struct buf *src,
+                    size_t src_off, size_t n) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    AWQD_ASSERT(dst->kind == src->kind);
+    AWQD_ASSERT(dst_off <= dst->n && n <= dst->n - dst_off);
+    AWQD_ASSERT(src_off <= src->n && n <= src->n - src_off);
+    if (n == 0) return;
+    size_t es = elem_bytes(dst->kind);
+    cudaError_t e = cudaMemcpyAsync((char *)dst->d + dst_off * es,
+                                    (const char *)src->d + src_off * es, n * es,
+                                    cudaMemcpyDeviceToDevice, c->stream);
+    if (e != cudaSuccess) ops_cuda__fail(c, -EIO, "copy", cudaGetErrorString(e));
+}
+
+/* ======================================================================== */
+/* weights                                                                   */
+/* ======================================================================== */
+
+static struct op_linear *cu_upload_linear(void *ctx, const struct awq_linear *l,
+                                          enum linear_kind kind) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    AWQD_ASSERT(kind == LINEAR_PLAIN || kind == LINEAR_GATE_UP);
+    cudaSetDevice(c->device);
+    struct op_linear *o = (struct op_linear *)calloc(1, sizeof *o);
+    if (!o) return NULL;
+    char err[256];
+    o->kind = kind;
+    if (w4a16_upload(l, kind == LINEAR_GATE_UP ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &o->w,
+                     err, sizeof err)) {
+        log_error("cuda backend: upload of a %dx%d linear: %s", l->k, l->n, err);
+        free(o);
+        return NULL;
+    }
+    o->k = l->k;
+    o->n = l->n;
+    o->has_bias = l->bias != NULL;
+    size_t ws = w4a16_workspace_bytes(o->w, LIN_WS_ROWS);
+    if (ws > c->lin_ws_bytes) {
+        cudaStreamSynchronize(c->stream);
+        cudaFree(c->lin_ws);
+        c->lin_ws = NULL;
+        c->lin_ws_bytes = 0;
+        if (cudaMalloc(&c->lin_ws, ws) != cudaSuccess) {
+            cudaGetLastError();
+            w4a16_free(o->w);
+            free(o);
+            return NULL;
+        }
+        c->lin_ws_bytes = ws;
+    }
+    return o;
+}
+
+static void cu_free_linear(void *ctx, struct op_linear *l) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!l) return;
+    cudaSetDevice(c->device);
+    cudaStreamSynchronize(c->stream);
+    w4a16_free(l->w);
+    free(l);
+}
+
+/* ======================================================================== */
+/* kernels                                                                   */
+/* ======================================================================== */
+
+static __device__ __forceinline__ float block_sum(float v, float *red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads(); /* red may still be read by a previous call */
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    float t = lane < nw ? red[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
+}
+
+/* out[i, :] = table[ids[i] - row_start, :] or zeros. One block per row. */
+static __global__ void embed_kernel(__half *out, const __half *table, const int *ids, int dim,
+                                    int row_start, int rows) {
+    int i = blockIdx.x;
+    int id = ids[i] - row_start;
+    __half *o = out + (size_t)i * dim;
+    bool in = id >= 0 && id < rows;
+    const __half *t = table + (size_t)(in ? id : 0) * dim;
+    if ((dim & 7) == 0) {
+        for (int j = threadIdx.x; j < dim / 8; j += blockDim.x) {
+            uint4 v = in ? ((const uint4 *)t)[j] : make_uint4(0, 0, 0, 0);
+            ((uint4 *)o)[j] = v;
+        }
+    } else {
+        for (int j = threadIdx.x; j < dim; j += blockDim.x) o[j] = in ? t[j] : __float2half(0.0f);
+    }
+}
+
+/* resid += delta (rounded to fp16), out = resid * rsqrt(mean(resid^2) + eps) * w.
+ * One block per row; each thread keeps its own elements between the passes. */
+static __global__ void add_rmsnorm_kernel(__half *resid, const __half *delta, __half *out,
+                                          const __half *w, int dim, float eps) {
+    __shared__ float red[32];
+    size_t base = (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        float v = __half2float(resid[base + j]);
+        if (delta) {
+            __half h = __float2half(v + __half2float(delta[base + j]));
+            resid[base + j] = h;
+            v = __half2float(h);
+        }
+        ss += v * v;
+    }
+    float tot = block_sum(ss, red);
+    float r = rsqrtf(tot / (float)dim + eps);
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        float v = __half2float(resid[base + j]);
+        out[base + j] = __float2half(__half2float(w[j]) * (v * r));
+    }
+}
+
+/* Per-head RMSNorm (optional) + RoPE (rotate-half) of q and k, in place, and
+ * the write of k, v into the paged cache. One warp per head: lane l holds
+ * elements [l*E, (l+1)*E) (E = hd / 32), so element j's rotation partner
+ * j +- hd/2 lives in lane l ^ 16. Block: 4 warps; grid (n, ceil((nh + nkv) / 4)). */
+static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
+                                         const __half *q_norm, const __half *k_norm, float eps,
+                                         const float *inv_freq, const int *positions,
+                                         const int *slots, __half *kc, __half *vc) {
+    int r = blockIdx.x;
+    int head = blockIdx.y * 4 + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (head >= nh + nkv) return;
+    int E = hd >> 5, half = hd >> 1;
+    size_t width = (size_t)(nh + 2 * nkv) * hd;
+    __half *x = qkv + (size_t)r * width + (size_t)head * hd; /* q heads then k heads */
+    const __half *nw = head < nh ? q_norm : k_norm;
+    float v[8];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        v[i] = i < E ? __half2float(x[lane * E + i]) : 0.0f;
+        ss += v[i] * v[i];
+    }
+    if (nw) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        float rr = rsqrtf(ss / (float)hd + eps);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (i < E) v[i] = __half2float(nw[lane * E + i]) * (v[i] * rr);
+    }
+    float pos = (float)positions[r];
+    bool lo = lane < 16;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float other = __shfl_xor_sync(0xffffffffu, v[i], 16);
+        if (i < E) {
+            int j = lane * E + i - (lo ? 0 : half); /* frequency index */
+            float s, c;
+            sincosf(pos * inv_freq[j], &s, &c);
+            /* lo: x1 c - x2 s; hi: x2 c + x1 s */
+            v[i] = lo ? v[i] * c - other * s : v[i] * c + other * s;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < E) x[lane * E + i] = __float2half(v[i]);
+    if (head >= nh) {
+        int g = head - nh;
+        size_t dst = ((size_t)slots[r] * nkv + g) * hd;
+        const __half *vs = x + (size_t)nkv * hd; /* v head g */
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (i < E) {
+                kc[dst + lane * E + i] = __float2half(v[i]);
+                vc[dst + lane * E + i] = vs[lane * E + i];
+            }
+    }
+}
+
+/* dst[r, :] = x[rows[r], :] */
+static __global__ void gather_rows_kernel(__half *dst, const __half *x, const int *rows, int dim) {
+    const __half *s = x + (size_t)rows[blockIdx.x] * dim;
+    __half *d = dst + (size_t)blockIdx.x * dim;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) d[j] = s[j];
+}
+
+/* ======================================================================== */
+/* ops                                                                       */
+/* ======================================================================== */
+
+#define H(b) ((__half *)(b)->d)
+#define CH(b) ((const __half *)(b)->d)
+#define I32(b) ((const int *)(b)->d)
+
+static void cu_embed(void *ctx, struct buf *out, const struct buf *table, const struct buf *ids,
+                     int n, int dim, int row_start, int rows) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    AWQD_ASSERT(out->n >= (size_t)n * dim && ids->n >= (size_t)n &&
+                table->n >= (size_t)rows * dim);
+    if (n <= 0) return;
+    embed_kernel<<<n, 128, 0, c->stream>>>(H(out), CH(table), I32(ids), dim, row_start, rows);
+    OPS_CUDA_LAUNCHED(c, "embed");
+}
+
+static void cu_add_rmsnorm(void *ctx, struct buf *resid, const struct buf *delta, struct buf *out,
+                           const struct buf *w, int n, int dim, float eps) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    AWQD_ASSERT(resid->n >= (size_t)n * dim && out->n >= (size_t)n * dim && w->n >= (size_t)dim);
+    AWQD_ASSERT(!delta || delta->n >= (size_t)n * dim);
+    if (n <= 0) return;
+    int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
+    add_rmsnorm_kernel<<<n, threads, 0, c->stream>>>(H(resid), delta ? CH(delta) : NULL, H(out),
+                                                     CH(w), dim, eps);
+    OPS_CUDA_LAUNCHED(c, "add_rmsnorm");
+}
+
+static void cu_linear(void *ctx, struct buf *y, const struct buf *x, int n,
+                      const struct op_linear *l) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    AWQD_ASSERT(l->kind == LINEAR_PLAIN);
+    AWQD_ASSERT(x->n >= (size_t)n * l->k && y->n >= (size_t)n * l->n);
+    if (n <= 0) return;
+    char err[256];
+    int rc = w4a16_linear(l->w, (const uint16_t *)x->d, n, (uint16_t *)y->d,
+                          l->has_bias ? W4A16_EPI_BIAS : W4A16_EPI_NONE, c->lin_ws,
+                          c->lin_ws_bytes, c->stream, err, sizeof err);
+    if (rc) ops_cuda__fail(c, rc, "linear", err);
+}
+
+static void cu_qk_norm_rope_kv(void *ctx, struct buf *qkv, int n, int nh, int nkv, int hd,
+                               const struct buf *q_norm, const struct buf *k_norm, float eps,
+                               const struct buf *inv_freq, const struct attn_batch *ab,
+                               struct buf *k_cache, struct buf *v_cache) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    AWQD_ASSERT(n == ab->n_rows && qkv->n >= (size_t)n * (nh + 2 * nkv) * hd);
+    AWQD_ASSERT(hd % 32 == 0 && hd <= 256 && inv_freq->n >= (size_t)hd / 2);
+    AWQD_ASSERT(k_cache->n == v_cache->n && k_cache->n % ((size_t)nkv * hd) == 0);
+    AWQD_ASSERT(!q_norm == !k_norm);
+    if (n <= 0) return;
+    dim3 grid(n, (nh + nkv + 3) / 4);
+    qk_rope_kv_kernel<<<grid, 128, 0, c->stream>>>(
+        H(qkv), nh, nkv, hd, q_norm ? CH(q_norm) : NULL, k_norm ? CH(k_norm) : NULL, eps,
+        (const float *)inv_freq->d, I32(ab->positions), I32(ab->slots), H(k_cache), H(v_cache));
+    OPS_CUDA_LAUNCHED(c, "qk_norm_rope_kv");
+}
+
+static void cu_attention(void *ctx, struct buf *out, const struct buf *qkv, int nh, int nkv,
+                         int hd, float scale, const struct attn_batch *ab,
+                         const struct buf *k_cache, const struct buf *v_cache) {
+    ops_cuda__attention((struct cuda_ctx *)ctx, out, qkv, nh, nkv, hd, scale, ab, k_cache, v_cache);
+}
+
+static void cu_linear_silu_mul(void *ctx, struct buf *out, const struct buf *x, int n,
+                               const struct op_linear *l) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    AWQD_ASSERT(l->kind == LINEAR_GATE_UP);
+    AWQD_ASSERT(x->n >= (size_t)n * l->k && out->n >= (size_t)n * (l->n / 2));
+    if (n <= 0) return;
+    char err[256];
+    int rc = w4a16_linear(l->w, (const uint16_t *)x->d, n, (uint16_t *)out->d,
+                          W4A16_EPI_SILU_MUL | (l->has_bias ? W4A16_EPI_BIAS : 0), c->lin_ws,
+                          c->lin_ws_bytes, c->stream, err, sizeof err);
+    if (rc) ops_cuda__fail(c, rc, "linear_silu_mul", err);
+}
+
+static void cu_lm_head(void *ctx, struct buf *logits, const struct buf *x, const struct buf *rows,
+                       int m, const struct buf *table, int dim, int vocab_rows) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    AWQD_ASSERT(logits->n >= (size_t)m * vocab_rows && table->n >= (size_t)vocab_rows * dim);
+    AWQD_ASSERT(rows->n >= (size_t)m && x->n >= (size_t)dim);
+    if (m <= 0) return;
+    if ((size_t)m * dim > c->gather_elems) {
+        cudaStreamSynchronize(c->stream);
+        cudaFree(c->d_gather);
+        c->d_gather = NULL;
+        c->gather_elems = 0;
+        if (cudaMalloc((void **)&c->d_gather, (size_t)m * dim * 2) != cudaSuccess) {
+            ops_cuda__fail(c, -ENOMEM, "lm_head", "out of memory for the gathered rows");
+            return;
+        }
+        c->gather_elems = (size_t)m * dim;
+    }
+    gather_rows_kernel<<<m, 256, 0, c->stream>>>((__half *)c->d_gather, CH(x), I32(rows), dim);
+    OPS_CUDA_LAUNCHED(c, "lm_head gather");
+    /* column-major view: logits^T [vocab_rows, m] = table [dim, vocab_rows]^T . xs [dim, m] */
+    float one = 1.0f, zero = 0.0f;
+    cublasStatus_t s = cublasGemmEx((cublasHandle_t)c->blas, CUBLAS_OP_T, CUBLAS_OP_N, vocab_rows,
+                                    m, dim, &one, table->d, CUDA_R_16F, dim, c->d_gather,
+                                    CUDA_R_16F, dim, &zero, logits->d, CUDA_R_32F, vocab_rows,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        char d[64];
+        snprintf(d, sizeof d, "cublasGemmEx status %d", (int)s);
+        ops_cuda__fail(c, -EIO, "lm_head", d);
+    }
+}
+
+static int cu_sync(void *ctx) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    CUDA_CHECK(cudaSetDevice(c->device), NULL, 0);
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) ops_cuda__fail(c, -EIO, "sync", cudaGetErrorString(e));
+    return c->rc;
+}
+
+static void cu_destroy(struct ops *ops) {
+    if (!ops) return;
+    struct cuda_ctx *c = (struct cuda_ctx *)ops->ctx;
+    if (c) {
+        cudaSetDevice(c->device);
+        if (c->stream) cudaStreamSynchronize(c->stream);
+        ops_cuda__attn_free(&c->attn);
+        cudaFree(c->lin_ws);
+        cudaFree(c->d_gather);
+        if (c->h_stage) cudaFreeHost(c->h_stage);
+        if (c->blas) cublasDestroy((cublasHandle_t)c->blas);
+        if (c->stream) cudaStreamDestroy(c->stream);
+        free(c);
+    }
+    free(ops);
+}
+
+extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t errlen) {
+    *out = NULL;
+    int n_dev = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&n_dev), err, errlen);
+    if (device < 0 || device >= n_dev)
+        return util_err(err, errlen, -ENODEV, "cuda backend: no device %d (%d present)", device,
+                        n_dev);
+    struct ops *o = (struct ops *)calloc(1, sizeof *o);
+    struct cuda_ctx *c = (struct cuda_ctx *)calloc(1, sizeof *c);
+    if (!o || !c) {
+        free(o);
+        free(c);
+        return util_err(err, errlen, -ENOMEM, "cuda backend: out of memory");
+    }
+    o->ctx = c;
+    o->destroy = cu_destroy;
+    c->device = device;
+#define TRY(call)                                                                      \
+    do {                                                                               \
+        cudaError_t e_ = (call);                                                       \
+        if (e_ != cudaSuccess) {                                                       \
+            int rc_ = util_err(err, errlen, CUDA_CHECK_RC_(e_), "cuda backend: %s: %s", #call, \
+                               cudaGetErrorString(e_));                                \
+            cu_destroy(o);                                                             \
+            return rc_;                                                                \
+        }                                                                              \
+    } while (0)
+    TRY(cudaSetDevice(device));
+    TRY(cudaDeviceGetAttribute(&c->n_sms, cudaDevAttrMultiProcessorCount, device));
+    TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    TRY(cudaEventCreateWithFlags(&c->attn.uploaded, cudaEventDisableTiming));
+#undef TRY
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        cu_destroy(o);
+        return util_err(err, errlen, -EIO, "cuda backend: cublasCreate failed");
+    }
+    c->blas = h;
+    cublasSetStream(h, c->stream);
+    o->name = "cuda";
+    o->alloc = cu_alloc;
+    o->free = cu_free;
+    o->upload = cu_upload;
+    o->download = cu_download;
+    o->copy = cu_copy;
+    o->upload_linear = cu_upload_linear;
+    o->free_linear = cu_free_linear;
+    o->embed = cu_embed;
+    o->add_rmsnorm = cu_add_rmsnorm;
+    o->linear = cu_linear;
+    o->qk_norm_rope_kv = cu_qk_norm_rope_kv;
+    o->attention = cu_attention;
+    o->linear_silu_mul = cu_linear_silu_mul;
+    o->lm_head = cu_lm_head;
+    o->sync = cu_sync;
+    *out = o;
+    return 0;
+}

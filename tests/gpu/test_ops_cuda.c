@@ -1,0 +1,560 @@
+/* test_ops_cuda.c — every op of the CUDA backend against the CPU reference
+ * backend (kernels/cpu/ops_cpu.c), on many shapes including awkward ones.
+ *
+ * Inputs are fp16-representable (rounded on the host first), so both
+ * backends start from the same numbers; the CPU computes in fp32, CUDA in
+ * fp16 storage with fp32 accumulation. Tolerances (stated, not tuned):
+ *   linear_silu_mul: |d| <= 1e-2 * max|ref| (silu(g) u amplifies g's error by |u|)
+ *   elementwise / norms / rope:   |d| <= 4e-3 * max|ref| + 1e-3 (two fp16 roundings)
+ *   attention:                    |d| <= 4e-3 (outputs are convex mixes of V, |V| <= 1)
+ *   linear, lm_head (dot products of K terms): |d| <= 4e-3 * max|ref| per test case
+ * Buffers (ACT/F32/I32/W16) round-trip exactly where the dtype allows. */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "engine/ckpt.h"
+#include "kernels/ops.h"
+#include "tests/harness/test.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static uint64_t rs = 0x243f6a8885a308d3ull;
+static uint32_t rnd(void) {
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (uint32_t)(rs >> 16);
+}
+static float urand(float lo, float hi) {
+    return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f;
+}
+static float h16(float x) { return fp16_to_f32(f32_to_fp16(x)); }
+static void fill(float *x, size_t n, float lo, float hi) {
+    for (size_t i = 0; i < n; i++) x[i] = h16(urand(lo, hi));
+}
+
+struct pair {
+    struct ops *cpu, *gpu;
+};
+
+/* 0 ok; 1 no GPU (skip) */
+static int pair_open(struct pair *p) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return 1;
+    char err[256];
+    if (ops_cpu_create(2, &p->cpu, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "cpu: %s", err);
+        return -1;
+    }
+    if (ops_cuda_create(0, &p->gpu, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "cuda: %s", err);
+        return -1;
+    }
+    return 0;
+}
+static void pair_close(struct pair *p) {
+    ops_destroy(p->cpu);
+    ops_destroy(p->gpu);
+}
+
+#define OPEN(p)                                                    \
+    struct pair p = {0};                                           \
+    {                                                              \
+        int rc_ = pair_open(&p);                                   \
+        if (rc_ == 1) TEST_SKIP("no CUDA device");                 \
+        if (rc_) return;                                           \
+    }
+
+/* A buffer on both backends with the same contents. */
+struct twin {
+    struct buf *c, *g;
+    size_t n;
+    enum buf_kind kind;
+};
+static struct twin twin_new(struct pair *p, enum buf_kind k, size_t n, const void *host) {
+    struct twin t = {p->cpu->alloc(p->cpu->ctx, k, n), p->gpu->alloc(p->gpu->ctx, k, n), n, k};
+    if (host && n) {
+        p->cpu->upload(p->cpu->ctx, t.c, 0, host, n);
+        p->gpu->upload(p->gpu->ctx, t.g, 0, host, n);
+    }
+    return t;
+}
+static void twin_free(struct pair *p, struct twin *t) {
+    p->cpu->free(p->cpu->ctx, t->c);
+    p->gpu->free(p->gpu->ctx, t->g);
+}
+/* W16 twin from floats (rounded to fp16 first) */
+static struct twin twin_w16(struct pair *p, const float *x, size_t n) {
+    uint16_t *h = malloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++) h[i] = f32_to_fp16(x[i]);
+    struct twin t = twin_new(p, BUF_W16, n, h);
+    free(h);
+    return t;
+}
+
+/* Downloads both and checks |gpu - cpu| <= rel * max|cpu| + abs. */
+static void twin_check(struct pair *p, struct twin *t, size_t off, size_t n, double rel,
+                       double abs_tol, const char *what) {
+    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    int rc1 = p->cpu->download(p->cpu->ctx, a, t->c, off, n);
+    int rc2 = p->gpu->download(p->gpu->ctx, b, t->g, off, n);
+    double mx = 0, d = 0;
+    size_t at = 0;
+    int nan = 0;
+    for (size_t i = 0; i < n; i++) {
+        mx = fmax(mx, fabs(a[i]));
+        if (!isfinite(b[i])) nan = 1;
+        double e = fabs((double)a[i] - b[i]);
+        if (e > d) {
+            d = e;
+            at = i;
+        }
+    }
+    float ai = n ? a[at] : 0, bi = n ? b[at] : 0;
+    free(a);
+    free(b);
+    ASSERT_MSG(rc1 == 0 && rc2 == 0, "%s: download failed (%d, %d)", what, rc1, rc2);
+    ASSERT_MSG(!nan, "%s: non-finite output", what);
+    ASSERT_MSG(d <= rel * mx + abs_tol, "%s: max |diff| %g at %zu (cpu %g, cuda %g), max|ref| %g",
+               what, d, at, ai, bi, mx);
+}
+
+/* ---- buffers -------------------------------------------------------------- */
+
+TEST(ops_cuda, buffers_roundtrip_and_copy) {
+    OPEN(p);
+    struct ops *g = p.gpu;
+    size_t n = 1037;
+    float *f = malloc(n * sizeof *f), *back = malloc(n * sizeof *back);
+    int32_t *iv = malloc(n * sizeof *iv), *ib = malloc(n * sizeof *ib);
+    for (size_t i = 0; i < n; i++) {
+        f[i] = h16(urand(-60000, 60000));
+        iv[i] = (int32_t)rnd();
+    }
+    struct buf *a = g->alloc(g->ctx, BUF_ACT, n), *z = g->alloc(g->ctx, BUF_ACT, n);
+    struct buf *i32 = g->alloc(g->ctx, BUF_I32, n), *f32 = g->alloc(g->ctx, BUF_F32, n);
+    ASSERT(a && z && i32 && f32);
+    /* zeroed */
+    ASSERT_EQ_INT(g->download(g->ctx, back, z, 0, n), 0);
+    for (size_t i = 0; i < n; i++) ASSERT(back[i] == 0.0f);
+    ASSERT_EQ_INT(g->upload(g->ctx, a, 0, f, n), 0);
+    ASSERT_EQ_INT(g->download(g->ctx, back, a, 0, n), 0);
+    for (size_t i = 0; i < n; i++) ASSERT_MSG(back[i] == f[i], "ACT %zu: %g != %g", i, back[i], f[i]);
+    ASSERT_EQ_INT(g->upload(g->ctx, i32, 0, iv, n), 0);
+    ASSERT_EQ_INT(g->download(g->ctx, ib, i32, 0, n), 0);
+    ASSERT(!memcmp(iv, ib, n * sizeof *iv));
+    for (size_t i = 0; i < n; i++) f[i] = urand(-1, 1); /* not fp16-exact: F32 keeps all bits */
+    ASSERT_EQ_INT(g->upload(g->ctx, f32, 0, f, n), 0);
+    ASSERT_EQ_INT(g->download(g->ctx, back, f32, 0, n), 0);
+    ASSERT(!memcmp(f, back, n * sizeof *f));
+    /* partial upload at an offset, copy between buffers, out of range refused */
+    float seven[3] = {7, 8, 9};
+    ASSERT_EQ_INT(g->upload(g->ctx, z, 500, seven, 3), 0);
+    g->copy(g->ctx, a, 10, z, 499, 5);
+    ASSERT_EQ_INT(g->download(g->ctx, back, a, 10, 5), 0);
+    ASSERT(back[0] == 0 && back[1] == 7 && back[2] == 8 && back[3] == 9 && back[4] == 0);
+    ASSERT_EQ_INT(g->upload(g->ctx, a, n - 1, seven, 3), -ERANGE);
+    ASSERT_EQ_INT(g->download(g->ctx, back, a, n, 1), -ERANGE);
+    ASSERT_EQ_INT(g->sync(g->ctx), 0);
+    g->free(g->ctx, a);
+    g->free(g->ctx, z);
+    g->free(g->ctx, i32);
+    g->free(g->ctx, f32);
+    g->free(g->ctx, NULL);
+    free(f);
+    free(back);
+    free(iv);
+    free(ib);
+    pair_close(&p);
+}
+
+/* ---- embed, add_rmsnorm, silu_mul ----------------------------------------- */
+
+TEST(ops_cuda, embed_shapes) {
+    OPEN(p);
+    const int dims[] = {256, 33, 1000};
+    for (int di = 0; di < 3; di++) {
+        int dim = dims[di], rows = 50, n = 23, row_start = 20;
+        float *tab = malloc((size_t)rows * dim * sizeof *tab);
+        fill(tab, (size_t)rows * dim, -1, 1);
+        int32_t ids[23];
+        for (int i = 0; i < n; i++) ids[i] = (int32_t)(rnd() % 90); /* some out of [20, 70) */
+        struct twin t = twin_w16(&p, tab, (size_t)rows * dim);
+        struct twin id = twin_new(&p, BUF_I32, (size_t)n, ids);
+        struct twin out = twin_new(&p, BUF_ACT, (size_t)n * dim, NULL);
+        p.cpu->embed(p.cpu->ctx, out.c, t.c, id.c, n, dim, row_start, rows);
+        p.gpu->embed(p.gpu->ctx, out.g, t.g, id.g, n, dim, row_start, rows);
+        char what[64];
+        snprintf(what, sizeof what, "embed dim %d", dim);
+        twin_check(&p, &out, 0, (size_t)n * dim, 0, 0, what);
+        twin_free(&p, &t);
+        twin_free(&p, &id);
+        twin_free(&p, &out);
+        free(tab);
+        if (test_failed()) break;
+    }
+    pair_close(&p);
+}
+
+TEST(ops_cuda, add_rmsnorm_shapes) {
+    OPEN(p);
+    const int dims[] = {256, 1000, 4095, 4096, 5120};
+    const int ns[] = {1, 5, 37};
+    for (int di = 0; di < 5 && !test_failed(); di++)
+        for (int ni = 0; ni < 3 && !test_failed(); ni++)
+            for (int wd = 0; wd < 2 && !test_failed(); wd++) {
+                int dim = dims[di], n = ns[ni];
+                size_t e = (size_t)n * dim;
+                float *r = malloc(e * sizeof *r), *d = malloc(e * sizeof *d), *w = malloc((size_t)dim * sizeof *w);
+                fill(r, e, -3, 3);
+                fill(d, e, -2, 2);
+                fill(w, (size_t)dim, 0.5f, 1.5f);
+                /* the CPU adds in fp32; give it a resid + delta that is fp16-exact */
+                if (wd)
+                    for (size_t i = 0; i < e; i++) d[i] = h16(r[i] + d[i]) - r[i];
+                struct twin R = twin_new(&p, BUF_ACT, e, r), D = twin_new(&p, BUF_ACT, e, d);
+                struct twin O = twin_new(&p, BUF_ACT, e, NULL), W = twin_w16(&p, w, (size_t)dim);
+                p.cpu->add_rmsnorm(p.cpu->ctx, R.c, wd ? D.c : NULL, O.c, W.c, n, dim, 1e-6f);
+                p.gpu->add_rmsnorm(p.gpu->ctx, R.g, wd ? D.g : NULL, O.g, W.g, n, dim, 1e-6f);
+                char what[96];
+                snprintf(what, sizeof what, "add_rmsnorm dim %d n %d delta %d (resid)", dim, n, wd);
+                twin_check(&p, &R, 0, e, 2e-3, 1e-3, what);
+                snprintf(what, sizeof what, "add_rmsnorm dim %d n %d delta %d (out)", dim, n, wd);
+                twin_check(&p, &O, 0, e, 4e-3, 1e-3, what);
+                twin_free(&p, &R);
+                twin_free(&p, &D);
+                twin_free(&p, &O);
+                twin_free(&p, &W);
+                free(r);
+                free(d);
+                free(w);
+            }
+    pair_close(&p);
+}
+
+/* ---- qk_norm_rope_kv ------------------------------------------------------- */
+
+/* A batch geometry on both backends: seqs with (past, rows), block tables
+ * from a random permutation of the blocks. */
+struct geo {
+    int n_seqs, n_rows, max_blocks, block_size, n_blocks;
+    int32_t *q_start, *past, *bt, *pos, *slots;
+    struct twin tq, tp, tbt, tpos, tsl;
+    struct attn_batch abc, abg;
+};
+
+static void geo_make(struct pair *p, struct geo *g, int n_seqs, const int *past, const int *rows,
+                     int block_size) {
+    memset(g, 0, sizeof *g);
+    g->n_seqs = n_seqs;
+    g->block_size = block_size;
+    g->q_start = malloc(((size_t)n_seqs + 1) * sizeof(int32_t));
+    g->past = malloc((size_t)n_seqs * sizeof(int32_t));
+    int mb = 1, tot_blocks = 0;
+    g->q_start[0] = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        g->past[s] = past[s];
+        g->q_start[s + 1] = g->q_start[s] + rows[s];
+        int nb = (past[s] + rows[s] + block_size - 1) / block_size;
+        if (nb > mb) mb = nb;
+        tot_blocks += nb;
+    }
+    g->n_rows = g->q_start[n_seqs];
+    g->max_blocks = mb + 1;
+    g->n_blocks = tot_blocks + 3;
+    int *perm = malloc((size_t)g->n_blocks * sizeof *perm);
+    for (int i = 0; i < g->n_blocks; i++) perm[i] = i;
+    for (int i = g->n_blocks - 1; i > 0; i--) {
+        int j = (int)(rnd() % (uint32_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    g->bt = calloc((size_t)n_seqs * g->max_blocks, sizeof(int32_t));
+    g->pos = malloc(((size_t)g->n_rows + 1) * sizeof(int32_t));
+    g->slots = malloc(((size_t)g->n_rows + 1) * sizeof(int32_t));
+    int next = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int nb = (past[s] + rows[s] + block_size - 1) / block_size;
+        for (int j = 0; j < nb; j++) g->bt[(size_t)s * g->max_blocks + j] = perm[next++];
+        for (int r = 0; r < rows[s]; r++) {
+            int ps = past[s] + r, i = g->q_start[s] + r;
+            g->pos[i] = ps;
+            g->slots[i] = g->bt[(size_t)s * g->max_blocks + ps / block_size] * block_size + ps % block_size;
+        }
+    }
+    free(perm);
+    g->tq = twin_new(p, BUF_I32, (size_t)n_seqs + 1, g->q_start);
+    g->tp = twin_new(p, BUF_I32, (size_t)n_seqs, g->past);
+    g->tbt = twin_new(p, BUF_I32, (size_t)n_seqs * g->max_blocks, g->bt);
+    g->tpos = twin_new(p, BUF_I32, (size_t)g->n_rows, g->pos);
+    g->tsl = twin_new(p, BUF_I32, (size_t)g->n_rows, g->slots);
+    struct attn_batch ab = {n_seqs, g->n_rows, g->max_blocks, block_size, NULL, NULL, NULL, NULL,
+                            NULL, g->q_start, g->past};
+    g->abc = ab;
+    g->abc.q_start = g->tq.c;
+    g->abc.past = g->tp.c;
+    g->abc.block_table = g->tbt.c;
+    g->abc.positions = g->tpos.c;
+    g->abc.slots = g->tsl.c;
+    g->abg = ab;
+    g->abg.q_start = g->tq.g;
+    g->abg.past = g->tp.g;
+    g->abg.block_table = g->tbt.g;
+    g->abg.positions = g->tpos.g;
+    g->abg.slots = g->tsl.g;
+}
+
+static void geo_free(struct pair *p, struct geo *g) {
+    twin_free(p, &g->tq);
+    twin_free(p, &g->tp);
+    twin_free(p, &g->tbt);
+    twin_free(p, &g->tpos);
+    twin_free(p, &g->tsl);
+    free(g->q_start);
+    free(g->past);
+    free(g->bt);
+    free(g->pos);
+    free(g->slots);
+}
+
+static void inv_freq_of(float *f, int hd, double theta) {
+    for (int j = 0; j < hd / 2; j++) f[j] = (float)(1.0 / pow(theta, 2.0 * j / hd));
+}
+
+static void rope_case(int hd, int nh, int nkv, int norm, int n_seqs, const int *past,
+                      const int *rows) {
+    OPEN(p);
+    struct geo g;
+    geo_make(&p, &g, n_seqs, past, rows, 16);
+    int n = g.n_rows, width = (nh + 2 * nkv) * hd;
+    size_t cache = (size_t)g.n_blocks * 16 * nkv * hd;
+    float *qkv = malloc((size_t)n * width * sizeof *qkv), *qn = malloc((size_t)hd * 4),
+          *kn = malloc((size_t)hd * 4), *inv = malloc((size_t)hd / 2 * 4);
+    fill(qkv, (size_t)n * width, -2, 2);
+    fill(qn, (size_t)hd, 0.5f, 1.5f);
+    fill(kn, (size_t)hd, 0.5f, 1.5f);
+    inv_freq_of(inv, hd, 1000000.0);
+    struct twin Q = twin_new(&p, BUF_ACT, (size_t)n * width, qkv);
+    struct twin QN = twin_w16(&p, qn, (size_t)hd), KN = twin_w16(&p, kn, (size_t)hd);
+    struct twin IF = twin_new(&p, BUF_F32, (size_t)hd / 2, inv);
+    struct twin KC = twin_new(&p, BUF_ACT, cache, NULL), VC = twin_new(&p, BUF_ACT, cache, NULL);
+    p.cpu->qk_norm_rope_kv(p.cpu->ctx, Q.c, n, nh, nkv, hd, norm ? QN.c : NULL, norm ? KN.c : NULL,
+                           1e-6f, IF.c, &g.abc, KC.c, VC.c);
+    p.gpu->qk_norm_rope_kv(p.gpu->ctx, Q.g, n, nh, nkv, hd, norm ? QN.g : NULL, norm ? KN.g : NULL,
+                           1e-6f, IF.g, &g.abg, KC.g, VC.g);
+    char what[128];
+    snprintf(what, sizeof what, "rope hd %d nh %d nkv %d norm %d (qkv)", hd, nh, nkv, norm);
+    twin_check(&p, &Q, 0, (size_t)n * width, 4e-3, 1e-3, what);
+    snprintf(what, sizeof what, "rope hd %d nh %d nkv %d norm %d (k cache)", hd, nh, nkv, norm);
+    if (!test_failed()) twin_check(&p, &KC, 0, cache, 4e-3, 1e-3, what);
+    snprintf(what, sizeof what, "rope hd %d nh %d nkv %d norm %d (v cache)", hd, nh, nkv, norm);
+    if (!test_failed()) twin_check(&p, &VC, 0, cache, 0, 0, what);
+    twin_free(&p, &Q);
+    twin_free(&p, &QN);
+    twin_free(&p, &KN);
+    twin_free(&p, &IF);
+    twin_free(&p, &KC);
+    twin_free(&p, &VC);
+    geo_free(&p, &g);
+    free(qkv);
+    free(qn);
+    free(kn);
+    free(inv);
+    pair_close(&p);
+}
+
+TEST(ops_cuda, qk_norm_rope_kv_shapes) {
+    const int past1[] = {0, 31000, 17}, rows1[] = {9, 1, 5};
+    rope_case(128, 32, 8, 1, 3, past1, rows1);
+    if (test_failed()) return;
+    rope_case(128, 4, 2, 0, 3, past1, rows1);
+    if (test_failed()) return;
+    rope_case(64, 8, 8, 1, 3, past1, rows1);
+    if (test_failed()) return;
+    rope_case(32, 8, 2, 0, 3, past1, rows1);
+    if (test_failed()) return;
+    rope_case(256, 16, 2, 1, 3, past1, rows1);
+    if (test_failed()) return;
+    rope_case(96, 64, 8, 1, 3, past1, rows1);
+}
+
+/* ---- attention ------------------------------------------------------------- */
+
+static void attn_case(int hd, int nh, int nkv, int n_seqs, const int *past, const int *rows,
+                      int block_size) {
+    OPEN(p);
+    struct geo g;
+    geo_make(&p, &g, n_seqs, past, rows, block_size);
+    int n = g.n_rows, width = (nh + 2 * nkv) * hd;
+    size_t cache = (size_t)g.n_blocks * block_size * nkv * hd;
+    float *qkv = malloc((size_t)n * width * sizeof *qkv), *kc = malloc(cache * sizeof *kc),
+          *vc = malloc(cache * sizeof *vc);
+    fill(qkv, (size_t)n * width, -1, 1);
+    fill(kc, cache, -1, 1);
+    fill(vc, cache, -1, 1);
+    /* a few peaked rows: scores that dominate the softmax */
+    for (size_t i = 0; i < cache; i += 97) kc[i] = h16(kc[i] * 8);
+    struct twin Q = twin_new(&p, BUF_ACT, (size_t)n * width, qkv);
+    struct twin KC = twin_new(&p, BUF_ACT, cache, kc), VC = twin_new(&p, BUF_ACT, cache, vc);
+    struct twin O = twin_new(&p, BUF_ACT, (size_t)n * nh * hd, NULL);
+    float scale = 1.0f / sqrtf((float)hd) * 2.0f;
+    p.cpu->attention(p.cpu->ctx, O.c, Q.c, nh, nkv, hd, scale, &g.abc, KC.c, VC.c);
+    p.gpu->attention(p.gpu->ctx, O.g, Q.g, nh, nkv, hd, scale, &g.abg, KC.g, VC.g);
+    char what[160];
+    int mx_ctx = 0;
+    for (int s = 0; s < n_seqs; s++) mx_ctx = past[s] + rows[s] > mx_ctx ? past[s] + rows[s] : mx_ctx;
+    snprintf(what, sizeof what, "attention hd %d nh %d nkv %d seqs %d rows %d max ctx %d bs %d", hd,
+             nh, nkv, n_seqs, n, mx_ctx, block_size);
+    twin_check(&p, &O, 0, (size_t)n * nh * hd, 0, 4e-3, what);
+    /* a second call on the same geometry (cached work list) gives the same bits */
+    if (!test_failed()) {
+        float *a = malloc((size_t)n * nh * hd * 4), *b = malloc((size_t)n * nh * hd * 4);
+        p.gpu->download(p.gpu->ctx, a, O.g, 0, (size_t)n * nh * hd);
+        p.gpu->attention(p.gpu->ctx, O.g, Q.g, nh, nkv, hd, scale, &g.abg, KC.g, VC.g);
+        p.gpu->download(p.gpu->ctx, b, O.g, 0, (size_t)n * nh * hd);
+        int same = !memcmp(a, b, (size_t)n * nh * hd * 4);
+        free(a);
+        free(b);
+        ASSERT_MSG(same, "%s: second call differs", what);
+    }
+    ASSERT_EQ_INT(p.gpu->sync(p.gpu->ctx), 0);
+    twin_free(&p, &Q);
+    twin_free(&p, &KC);
+    twin_free(&p, &VC);
+    twin_free(&p, &O);
+    geo_free(&p, &g);
+    free(qkv);
+    free(kc);
+    free(vc);
+    pair_close(&p);
+}
+
+/* decode batches: one row per sequence, contexts from 1 to thousands */
+TEST(ops_cuda, attention_decode) {
+    const int past[] = {0, 15, 16, 100, 3000, 777, 64}, rows[] = {1, 1, 1, 1, 1, 1, 1};
+    const int cfg[][3] = {{128, 32, 8}, {128, 8, 8}, {64, 16, 2}, {32, 8, 2}, {256, 8, 1},
+                          {128, 64, 8}};
+    for (int i = 0; i < 6 && !test_failed(); i++) attn_case(cfg[i][0], cfg[i][1], cfg[i][2], 7, past, rows, 16);
+}
+
+/* prefill from scratch, and chunks on top of a cached prefix */
+TEST(ops_cuda, attention_prefill_and_chunked) {
+    const int p1[] = {0}, r1[] = {130};
+    const int p2[] = {200}, r2[] = {37};
+    const int p3[] = {0, 64}, r3[] = {1, 64};
+    const int cfg[][3] = {{128, 32, 8}, {64, 4, 4}, {32, 8, 2}, {128, 16, 2}};
+    for (int i = 0; i < 4 && !test_failed(); i++) {
+        attn_case(cfg[i][0], cfg[i][1], cfg[i][2], 1, p1, r1, 16);
+        if (!test_failed()) attn_case(cfg[i][0], cfg[i][1], cfg[i][2], 1, p2, r2, 16);
+        if (!test_failed()) attn_case(cfg[i][0], cfg[i][1], cfg[i][2], 2, p3, r3, 16);
+    }
+}
+
+/* mixed prefill chunks and decodes in one batch; odd block sizes */
+TEST(ops_cuda, attention_mixed_batch) {
+    const int past[] = {0, 500, 17, 4000, 64, 1}, rows[] = {33, 1, 16, 1, 5, 2};
+    attn_case(128, 32, 8, 6, past, rows, 16);
+    if (!test_failed()) attn_case(128, 4, 2, 6, past, rows, 7);
+    if (!test_failed()) attn_case(64, 16, 16, 6, past, rows, 32);
+    if (!test_failed()) attn_case(32, 8, 1, 6, past, rows, 1);
+}
+
+/* one long context crossing many blocks (flash-decoding splits) */
+TEST(ops_cuda, attention_long_context) {
+    const int past[] = {16383}, rows[] = {1};
+    attn_case(128, 32, 8, 1, past, rows, 16);
+    const int past2[] = {5000, 9000}, rows2[] = {3, 1};
+    if (!test_failed()) attn_case(128, 16, 2, 2, past2, rows2, 16);
+}
+
+/* ---- lm_head --------------------------------------------------------------- */
+
+TEST(ops_cuda, lm_head_rows) {
+    OPEN(p);
+    const int vocabs[] = {512, 999, 4096};
+    const int dims[] = {256, 128, 4096};
+    for (int c = 0; c < 3 && !test_failed(); c++) {
+        int V = vocabs[c], dim = dims[c], n = 9, m = 5;
+        float *x = malloc((size_t)n * dim * 4), *t = malloc((size_t)V * dim * 4);
+        fill(x, (size_t)n * dim, -1, 1);
+        fill(t, (size_t)V * dim, -0.1f, 0.1f);
+        int32_t rows[5] = {8, 0, 3, 3, 7};
+        struct twin X = twin_new(&p, BUF_ACT, (size_t)n * dim, x), T = twin_w16(&p, t, (size_t)V * dim);
+        struct twin R = twin_new(&p, BUF_I32, 5, rows), L = twin_new(&p, BUF_F32, (size_t)m * V, NULL);
+        p.cpu->lm_head(p.cpu->ctx, L.c, X.c, R.c, m, T.c, dim, V);
+        p.gpu->lm_head(p.gpu->ctx, L.g, X.g, R.g, m, T.g, dim, V);
+        char what[64];
+        snprintf(what, sizeof what, "lm_head V %d dim %d", V, dim);
+        twin_check(&p, &L, 0, (size_t)m * V, 2e-3, 0, what);
+        twin_free(&p, &X);
+        twin_free(&p, &T);
+        twin_free(&p, &R);
+        twin_free(&p, &L);
+        free(x);
+        free(t);
+    }
+    pair_close(&p);
+}
+
+/* ---- linear (through kernels/cuda/w4a16) --------------------------------- */
+
+TEST(ops_cuda, linear_shapes) {
+    OPEN(p);
+    const int shapes[][2] = {{256, 1024}, {640, 256}, {4096, 6144}, {384, 208}};
+    const int ms[] = {1, 7, 64, 130};
+    for (int si = 0; si < 4 && !test_failed(); si++)
+        for (int bias = 0; bias < 2 && !test_failed(); bias++) {
+            int K = shapes[si][0], N = shapes[si][1], G = 128;
+            uint32_t *qw = malloc((size_t)K * N / 8 * 4), *qz = malloc((size_t)K / G * N / 8 * 4);
+            uint16_t *sc = malloc((size_t)K / G * N * 2), *bs = malloc((size_t)N * 2);
+            for (size_t i = 0; i < (size_t)K * N / 8; i++) qw[i] = rnd() ^ (rnd() << 16);
+            for (size_t i = 0; i < (size_t)K / G * N / 8; i++) qz[i] = rnd() ^ (rnd() << 16);
+            for (size_t i = 0; i < (size_t)K / G * N; i++) sc[i] = f32_to_fp16(urand(0.001f, 0.02f));
+            for (int i = 0; i < N; i++) bs[i] = f32_to_fp16(urand(-1, 1));
+            struct awq_linear l = {K, N, G, qw, qz, sc, bias ? bs : NULL};
+            struct op_linear *lc = p.cpu->upload_linear(p.cpu->ctx, &l, LINEAR_PLAIN);
+            struct op_linear *lg = p.gpu->upload_linear(p.gpu->ctx, &l, LINEAR_PLAIN);
+            struct op_linear *gc = p.cpu->upload_linear(p.cpu->ctx, &l, LINEAR_GATE_UP);
+            struct op_linear *gg = p.gpu->upload_linear(p.gpu->ctx, &l, LINEAR_GATE_UP);
+            ASSERT_MSG(lc && lg && gc && gg, "upload_linear K %d N %d failed", K, N);
+            for (int mi = 0; mi < 4 && !test_failed(); mi++) {
+                int m = ms[mi];
+                float *x = malloc((size_t)m * K * 4);
+                fill(x, (size_t)m * K, -1, 1);
+                struct twin X = twin_new(&p, BUF_ACT, (size_t)m * K, x);
+                struct twin Y = twin_new(&p, BUF_ACT, (size_t)m * N, NULL);
+                p.cpu->linear(p.cpu->ctx, Y.c, X.c, m, lc);
+                p.gpu->linear(p.gpu->ctx, Y.g, X.g, m, lg);
+                char what[80];
+                snprintf(what, sizeof what, "linear K %d N %d M %d bias %d", K, N, m, bias);
+                twin_check(&p, &Y, 0, (size_t)m * N, 4e-3, 0, what);
+                /* gate | up halves through the fused SiLU * mul epilogue */
+                if (!test_failed()) {
+                    struct twin Z = twin_new(&p, BUF_ACT, (size_t)m * N / 2, NULL);
+                    p.cpu->linear_silu_mul(p.cpu->ctx, Z.c, X.c, m, gc);
+                    p.gpu->linear_silu_mul(p.gpu->ctx, Z.g, X.g, m, gg);
+                    snprintf(what, sizeof what, "linear_silu_mul K %d N %d M %d bias %d", K, N, m, bias);
+                    twin_check(&p, &Z, 0, (size_t)m * N / 2, 1e-2, 0, what);
+                    twin_free(&p, &Z);
+                }
+                twin_free(&p, &X);
+                twin_free(&p, &Y);
+                free(x);
+            }
+            p.cpu->free_linear(p.cpu->ctx, lc);
+            p.gpu->free_linear(p.gpu->ctx, lg);
+            p.cpu->free_linear(p.cpu->ctx, gc);
+            p.gpu->free_linear(p.gpu->ctx, gg);
+            free(qw);
+            free(qz);
+            free(sc);
+            free(bs);
+        }
+    pair_close(&p);
+}

@@ -72,6 +72,17 @@ function chunk() {
   if (r < 0.85) return pick(CODE);
   if (r < 0.91) return pick(SPECIAL);
   if (r < 0.94) return pick(ODD);
+  if (r < 0.96) { // long words: > 64 and > 128 bytes (the uncached, heap-allocated BPE path)
+    let w = "";
+    const src = rnd() < 0.5 ? SCRIPTS : WORDS;
+    for (let k = int(5, 40); k > 0; k--) w += pick(src);
+    return w;
+  }
+  if (r < 0.97) { // random ASCII letters without spaces
+    let w = "";
+    for (let k = int(20, 300); k > 0; k--) w += String.fromCharCode((rnd() < 0.5 ? 65 : 97) + int(0, 25));
+    return w;
+  }
   // random code points from a few blocks
   let s = "";
   const blocks = [[0x20, 0x7e], [0xa0, 0x24f], [0x370, 0x3ff], [0x400, 0x4ff], [0x4e00, 0x9fff], [0x3040, 0x30ff],

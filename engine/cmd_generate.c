@@ -18,6 +18,9 @@
 #include "engine/sampler.h"
 #include "engine/tok.h"
 #include "engine/util.h"
+#ifdef AWQD_CUDA
+#include "kernels/cuda/mem_plan.h"
+#endif
 
 #define GEN_MAX_PROMPT 65536
 
@@ -234,6 +237,15 @@ int cmd_generate(int argc, char **argv) {
     go.model.max_tokens = chunk;
     go.model.max_seqs = 1;
     go.model.max_blocks_per_seq = go.model.n_blocks;
+#ifdef AWQD_CUDA
+    if (!strcmp(a.backend, "cuda") && a.tp == 1) { /* the plan a server would use (stderr) */
+        struct cuda_mem_plan plan;
+        if (cuda_mem_plan_make(cfg, 1, 0, 0.90, a.block_size, chunk, 1, &plan, err, sizeof err) == 0)
+            cuda_mem_plan_print(&plan, stderr);
+        else
+            fprintf(stderr, "awqd generate: %s\n", err);
+    }
+#endif
     if ((rc = model_group_init(ck, &go, &g, err, sizeof err))) {
         fprintf(stderr, "awqd generate: %s\n", err);
         goto out;

@@ -1,0 +1,60 @@
+/* mem_plan.h — how one GPU's memory is shared between the INT4 weights, the
+ * workspace and the paged KV cache (the CUDA backend's memory plan).
+ *
+ * Usage (before model_group_init, on the device the rank will use):
+ *     struct cuda_mem_plan p;
+ *     if (cuda_mem_plan_make(cfg, 1, 0, 0.90, 16, 8192, 256, &p, err, sizeof err)) ...
+ *     cuda_mem_plan_print(&p, stderr);      // one block of lines for the log
+ *     go.model.n_blocks = p.n_blocks;
+ *
+ * The budget is total * gpu_memory_fraction minus what other processes (and
+ * this one, so far) already hold; from it come the weights (INT4 linears with
+ * their fp16 scales and packed zeros, fp16 embeddings / lm_head / norms — never
+ * a dequantized copy), the workspace (activations for max_tokens rows, the
+ * attention and split-K scratch, the logits, cuBLAS, a fixed reserve), and
+ * what is left becomes KV blocks. -ENOMEM with a message when the weights and
+ * workspace alone do not fit; -EIO when the device cannot be queried.
+ *
+ * Thread safety: any thread; it only reads device properties. */
+#ifndef AWQD_CUDA_MEM_PLAN_H
+#define AWQD_CUDA_MEM_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct model_config;
+
+struct cuda_mem_plan {
+    int device;
+    uint64_t total;               /* device memory, bytes */
+    uint64_t in_use;              /* held before the model (other processes, contexts) */
+    double fraction;              /* gpu_memory_fraction */
+    uint64_t budget;              /* total * fraction - in_use */
+    uint64_t weights;             /* INT4 linears + fp16 tables of one rank */
+    uint64_t weights_int4;        /* of which the quantized linears */
+    uint64_t workspace;           /* activations + scratch + reserve */
+    uint64_t kv_bytes;            /* n_blocks * kv_block_bytes */
+    uint64_t kv_block_bytes;      /* one block: K and V, all layers, fp16 */
+    int block_size;
+    int n_blocks;                 /* KV blocks the cache holds */
+    uint64_t kv_tokens;           /* n_blocks * block_size */
+};
+
+/* Plans rank `rank` of `tp` on `device` (tp = 1: the whole model). */
+int cuda_mem_plan_make(const struct model_config *cfg, int tp, int device, double fraction,
+                       int block_size, int max_tokens, int max_seqs, struct cuda_mem_plan *p,
+                       char *err, size_t errlen);
+
+/* Writes the plan as a few human-readable lines. */
+void cuda_mem_plan_print(const struct cuda_mem_plan *p, FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

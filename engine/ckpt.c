@@ -347,6 +347,19 @@ static int parse_config(struct ckpt *ck, int allow_unquantized, char *err, size_
         rc = util_err(err, errlen, -ENOTSUP, "config.json: mlp_bias true is not supported");
         goto out;
     }
+    /* sliding-window attention is not implemented: refuse configs that use it */
+    {
+        const cJSON *sw = jget(root, "sliding_window");
+        int use_sw = c->family == FAMILY_LLAMA ? 1 : jbool(root, "use_sliding_window", 0);
+        if (use_sw && cJSON_IsNumber(sw) && sw->valuedouble > 0 &&
+            sw->valuedouble < c->max_position) {
+            rc = util_err(err, errlen, -ENOTSUP,
+                          "config.json: sliding-window attention (sliding_window %d < "
+                          "max_position_embeddings %d) is not supported",
+                          (int)sw->valuedouble, c->max_position);
+            goto out;
+        }
+    }
     if ((rc = parse_rope(root, &c->rope, err, errlen))) goto out;
     if ((rc = parse_quant(root, ck, allow_unquantized, err, errlen))) goto out;
 

@@ -318,6 +318,14 @@ static void copy_rows(const struct blk *b, int64_t ra, int64_t rb) {
     size_t sesz = st_dtype_size(b->src->dtype);
     size_t desz = b->to_fp16 ? 2 : sesz;
     const char *sbase = b->src->data;
+    /* ask the kernel to read the chunk's source pages ahead (cold page cache) */
+    {
+        size_t pg = 4096;
+        uintptr_t lo = (uintptr_t)(sbase + (size_t)(b->r0 + ra) * (size_t)b->src_cols * sesz);
+        uintptr_t hi = (uintptr_t)(sbase + (size_t)(b->r0 + rb) * (size_t)b->src_cols * sesz);
+        lo &= ~(uintptr_t)(pg - 1);
+        if (hi > lo && hi - lo >= (1u << 20)) madvise((void *)lo, hi - lo, MADV_WILLNEED);
+    }
     for (int64_t r = ra; r < rb; r++) {
         const char *s = sbase + ((size_t)(b->r0 + r) * (size_t)b->src_cols + (size_t)b->c0) * sesz;
         char *d = b->dst + (size_t)r * (size_t)b->dst_stride * desz;
@@ -478,6 +486,7 @@ int ckpt_load(struct ckpt *ck, int rank, int tp, struct model_weights *w, char *
     }
     wp->arena = arena;
     wp->arena_bytes = bytes;
+    if (bytes >= (64u << 20)) madvise(arena, bytes, MADV_HUGEPAGE); /* fewer page faults */
     memset(w->layers, 0, (size_t)c->n_layers * sizeof *w->layers);
     p.measure = 0;
     p.base = arena;

@@ -711,6 +711,11 @@ TEST(ckpt, broken_corpus_specific_messages) {
     expect_open_fails(bad, "rope scaling type \"yarn\" is not supported");
     ASSERT_OK_SO_FAR();
     copy_dir(good, bad);
+    edit_file(bad, "config.json", "\"use_sliding_window\":\tfalse", "\"use_sliding_window\":\ttrue");
+    edit_file(bad, "config.json", "\"sliding_window\":\tnull", "\"sliding_window\":\t1024");
+    expect_open_fails(bad, "sliding-window attention (sliding_window 1024");
+    ASSERT_OK_SO_FAR();
+    copy_dir(good, bad);
     edit_file(bad, "config.json", "\"num_key_value_heads\":\t2", "\"num_key_value_heads\":\t3");
     expect_open_fails(bad, "not a multiple of num_key_value_heads 3");
     ASSERT_OK_SO_FAR();

@@ -237,3 +237,38 @@ TEST(mkmodel, cli_tiny_loads_with_inspect) {
     ASSERT_CONTAINS(out, "qwen3-32b");
     free(out);
 }
+
+TEST(mkmodel, inspect_cli_json_tp_and_errors) {
+    const char *fx = test_fixture("qwen3-tiny-awq");
+    if (access(fx, R_OK)) TEST_SKIP("fixtures not installed");
+    char cmd[1400], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s inspect %s --json --tp 2 2>&1", test_awqd_bin(), fx);
+    ASSERT_EQ_INT(test_run(cmd, &out), 0);
+    const char *keys[] = {"\"model_type\":\"qwen3\"", "\"num_hidden_layers\":3", "\"hidden_size\":256",
+                          "\"intermediate_size\":768", "\"num_attention_heads\":4",
+                          "\"num_key_value_heads\":2", "\"head_dim\":128", "\"vocab_size\":512",
+                          "\"group_size\":128", "\"num_tensors\":77", "\"int4_bytes\":",
+                          "\"fp16_bytes\":", "\"per_rank_bytes\":[", "\"tp\":2"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) ASSERT_CONTAINS(out, keys[i]);
+    free(out);
+    /* text output */
+    snprintf(cmd, sizeof cmd, "%s inspect %s 2>&1", test_awqd_bin(), test_fixture("llama-tiny-awq"));
+    ASSERT_EQ_INT(test_run(cmd, &out), 0);
+    ASSERT_CONTAINS(out, "llama3 scaling");
+    ASSERT_CONTAINS(out, "int4 linear");
+    free(out);
+    /* tp that does not divide: exit 1 with the reason */
+    snprintf(cmd, sizeof cmd, "%s inspect %s --tp 4 2>&1", test_awqd_bin(), fx);
+    ASSERT_EQ_INT(test_run(cmd, &out), 1);
+    ASSERT_CONTAINS(out, "not a multiple of group_size 128");
+    free(out);
+    /* not a model */
+    snprintf(cmd, sizeof cmd, "%s inspect %s --json 2>&1", test_awqd_bin(), test_tmpdir());
+    ASSERT_EQ_INT(test_run(cmd, &out), 1);
+    ASSERT_CONTAINS(out, "config.json");
+    ASSERT_CONTAINS(out, "\"ok\":false");
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s inspect 2>&1", test_awqd_bin());
+    ASSERT_EQ_INT(test_run(cmd, &out), 2);
+    free(out);
+}

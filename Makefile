@@ -4,6 +4,7 @@
 #   make test             CPU tests (what CI runs)
 #   make test-gpu         GPU tests (GPU machine only)
 #   make bench            benchmarks (GPU machine for the kernel ones)
+#   make serve            build, make the tiny default model, serve it on :8000
 #   make install          PREFIX=/usr/local DESTDIR=
 #
 # Every knob is an overridable variable:
@@ -105,7 +106,7 @@ GPU_TEST_BIN := $(BUILD)/awqd-test-gpu
 TEST_OBJ := $(call obj,$(TEST_SRC))
 GPU_TEST_OBJ := $(call obj,$(GPU_TEST_C) $(GPU_TEST_CU)) $(BUILD)/obj/tests/harness/runner.o
 
-.PHONY: all test test-gpu bench install uninstall clean info
+.PHONY: all test test-gpu bench install uninstall clean info serve
 all: $(BIN)
 
 info:
@@ -144,6 +145,15 @@ else
 test-gpu:
 	@echo "test-gpu needs the CUDA backend (nvcc not found or CUDA=0)"; exit 2
 endif
+
+# The quickstart: build, make the embedded default model (a tiny synthetic
+# Qwen3-shaped AWQ checkpoint with the real Qwen3 tokenizer) once, and serve it
+# on 127.0.0.1:8000 (on the GPU when there is one, else the CPU).
+# MODEL_DIR=DIR serves another model; SERVE_ARGS="--port 9000 ..." adds flags.
+MODEL_DIR ?= models/tiny
+serve: $(BIN)
+	@[ -f $(MODEL_DIR)/config.json ] || ./$(BIN) mkmodel tiny $(MODEL_DIR)
+	./$(BIN) serve --model $(MODEL_DIR) $(SERVE_ARGS)
 
 # Benchmarks: kernels (GPU), end to end, tokenizer. BENCH=kernels|e2e|tokenizer
 BENCH ?= all

@@ -91,7 +91,7 @@ static const char *kname(enum w4a16_kernel k) {
 static float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
 extern "C" int bench_kernels(int argc, char **argv) {
-    int reps = 30, variants = 0;
+    int reps = 30, variants = 0, sweep = 0;
     const char *csv_path = NULL, *ms_arg = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096";
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
@@ -100,6 +100,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
         else if (!strcmp(argv[i], "--m") && i + 1 < argc) ms_arg = argv[++i];
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--variants")) variants = 1;
+        else if (!strcmp(argv[i], "--sweep")) sweep = 1;
         else {
             fprintf(stderr,
                     "usage: awqd bench kernels [--reps N] [--m 1,2,4,...] [--shape qkv|o|gate_up|down]\n"
@@ -225,6 +226,33 @@ extern "C" int bench_kernels(int argc, char **argv) {
         int epi = sh.gate_up ? W4A16_EPI_SILU_MUL : 0;
         double wbytes = (double)K * N / 2 + (double)K / G * N * 2.5;
 
+        {
+            /* reference: a plain streaming read of the same INT4 bytes (same timing) */
+            size_t qn = (size_t)((N + 127) / 128 * 128) * K / 2 / 16;
+            void *qcopy;
+            CUDA_CHECK_ABORT(cudaMalloc(&qcopy, qn * 16));
+            CUDA_CHECK_ABORT(cudaMemset(qcopy, 7, qn * 16));
+            double rus = time_median_us(t, reps, [&] {
+                k_flush<<<t.sms * 8, 512>>>((const uint4 *)qcopy, qn, t.sink);
+            });
+            printf("%-8s read-only stream of the %.1f MB INT4 weight: %.2f us = %.0f GB/s (%.1f%% of copy)\n",
+                   sh.name, qn * 16 / 1e6, rus, qn * 16 / (rus * 1e-6) / 1e9,
+                   100.0 * qn * 16 / (rus * 1e-6) / 1e9 / copy_gbs);
+            cudaFree(qcopy);
+        }
+        if (sweep) {
+            static const int sms_[] = {1, 2, 3, 4, 6, 8, 12, 16};
+            for (int mm = 1; mm <= 16; mm *= 4)
+                for (int si = 0; si < 8; si++) {
+                    int rc2 = 0;
+                    double sus = time_median_us(t, reps, [&] {
+                        rc2 |= w4a16_linear_ex(w, dx, mm, dy, epi, W4A16_KERNEL_SKINNY, sms_[si], ws,
+                                               wsb_var, 0, err, sizeof err);
+                    });
+                    printf("  sweep %-8s M=%-3d skinny ksplit=%-3d %8.2f us %6.0f GB/s%s\n", sh.name, mm,
+                           sms_[si], sus, wbytes / (sus * 1e-6) / 1e9, rc2 ? " (error)" : "");
+                }
+        }
         for (int mi = 0; mi < nms; mi++) {
             int M = ms[mi];
             enum w4a16_kernel kc;
@@ -252,7 +280,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
             if (variants) {
                 for (int v = 0; v < 4; v++) {
                     enum w4a16_kernel fk = (enum w4a16_kernel)(W4A16_KERNEL_SKINNY + v);
-                    if (fk == W4A16_KERNEL_SKINNY && M > 32) continue;
+                    if (fk == W4A16_KERNEL_SKINNY && M > 64) continue;
                     if (fk != W4A16_KERNEL_SKINNY && M < 8) continue;
                     var[v] = time_median_us(t, reps, [&] {
                         rc |= w4a16_linear_ex(w, dx, M, dy, epi, fk, 0, ws, wsb_var, 0, err, sizeof err);

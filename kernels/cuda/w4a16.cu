@@ -15,7 +15,9 @@
  *            are the matching gate and up values of one output column.
  * K is cut in chunks of 64 (kc = k / 64). For every (nt, kc) the 32 lanes of a
  * warp read one uint4 each (512 contiguous bytes):
- *   qw   uint4 [N16a][KC][32 lanes]   word t (0..3) of lane (r = lane/4, c =
+ *   qw   uint4 [N16a/8][KC][8 tiles][32 lanes] (a 128-column block's chunk kc
+ *        is 4 KB contiguous, its whole K range one contiguous stream).
+ *        Word t (0..3) of lane (r = lane/4, c =
  *        lane%4) is the mma A fragment of k16 step t, with the k order inside
  *        the chunk permuted so that lane c multiplies x[16c .. 16c+15]:
  *        nibble (j>>1)*2 + hi + (j&1)*4 holds W[k = 64kc + 16c + 4t + j]
@@ -310,10 +312,11 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         }
         cp_async_commit();
     }
-    const uint4 *wp = qw + ((size_t)nt * KC + kc0) * 32 + lane;
+    /* chunk kc of this warp's tile: qw[((nb * KC + kc) * 8 + warp) * 32 + lane] */
+    const uint4 *wp = qw + (((size_t)nb * KC + kc0) * 8 + warp) * 32 + lane;
 #pragma unroll
     for (int s = 0; s < SK_STAGES - 1; s++) {
-        if (s < n) cp_async16(ring + s * 32 + lane, wp + (size_t)s * 32, 16);
+        if (s < n) cp_async16(ring + s * 32 + lane, wp + (size_t)s * 256, 16);
         cp_async_commit();
     }
     cp_async_wait<SK_STAGES - 1>(); /* the x / scales group */
@@ -326,7 +329,7 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 
     for (int it = 0; it < n; it++) {
         int nx = it + SK_STAGES - 1;
-        if (nx < n) cp_async16(ring + (nx % SK_STAGES) * 32 + lane, wp + (size_t)nx * 32, 16);
+        if (nx < n) cp_async16(ring + (nx % SK_STAGES) * 32 + lane, wp + (size_t)nx * 256, 16);
         cp_async_commit();
         cp_async_wait<SK_STAGES - 1>();
         uint4 wv = ring[(it % SK_STAGES) * 32 + lane];
@@ -346,9 +349,13 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
                 xa[i] = xb[i] = make_uint4(0, 0, 0, 0);
             }
         }
-        float d[MT][4];
+        /* two accumulator sets (t even / odd) halve the mma dependency chain */
+        float d[MT][4], e[MT][4];
 #pragma unroll
-        for (int i = 0; i < MT; i++) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.f;
+        for (int i = 0; i < MT; i++) {
+            d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.f;
+            e[i][0] = e[i][1] = e[i][2] = e[i][3] = 0.f;
+        }
         const uint32_t *wt = &wv.x;
 #pragma unroll
         for (int t = 0; t < 4; t++) {
@@ -357,8 +364,15 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 #pragma unroll
             for (int i = 0; i < MT; i++) {
                 const uint32_t *xs = t < 2 ? &xa[i].x : &xb[i].x;
-                mma16816(d[i], a, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
+                mma16816(t & 1 ? e[i] : d[i], a, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
             }
+        }
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            d[i][0] += e[i][0];
+            d[i][1] += e[i][1];
+            d[i][2] += e[i][2];
+            d[i][3] += e[i][3];
         }
         __half2 sh2 = *reinterpret_cast<__half2 *>(&s2);
         float slo = __low2float(sh2), shi = __high2float(sh2) * 0.0625f;
@@ -433,10 +447,9 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
             cp_async16(sx + row * TC_XS + ch * 8, src, gm < ep.m ? 16 : 0);
         }
         uint4 *sw = (uint4 *)(st + C::X_BYTES);
-        for (int i = tid; i < C::BN16 * 32; i += C::NT) {
-            int tl = i >> 5, ln = i & 31;
-            cp_async16(sw + i, qw + ((size_t)(nt0 + tl) * KC + kc) * 32 + ln, 16);
-        }
+        /* BN16 == 8: the block's 8 tiles at chunk kc are 4 KB contiguous */
+        for (int i = tid; i < C::BN16 * 32; i += C::NT)
+            cp_async16(sw + i, qw + ((size_t)nb * KC + kc) * 256 + i, 16);
         int g = kc / cpg;
         const unsigned char *gs = (const unsigned char *)(sc + ((size_t)g * n16a + nt0) * 8);
         unsigned char *ss = st + C::X_BYTES + C::W_BYTES;
@@ -527,10 +540,11 @@ static __global__ void k_dequant_t(const uint4 *__restrict__ qw, const uint32_t 
                                    const uint8_t *__restrict__ zr, int n16, int n16a, int KC,
                                    int K, int G, uint16_t *__restrict__ wt) {
     size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (idx >= (size_t)n16 * KC * 32) return;
+    if (idx >= (size_t)n16a * KC * 32) return;
     int lane = (int)(idx & 31);
     size_t wi = idx >> 5;
-    int kc = (int)(wi % KC), nt = (int)(wi / KC);
+    int kc = (int)((wi >> 3) % KC), nt = (int)((wi >> 3) / KC) * 8 + (int)(wi & 7);
+    if (nt >= n16) return;
     int r = lane >> 2, c = lane & 3;
     uint4 wv = qw[idx];
     int g = kc * 64 / G;
@@ -654,7 +668,7 @@ extern "C" int w4a16_upload(const struct awq_linear *l, enum w4a16_layout layout
     for (int nt = 0; nt < n16a; nt++) {
         const int *cm = colmap + nt * 16;
         for (int kc = 0; kc < KC; kc++) {
-            uint32_t *dst = hq + ((size_t)nt * KC + kc) * 128;
+            uint32_t *dst = hq + (((size_t)(nt / 8) * KC + kc) * 8 + nt % 8) * 128;
             for (int lane = 0; lane < 32; lane++) {
                 int r = lane >> 2, c = lane & 3;
                 for (int t = 0; t < 4; t++) {
@@ -752,7 +766,7 @@ extern "C" size_t w4a16_device_bytes(const struct w4a16_weight *w) { return w->b
 /* ------------------------------------------------------------------------ */
 
 /* Crossovers measured on an H100 (docs/PERFORMANCE.md). */
-#define DISPATCH_SKINNY_MAX_M 16
+#define DISPATCH_SKINNY_MAX_M 32
 #define DISPATCH_CUBLAS_MIN_M 256
 
 static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
@@ -784,7 +798,8 @@ static void grid_of(const struct w4a16_weight *w, int m, enum w4a16_kernel k, in
     case W4A16_KERNEL_SKINNY:
         *nb = ceil_div(w->n16, SK_WARPS);
         *mbk = 1;
-        *nacc_threads = (ceil_div(m, 8) == 3 ? 4 : ceil_div(m, 8)) * 4 * SK_WARPS * 32;
+        *nacc_threads = (ceil_div(m, 8) <= 2 ? ceil_div(m, 8) : ceil_div(m, 8) <= 4 ? 4 : 8) * 4 *
+                        SK_WARPS * 32;
         break;
     case W4A16_KERNEL_TC64:
         *nb = ceil_div(w->n16, 8);
@@ -805,7 +820,7 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
         k = m <= DISPATCH_SKINNY_MAX_M  ? W4A16_KERNEL_SKINNY
             : m < DISPATCH_CUBLAS_MIN_M ? W4A16_KERNEL_TC64
                                         : W4A16_KERNEL_CUBLAS;
-    if (k == W4A16_KERNEL_SKINNY && m > 32) k = W4A16_KERNEL_TC64;
+    if (k == W4A16_KERNEL_SKINNY && m > 64) k = W4A16_KERNEL_TC64;
     if (k == W4A16_KERNEL_CUBLAS) {
         *kern = k;
         *ksplit = 1;
@@ -888,7 +903,7 @@ static int launch_cublas(const struct w4a16_weight *w, const uint16_t *x, int m,
     const int np = w->n16 * 16, K = w->k;
     uint16_t *wt = (uint16_t *)workspace;
     uint16_t *Y = ep.gate_up ? (uint16_t *)((char *)workspace + align256((size_t)np * K * 2)) : ep.y;
-    size_t nthr = (size_t)w->n16 * w->kc * 32;
+    size_t nthr = (size_t)w->n16a * w->kc * 32;
     k_dequant_t<<<(unsigned)((nthr + 255) / 256), 256, 0, s>>>(w->qw, w->sc, w->zr, w->n16, w->n16a,
                                                                w->kc, K, w->group, wt);
     CUDA_CHECK_LAUNCH(err, errlen);
@@ -988,7 +1003,11 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
         case 2: rc = launch_skinny<2>(w, x, ep, ks, part, s, err, errlen); break;
         case 3:
         case 4: rc = launch_skinny<4>(w, x, ep, ks, part, s, err, errlen); break;
-        default: return util_err(err, errlen, -EINVAL, "w4a16_linear: skinny kernel with m=%d > 32", m);
+        case 5:
+        case 6:
+        case 7:
+        case 8: rc = launch_skinny<8>(w, x, ep, ks, part, s, err, errlen); break;
+        default: return util_err(err, errlen, -EINVAL, "w4a16_linear: skinny kernel with m=%d > 64", m);
         }
     } else if (k == W4A16_KERNEL_CUBLAS) {
         rc = launch_cublas(w, x, m, ep, workspace, s, err, errlen);

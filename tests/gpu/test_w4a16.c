@@ -348,7 +348,7 @@ TEST(w4a16, forced_kernels_and_splits) {
     static const int splits[] = {1, 2, 3, 7, 16};
     for (int kern = W4A16_KERNEL_SKINNY; kern <= W4A16_KERNEL_CUBLAS; kern++)
         for (int i = 0; i < NM(ms); i++) {
-            if (kern == W4A16_KERNEL_SKINNY && ms[i] > 32) continue;
+            if (kern == W4A16_KERNEL_SKINNY && ms[i] > 64) continue;
             for (int s = 0; s < NM(splits); s++) {
                 if (kern == W4A16_KERNEL_CUBLAS && s > 0) break; /* no split */
                 check_case(&h, wref, dw, 0, ms[i], W4A16_EPI_BIAS, (enum w4a16_kernel)kern,

@@ -23,7 +23,7 @@
 #define JS_SCRIPT "tests/js/tok_bench.mjs"
 
 static const char BENCH_USAGE[] =
-    "usage: awqd bench tokenizer [--model DIR] [--mb N] [--reps N] [--no-js]\n\n"
+    "usage: awqd bench tokenizer [--model DIR] [--mb N] [--reps N] [--no-js] [--only english|chinese]\n\n"
     "Encode/decode MB/s on one core for a generated English and Chinese text of\n"
     "N MB each (default 4), best of --reps runs (default 3), next to the JS\n"
     "reference @huggingface/tokenizers run by node on the same file. Rates are\n"
@@ -216,11 +216,13 @@ int bench_tokenizer(int argc, char **argv) {
     const char *model = DEFAULT_MODEL;
     double mbs = 4;
     int reps = 3, use_js = 1;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) model = argv[++i];
         else if (strcmp(argv[i], "--mb") == 0 && i + 1 < argc) mbs = atof(argv[++i]);
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--no-js") == 0) use_js = 0;
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
         else {
             fprintf(stderr, "awqd bench tokenizer: unknown option \"%s\"\n\n%s", argv[i], BENCH_USAGE);
             return 2;
@@ -273,6 +275,7 @@ int bench_tokenizer(int argc, char **argv) {
            "(cold cache)", "JS encode", "C/JS", "C decode", "C stream", "JS decode", "C/JS", "check");
     int status = 0;
     for (int zh = 0; zh < 2; zh++) {
+        if (only && strcmp(only, zh ? "chinese" : "english") != 0) continue;
         size_t len;
         char *text = make_text(zh, (size_t)(mbs * 1e6), &len);
         if (!text) { status = 1; break; }

@@ -33,6 +33,8 @@ struct idhash {
 
 struct pair_ent { uint32_t rank; int32_t new_id; };
 
+struct adj_ent { int32_t right; uint32_t rank; int32_t new_id; };
+
 struct merge_ent {
     uint64_t key;    /* (left id << 32) | right id; UINT64_MAX = empty */
     uint32_t rank;   /* index in model.merges (lower merges first) */
@@ -94,8 +96,10 @@ struct tok {
     char *mbytes;
     struct idhash str_hash;  /* token string -> id */
     struct idhash byte_hash; /* model token raw bytes -> id (mappable only) */
-    struct merge_ent *merges;/* [merge_mask+1] */
+    struct merge_ent *merges;/* [merge_mask+1] load-time hash (pair -> rank, new id); freed after load */
     uint32_t merge_mask;
+    uint32_t *adj_start;     /* [nids+1] merges with left id i are adj[adj_start[i] .. adj_start[i+1]) */
+    struct adj_ent *adj;     /* [nmerges] sorted by (left, right): cache-friendly lookups */
     int32_t byte_id[256];    /* id of each single byte, -1 if absent */
     int all_bytes;           /* every byte_id is >= 0 */
     struct pair_ent *byte_pairs; /* [256*256] merge of two single bytes (new_id -1: none) */
@@ -209,13 +213,50 @@ static void idhash_put(struct idhash *h, const uint32_t *off, const char *blob, 
     }
 }
 
-static inline const struct merge_ent *merge_get(const struct tok *t, int32_t a, int32_t b) {
-    uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-    for (uint32_t i = (uint32_t)mix64(key) & t->merge_mask;; i = (i + 1) & t->merge_mask) {
-        const struct merge_ent *m = &t->merges[i];
-        if (m->key == key) return m;
-        if (m->key == UINT64_MAX) return NULL;
+/* The merge of (a, b), or NULL: a search in a's sorted list of merges (the
+ * lists of frequent tokens stay in cache, unlike slots of a big hash). */
+static inline const struct adj_ent *merge_get(const struct tok *t, int32_t a, int32_t b) {
+    uint32_t lo = t->adj_start[a], hi = t->adj_start[a + 1];
+    while (hi - lo > 8) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (t->adj[mid].right < b) lo = mid + 1;
+        else hi = mid + 1; /* adj[mid].right >= b: the answer is in [lo, mid] */
     }
+    for (uint32_t i = lo; i < hi; i++)
+        if (t->adj[i].right == b) return &t->adj[i];
+    return NULL;
+}
+
+static int adj_cmp(const void *x, const void *y) {
+    const struct adj_ent *a = x, *b = y;
+    return (a->right > b->right) - (a->right < b->right);
+}
+
+/* Builds adj/adj_start from the load-time hash, then frees the hash. */
+static int merges_finish(struct tok *t) {
+    size_t nids = (size_t)t->nids, n = 0;
+    t->adj_start = calloc(nids + 2, sizeof *t->adj_start);
+    if (!t->adj_start) return -ENOMEM;
+    for (uint32_t i = 0; i <= t->merge_mask; i++)
+        if (t->merges[i].key != UINT64_MAX) { t->adj_start[(t->merges[i].key >> 32) + 1]++; n++; }
+    for (size_t i = 0; i < nids; i++) t->adj_start[i + 1] += t->adj_start[i];
+    t->adj = malloc((n + 1) * sizeof *t->adj);
+    uint32_t *fill = malloc((nids + 1) * sizeof *fill);
+    if (!t->adj || !fill) { free(fill); return -ENOMEM; }
+    memcpy(fill, t->adj_start, nids * sizeof *fill);
+    for (uint32_t i = 0; i <= t->merge_mask; i++) {
+        const struct merge_ent *m = &t->merges[i];
+        if (m->key == UINT64_MAX) continue;
+        uint32_t a = (uint32_t)(m->key >> 32);
+        t->adj[fill[a]++] = (struct adj_ent){(int32_t)(uint32_t)m->key, m->rank, m->new_id};
+    }
+    free(fill);
+    for (size_t i = 0; i < nids; i++)
+        if (t->adj_start[i + 1] - t->adj_start[i] > 1)
+            qsort(t->adj + t->adj_start[i], t->adj_start[i + 1] - t->adj_start[i], sizeof *t->adj, adj_cmp);
+    free(t->merges);
+    t->merges = NULL;
+    return 0;
 }
 
 static void merge_put(struct tok *t, int32_t a, int32_t b, uint32_t rank, int32_t new_id) {
@@ -834,13 +875,14 @@ static int load_model(struct tok *t, const cJSON *root, char *err, size_t errlen
         rank++;
     }
     free(cat);
+    if (merges_finish(t) < 0) goto oom;
     t->all_bytes = 1;
     for (int b = 0; b < 256; b++) t->all_bytes &= t->byte_id[b] >= 0;
     t->byte_pairs = malloc(65536 * sizeof *t->byte_pairs);
     if (!t->byte_pairs) goto oom;
     for (int a = 0; a < 256; a++)
         for (int b = 0; b < 256; b++) {
-            const struct merge_ent *m = t->byte_id[a] >= 0 && t->byte_id[b] >= 0 ? merge_get(t, t->byte_id[a], t->byte_id[b]) : NULL;
+            const struct adj_ent *m = t->byte_id[a] >= 0 && t->byte_id[b] >= 0 ? merge_get(t, t->byte_id[a], t->byte_id[b]) : NULL;
             t->byte_pairs[a * 256 + b] = m ? (struct pair_ent){m->rank, m->new_id} : (struct pair_ent){0, -1};
         }
     free(tmp); free(mstr); free(astr);
@@ -989,7 +1031,7 @@ void tok_free(struct tok *t) {
     free(t->flags); free(t->str_off); free(t->strs); free(t->byte_off); free(t->bytes);
     free(t->mbyte_off); free(t->mbytes);
     idhash_free(&t->str_hash); idhash_free(&t->byte_hash);
-    free(t->merges); free(t->byte_pairs); free(t->prefix); free(t->suffix);
+    free(t->merges); free(t->adj_start); free(t->adj); free(t->byte_pairs); free(t->prefix); free(t->suffix);
     free(t);
 }
 
@@ -1061,7 +1103,7 @@ static struct hent heap_pop(struct hent *h, size_t *n) {
 }
 
 static inline void push_pair(const struct tok *t, struct hent *h, size_t *nh, const struct sym *s, int32_t pos) {
-    const struct merge_ent *m = merge_get(t, s[pos].id, s[s[pos].next].id);
+    const struct adj_ent *m = merge_get(t, s[pos].id, s[s[pos].next].id);
     if (m) heap_push(h, nh, (struct hent){((uint64_t)m->rank << 32) | (uint32_t)pos, s[pos].id,
                                           s[s[pos].next].id, m->new_id});
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
@@ -96,4 +97,64 @@ extern "C" void cuda_mem_plan_print(const struct cuda_mem_plan *p, FILE *f) {
             p->weights / 1e9, p->weights_int4 / 1e9, p->workspace / 1e9, p->kv_bytes / 1e9,
             p->n_blocks, p->block_size, (unsigned long long)p->kv_tokens,
             p->kv_block_bytes / 1024.0 / p->block_size);
+}
+
+extern "C" int cuda_mem_in_use(int device, uint64_t *used, uint64_t *total) {
+    size_t f = 0, t = 0;
+    CUDA_CHECK(cudaSetDevice(device), NULL, 0);
+    CUDA_CHECK(cudaMemGetInfo(&f, &t), NULL, 0);
+    *used = t - f;
+    *total = t;
+    return 0;
+}
+
+static int measure(int device, double *copy_gbs, double *gemm_tflops, void *buf, char *err,
+                   size_t errlen) {
+    const size_t half_bytes = (size_t)1 << 30; /* 1 GiB copied per rep */
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0), err, errlen);
+    CUDA_CHECK(cudaEventCreate(&e1), err, errlen);
+    char *a = (char *)buf, *b = a + half_bytes;
+    float ms = 0;
+    for (int i = 0; i < 3; i++) CUDA_CHECK(cudaMemcpyAsync(b, a, half_bytes, cudaMemcpyDeviceToDevice, 0), err, errlen);
+    CUDA_CHECK(cudaEventRecord(e0, 0), err, errlen);
+    for (int i = 0; i < 10; i++) CUDA_CHECK(cudaMemcpyAsync(b, a, half_bytes, cudaMemcpyDeviceToDevice, 0), err, errlen);
+    CUDA_CHECK(cudaEventRecord(e1, 0), err, errlen);
+    CUDA_CHECK(cudaEventSynchronize(e1), err, errlen);
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1), err, errlen);
+    *copy_gbs = 2.0 * 10 * half_bytes / (ms * 1e-3) / 1e9;
+    /* GEMM: 8192^3 fp16 (A, B, C each 128 MiB) inside the same buffer */
+    const int n = 8192;
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+        return util_err(err, errlen, -EIO, "cuda_measure_rates: cublasCreate failed");
+    CUDA_CHECK(cudaMemset(buf, 0, (size_t)3 * n * n * 2), err, errlen);
+    void *A = buf, *B = a + (size_t)n * n * 2, *C = a + (size_t)2 * n * n * 2;
+    float one = 1, zero = 0;
+    int rc = 0;
+    for (int i = 0; i < 13 && !rc; i++) {
+        if (i == 3) cudaEventRecord(e0, 0);
+        if (cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16F, n, B,
+                         CUDA_R_16F, n, &zero, C, CUDA_R_16F, n, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+            rc = util_err(err, errlen, -EIO, "cuda_measure_rates: cublasGemmEx failed");
+    }
+    cudaEventRecord(e1, 0);
+    cudaEventSynchronize(e1);
+    cudaEventElapsedTime(&ms, e0, e1);
+    *gemm_tflops = 10 * 2.0 * n * (double)n * n / (ms * 1e-3) / 1e12;
+    cublasDestroy(h);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return rc;
+}
+
+extern "C" int cuda_measure_rates(int device, double *copy_gbs, double *gemm_tflops, char *err,
+                                  size_t errlen) {
+    CUDA_CHECK(cudaSetDevice(device), err, errlen);
+    void *buf = NULL;
+    CUDA_CHECK(cudaMalloc(&buf, (size_t)2 << 30), err, errlen);
+    int rc = measure(device, copy_gbs, gemm_tflops, buf, err, errlen);
+    cudaFree(buf);
+    return rc;
 }

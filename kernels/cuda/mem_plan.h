@@ -53,6 +53,15 @@ int cuda_mem_plan_make(const struct model_config *cfg, int tp, int device, doubl
 /* Writes the plan as a few human-readable lines. */
 void cuda_mem_plan_print(const struct cuda_mem_plan *p, FILE *f);
 
+/* Rooflines for benchmarks, measured on `device` (needs ~2.2 GB free):
+ * copy_gbs = device-to-device copy rate counting bytes read + written (GB/s),
+ * gemm_tflops = cuBLAS fp16 8192^3 GEMM with fp32 accumulation (TFLOP/s). */
+int cuda_measure_rates(int device, double *copy_gbs, double *gemm_tflops, char *err,
+                       size_t errlen);
+
+/* Device memory in use (total - free) and total, bytes. */
+int cuda_mem_in_use(int device, uint64_t *used, uint64_t *total);
+
 #ifdef __cplusplus
 }
 #endif

@@ -366,7 +366,8 @@ static int ivec_push(struct ivec *a, const int32_t *ids, size_t n) {
         if (!v) return -ENOMEM;
         a->v = v; a->cap = cap;
     }
-    memcpy(a->v + a->n, ids, n * sizeof *ids);
+    if (n <= 4) for (size_t i = 0; i < n; i++) a->v[a->n + i] = ids[i]; /* the usual case */
+    else memcpy(a->v + a->n, ids, n * sizeof *ids);
     a->n += n;
     return 0;
 }

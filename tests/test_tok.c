@@ -546,10 +546,12 @@ TEST(tok, cli) {
     free(out);
     char jl[600];
     snprintf(jl, sizeof jl, "%s/in.jsonl", test_tmpdir());
-    write_file(jl, "{\"text\": \"Hello world\"}\n{\"text\": \"<|im_end|>\\n\"}\n");
+    /* other members (with a "text" inside them) are skipped; \u0000 is kept */
+    write_file(jl, "{\"text\": \"Hello world\"}\n{\"text\": \"<|im_end|>\\n\"}\n"
+                   "{\"meta\": {\"text\": \"no\"}, \"text\": \"e\\u0301\\u0000x\\ud83d\\ude00\"}\n");
     snprintf(cmd, sizeof cmd, "%s tokenize --model %s --jsonl %s", test_awqd_bin(), QWEN3_DIR, jl);
     ASSERT_EQ_INT(test_run(cmd, &out), 0);
-    ASSERT_CONTAINS(out, "{\"ids\": [9707, 1879]}\n{\"ids\": [151645, 198]}\n");
+    ASSERT_CONTAINS(out, "{\"ids\": [9707, 1879]}\n{\"ids\": [151645, 198]}\n{\"ids\": [963, 188, 87, 141334]}\n");
     free(out);
     snprintf(cmd, sizeof cmd, "%s detokenize --model %s --ids 151644,9707,1879", test_awqd_bin(), QWEN3_DIR);
     ASSERT_EQ_INT(test_run(cmd, &out), 0);

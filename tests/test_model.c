@@ -290,9 +290,9 @@ static void check_fixture(const char *name) {
     mt_check_same(&f, &alone, &r, 0);
     mt_result_free(&r);
     ASSERT_OK_SO_FAR();
-    /* chunk sizes 1, 16 and 64 alone */
-    const int chunks[3] = {1, 16, 64};
-    for (int c = 0; c < 3; c++) {
+    /* chunk sizes 1 and 16 alone agree with 64 (the first run) */
+    const int chunks[2] = {1, 16};
+    for (int c = 0; c < 2; c++) {
         mt_run(g, &f, chunks[c], NULL, 256, &r);
         ASSERT_OK_SO_FAR();
         mt_check_same(&f, &alone, &r, 0);

@@ -96,11 +96,11 @@ TEST(tp, ungroupable_shards_are_refused) {
     mt_fixture_close(&f);
 }
 
-/* tp = 4 (KV heads replicated: 2 KV heads over 4 ranks) and tp = 2 on the
- * synthetic `awqd mkmodel tiny` checkpoint (Qwen3, real 151936 vocabulary),
- * whose shapes divide into whole AWQ groups: three prompts batched with
- * staggered joins give the same greedy tokens as tp = 1, logits within 1e-4. */
-TEST(tp, mkmodel_tiny_tp4_and_tp2_match_tp1) {
+/* tp = 4 (KV heads replicated: 2 KV heads over 4 ranks) on the synthetic
+ * `awqd mkmodel tiny` checkpoint (Qwen3, real 151936 vocabulary), whose shapes
+ * divide into whole AWQ groups: three prompts batched with staggered joins
+ * give the same greedy tokens as tp = 1, logits within 1e-4. */
+TEST(tp, mkmodel_tiny_tp4_matches_tp1) {
     const char *dir = test_tmpdir();
     char cmd[1024], *out = NULL;
     snprintf(cmd, sizeof cmd, "%s mkmodel tiny %s/m --threads 2 2>&1", test_awqd_bin(), dir);
@@ -118,17 +118,15 @@ TEST(tp, mkmodel_tiny_tp4_and_tp2_match_tp1) {
     ASSERT_MSG(ckpt_open(path, &f.ck, err, sizeof err) == 0, "%s", err);
     f.vocab = ckpt_config(f.ck)->vocab;
     f.n = 3;
-    const int lens[3] = {5, 17, 2};
+    const int lens[3] = {5, 9, 2};
     unsigned seed = 1;
     for (int i = 0; i < 3; i++) {
         f.plen[i] = lens[i];
         f.prompt[i] = malloc(sizeof(int32_t) * (size_t)lens[i]);
         for (int j = 0; j < lens[i]; j++) f.prompt[i][j] = rand_r(&seed) % f.vocab;
     }
-    struct model_group *g1 = NULL, *g2 = NULL, *g4 = NULL;
-    if (mt_group(&f, 1, 64, 64, &g1) || mt_group(&f, 2, 64, 64, &g2) ||
-        mt_group(&f, 4, 64, 64, &g4))
-        return;
+    struct model_group *g1 = NULL, *g4 = NULL;
+    if (mt_group(&f, 1, 64, 64, &g1) || mt_group(&f, 4, 64, 64, &g4)) return;
     const int stagger[3] = {0, 1, 3};
     struct mt_result a, b;
     mt_run(g1, &f, 8, stagger, 64, &a);
@@ -136,15 +134,9 @@ TEST(tp, mkmodel_tiny_tp4_and_tp2_match_tp1) {
     mt_run(g4, &f, 8, stagger, 64, &b);
     ASSERT_OK_SO_FAR();
     mt_check_same(&f, &a, &b, 1e-4);
-    ASSERT_OK_SO_FAR();
-    mt_result_free(&b);
-    mt_run(g2, &f, 64, NULL, 64, &b);
-    ASSERT_OK_SO_FAR();
-    mt_check_same(&f, &a, &b, 1e-4);
     mt_result_free(&a);
     mt_result_free(&b);
     model_group_free(g1);
-    model_group_free(g2);
     model_group_free(g4);
     ckpt_close(f.ck);
     for (int i = 0; i < 3; i++) free(f.prompt[i]);

@@ -288,6 +288,7 @@ int cmd_generate(int argc, char **argv) {
     sp.top_k = a.top_k;
     sp.min_p = a.min_p;
     sp.seed = a.seed;
+    sp.n_logprobs = -1; /* not printed */
     if ((rc = sampling_params_check(&sp, err, sizeof err))) {
         fprintf(stderr, "awqd generate: %s\n", err);
         status = 2;

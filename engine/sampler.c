@@ -27,8 +27,8 @@ int sampling_params_check(const struct sampling_params *p, char *err, size_t err
                         p->repetition_penalty);
     if (!isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
         return util_err(err, errlen, -EINVAL, "presence/frequency_penalty must be finite");
-    if (p->n_logprobs < 0 || p->n_logprobs > SAMPLER_MAX_LOGPROBS)
-        return util_err(err, errlen, -EINVAL, "logprobs must be in [0, %d], got %d",
+    if (p->n_logprobs < -1 || p->n_logprobs > SAMPLER_MAX_LOGPROBS)
+        return util_err(err, errlen, -EINVAL, "logprobs must be in [-1, %d], got %d",
                         SAMPLER_MAX_LOGPROBS, p->n_logprobs);
     if (p->n_logit_bias < 0 || (p->n_logit_bias > 0 && !p->logit_bias))
         return util_err(err, errlen, -EINVAL, "bad logit_bias");
@@ -85,6 +85,37 @@ static void sort_cands(int32_t *c, int n, const float *w) {
     qsort_r(c, (size_t)n, sizeof *c, cmp_desc_r, (void *)w);
 }
 
+/* a ranks below b: lower w, or equal w and higher id */
+static int worse(const float *w, int32_t a, int32_t b) {
+    return w[a] < w[b] || (w[a] == w[b] && a > b);
+}
+
+static void sift_down(int32_t *h, int n, int i, const float *w) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && worse(w, h[l], h[m])) m = l;
+        if (r < n && worse(w, h[r], h[m])) m = r;
+        if (m == i) return;
+        int32_t t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+/* Moves the k best of c[0..n) (by cmp_desc_r's order) to c[0..k), in heap
+ * order; O(n log k). Returns k. */
+static int select_top(int32_t *c, int n, int k, const float *w) {
+    for (int i = k / 2 - 1; i >= 0; i--) sift_down(c, k, i, w); /* min-heap of the first k */
+    for (int i = k; i < n; i++) {
+        if (worse(w, c[0], c[i])) {
+            c[0] = c[i];
+            sift_down(c, k, 0, w);
+        }
+    }
+    return k;
+}
+
 void sampler_logprobs(const float *logits, int vocab, int32_t token, int n_top,
                       struct sample_result *res) {
     if (n_top > SAMPLER_MAX_LOGPROBS) n_top = SAMPLER_MAX_LOGPROBS;
@@ -94,7 +125,7 @@ void sampler_logprobs(const float *logits, int vocab, int32_t token, int n_top,
     for (int i = 0; i < vocab; i++)
         if (logits[i] > mx) mx = logits[i];
     double sum = 0;
-    for (int i = 0; i < vocab && mx > -INFINITY; i++) sum += exp((double)logits[i] - mx);
+    for (int i = 0; i < vocab && mx > -INFINITY; i++) sum += expf(logits[i] - mx);
     double lse = mx > -INFINITY ? mx + log(sum) : INFINITY; /* all -inf: every logprob -inf */
     res->logprob = (float)((double)logits[token] - lse);
     res->n_top = n_top;
@@ -157,7 +188,7 @@ int sampler_sample(struct sampler *s, const struct sampling_params *p, const flo
 
     /* processed logprobs: log_softmax of the processed logits at T (T = 1
      * for greedy), before any mask */
-    if (p->logprobs_processed) {
+    if (p->logprobs_processed && p->n_logprobs >= 0) {
         float t = p->temperature > 0.0f ? p->temperature : 1.0f;
         for (int i = 0; i < V; i++) s->proc[i] = w[i] / t;
     }
@@ -179,9 +210,10 @@ int sampler_sample(struct sampler *s, const struct sampling_params *p, const flo
                 if (logits[i] > logits[token]) token = i;
             goto done;
         }
-        double inv_t = 1.0 / p->temperature, total = 0;
+        float inv_t = 1.0f / p->temperature;
+        double total = 0;
         for (int i = 0; i < V; i++) {
-            w[i] = (float)exp(((double)w[i] - mx) * inv_t);
+            w[i] = expf((w[i] - mx) * inv_t);
             total += w[i];
         }
         /* min_p relative to the most likely token (whose unnormalised p is 1) */
@@ -209,12 +241,12 @@ int sampler_sample(struct sampler *s, const struct sampling_params *p, const flo
                     n = k; /* `kept` stays the full mass for the top_p test */
                 }
             }
-            sort_cands(s->cand, n, w);
             if (p->top_k > 0 && p->top_k < n) {
-                n = p->top_k;
+                n = select_top(s->cand, n, p->top_k, w);
                 kept = 0;
                 for (int i = 0; i < n; i++) kept += w[s->cand[i]];
             }
+            sort_cands(s->cand, n, w);
             if (p->top_p < 1.0f) {
                 double cum = 0, target = p->top_p * kept;
                 int k = 0;
@@ -238,6 +270,10 @@ int sampler_sample(struct sampler *s, const struct sampling_params *p, const flo
         }
     }
 done:
-    sampler_logprobs(p->logprobs_processed ? s->proc : logits, V, token, p->n_logprobs, res);
+    res->token = token;
+    if (p->n_logprobs >= 0)
+        sampler_logprobs(p->logprobs_processed ? s->proc : logits, V, token, p->n_logprobs, res);
+    else
+        res->logprob = NAN;
     return 0;
 }

@@ -51,13 +51,14 @@ struct sampling_params {
     const struct logit_bias *logit_bias; /* [n_logit_bias], ids outside the vocab ignored */
     int n_logit_bias;
     uint64_t seed;                /* the request's seed (server: random when unset) */
-    int n_logprobs;               /* top-N alternatives wanted, 0..SAMPLER_MAX_LOGPROBS */
+    int n_logprobs;               /* top-N alternatives wanted, 0..SAMPLER_MAX_LOGPROBS;
+                                     -1: no logprobs at all (saves a pass over the vocab) */
     int logprobs_processed;       /* 0: raw model logprobs (default); 1: processed */
 };
 
 struct sample_result {
     int32_t token;
-    float logprob;                /* raw logprob of `token` */
+    float logprob;                /* logprob of `token` (NAN when n_logprobs < 0) */
     int n_top;                    /* = n_logprobs */
     int32_t top_ids[SAMPLER_MAX_LOGPROBS];   /* most likely first (raw logits) */
     float top_logprobs[SAMPLER_MAX_LOGPROBS];

@@ -1286,13 +1286,16 @@ static int split_general(struct enc *e, int step, const struct pt_step *st, cons
     size_t k = 0;
     int prev_match = 0;
     if (st->beh == SB_MERGED_NEXT) {
-        /* walk from the right, then reverse */
+        /* walk from the right into a new list, then reverse it */
+        struct span *r = malloc((ns + 1) * sizeof *r);
+        if (!r) { free(sp); return -ENOMEM; }
         for (size_t j = ns; j-- > 0;) {
-            if (sp[j].m && !prev_match && k) sp[k - 1].a = sp[j].a;
-            else sp[k++] = (struct span){sp[j].a, sp[j].b, 0};
+            if (sp[j].m && !prev_match && k) r[k - 1].a = sp[j].a;
+            else r[k++] = (struct span){sp[j].a, sp[j].b, 0};
             prev_match = sp[j].m;
         }
-        for (size_t j = 0; j < k / 2; j++) { struct span x = sp[j]; sp[j] = sp[k - 1 - j]; sp[k - 1 - j] = x; }
+        for (size_t j = 0; j < k; j++) sp[j] = r[k - 1 - j];
+        free(r);
     } else {
         for (size_t j = 0; j < ns; j++) {
             struct span x = sp[j];

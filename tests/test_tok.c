@@ -637,3 +637,87 @@ TEST(tok, differential_js) {
     ASSERT_MSG(lines == 5000, "read %d lines", lines);
     ASSERT_MSG(bad_enc == 0 && bad_dec == 0, "%d of %d encodings and %d decodings differ from JS", bad_enc, lines, bad_dec);
 }
+
+/* ---- Split behaviours, prefix space, lstrip/rstrip/single_word on a tiny
+ * hand-written vocabulary, expectations worked out from HF's definitions ---- */
+
+static struct tok *load_json(const char *name, const char *json) {
+    char dir[512], path[600], err[512];
+    snprintf(dir, sizeof dir, "%s/%s", test_tmpdir(), name);
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    write_file(path, json);
+    struct tok *t = NULL;
+    if (tok_load(dir, &t, err, sizeof err) < 0) test_fail(__FILE__, __LINE__, "tok_load %s: %s", name, err);
+    return t;
+}
+
+static void expect_ids(struct tok *t, const char *text, const int32_t *want, size_t nwant) {
+    char err[256];
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ASSERT_EQ_INT(tok_encode(t, text, strlen(text), 0, &ids, &n, err, sizeof err), 0);
+    char *a = ids_str(ids, n), *b = ids_str(want, nwant);
+    int same = ids_eq(ids, n, want, nwant);
+    free(ids);
+    if (!same) test_fail(__FILE__, __LINE__, "\"%s\": %s, want %s", text, a, b);
+    free(a);
+    free(b);
+}
+
+#define SPLIT_TOK(beh)                                                                                 \
+    "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"-\":2,\"a-\":3,\"b-\":4,\"--\":5,\"-b\":6,\"-a\":7}," \
+    "\"merges\":[\"a -\",\"b -\",\"- -\",\"- b\",\"- a\"]},"                                          \
+    "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"String\":\"-\"}," \
+    "\"behavior\":\"" beh "\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]}," \
+    "\"decoder\":{\"type\":\"ByteLevel\"}}"
+
+TEST(tok, split_behaviours) {
+    static const struct { const char *beh; int32_t ids[8]; size_t n; } cases[] = {
+        {"Isolated", {0, 2, 1, 2, 2, 0}, 6},
+        {"Removed", {0, 1, 0}, 3},
+        {"MergedWithPrevious", {3, 4, 2, 0}, 4},
+        {"MergedWithNext", {0, 6, 2, 7}, 4},
+        {"Contiguous", {0, 2, 1, 5, 0}, 5},
+    };
+    char json[2048];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *tmpl = SPLIT_TOK("%s");
+        snprintf(json, sizeof json, tmpl, cases[i].beh);
+        struct tok *t = load_json(cases[i].beh, json);
+        ASSERT_OK_SO_FAR();
+        expect_ids(t, "a-b--a", cases[i].ids, cases[i].n);
+        tok_free(t);
+        ASSERT_OK_SO_FAR();
+    }
+}
+
+TEST(tok, added_token_options) {
+    /* "<x>" rstrip, "<y>" lstrip, "<z>" single_word; GPT-2 regex with a prefix space */
+    struct tok *t = load_json("opts",
+        "{\"added_tokens\":["
+        "{\"id\":10,\"content\":\"<x>\",\"special\":true,\"normalized\":false,\"rstrip\":true},"
+        "{\"id\":11,\"content\":\"<y>\",\"special\":true,\"normalized\":false,\"lstrip\":true},"
+        "{\"id\":12,\"content\":\"<z>\",\"special\":false,\"normalized\":false,\"single_word\":true}],"
+        "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"\xC4\xA0\":2,\"<\":3,\"z\":4,\">\":5,"
+        "\"\xC4\xA0" "a\":6,\"\xC4\xA0" "b\":7},\"merges\":[\"\xC4\xA0 a\",\"\xC4\xA0 b\"]},"
+        "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"use_regex\":true},"
+        "\"decoder\":{\"type\":\"ByteLevel\"}}");
+    ASSERT_OK_SO_FAR();
+    /* prefix space on each piece between added tokens: " a", then " b" */
+    expect_ids(t, "a<x>  b", (const int32_t[]){6, 10, 7}, 3);
+    ASSERT_OK_SO_FAR();
+    expect_ids(t, "a  <y>b", (const int32_t[]){6, 11, 7}, 3);
+    ASSERT_OK_SO_FAR();
+    /* single_word: not matched inside a word, matched between spaces */
+    expect_ids(t, "a<z>", (const int32_t[]){6, 3, 4, 5}, 4);
+    ASSERT_OK_SO_FAR();
+    expect_ids(t, "a <z> b", (const int32_t[]){6, 2, 12, 7}, 4);
+    ASSERT_OK_SO_FAR();
+    char *s, err[256];
+    size_t sl;
+    ASSERT_EQ_INT(tok_decode(t, (const int32_t[]){6, 10, 7, 12}, 4, 1, &s, &sl, err, sizeof err), 0);
+    ASSERT_STR_EQ(s, " a b<z>");
+    free(s);
+    tok_free(t);
+}

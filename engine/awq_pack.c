@@ -39,48 +39,65 @@ static int clamp15(float x) {
     return (int)x;
 }
 
-/* fp32 arithmetic on the fp16 values, one rounding per operation, as PyTorch
- * computes on float32 tensors; scales are rounded to fp16 before the zeros and
- * codes are derived from them (what AutoAWQ stores and what from_linear uses). */
+/* Round half to even in fp32 for |x| < 2^22 (the default rounding mode, like
+ * torch.round); larger values are integers already. */
+static inline float rne(float x) {
+    if (!(fabsf(x) < 4194304.0f)) return x;
+    float t = x + 12582912.0f; /* 1.5 * 2^23: the sum's ulp is 1 */
+    return t - 12582912.0f;
+}
+
+/* One output column: v [g] fp16-exact values of that column's group.
+ * fp32 arithmetic, one rounding per operation, as PyTorch computes on float32
+ * tensors; the scale is rounded to fp16 before the zero and the codes are
+ * derived from it (what AutoAWQ stores and what from_linear uses). */
+static void rtn_column(const float *v, int g, uint16_t *scale, uint8_t *zero, uint8_t *codes,
+                       size_t code_stride) {
+    float mx = -INFINITY, mn = INFINITY;
+    for (int r = 0; r < g; r++) {
+        mx = v[r] > mx ? v[r] : mx;
+        mn = v[r] < mn ? v[r] : mn;
+    }
+    float range = mx - mn;
+    float rg = range < 1e-5f ? 1e-5f : range;
+    if (!(rg == rg)) rg = 1e-5f; /* NaN weights: keep the scale finite */
+    uint16_t sh = f32_to_fp16(rg / 15.0f);
+    if (sh == 0) sh = 1; /* underflow: smallest subnormal, never divide by 0 */
+    float s = fp16_to_f32(sh);
+    int zi = clamp15(-rne(mn / s));
+    *scale = sh;
+    *zero = (uint8_t)zi;
+    if (!codes) return;
+    volatile float szv = (float)zi * s; /* materialised: never fused into an fma below */
+    float sz = szv;
+    for (int r = 0; r < g; r++) codes[(size_t)r * code_stride] = (uint8_t)clamp15(rne((v[r] + sz) / s));
+}
+
 void awq_rtn_group(const uint16_t *w, int g, int n, size_t ld, uint16_t *scales, uint8_t *zeros,
                    uint8_t *codes) {
+    float col[4096];
     for (int c = 0; c < n; c++) {
-        float mx = -INFINITY, mn = INFINITY;
-        for (int r = 0; r < g; r++) {
-            float v = fp16_to_f32(w[(size_t)r * ld + c]);
-            if (v > mx) mx = v;
-            if (v < mn) mn = v;
-        }
-        volatile float range = mx - mn;
-        float rg = range < 1e-5f ? 1e-5f : range;
-        if (!(rg == rg)) rg = 1e-5f; /* NaN weights: keep the scale finite */
-        uint16_t sh = f32_to_fp16(rg / 15.0f);
-        if (sh == 0) sh = 1; /* underflow: smallest subnormal, never divide by 0 */
-        float s = fp16_to_f32(sh);
-        volatile float q0 = mn / s;
-        int zi = clamp15(-nearbyintf(q0));
-        scales[c] = sh;
-        zeros[c] = (uint8_t)zi;
-        if (codes) {
-            volatile float sz = (float)zi * s;
-            for (int r = 0; r < g; r++) {
-                volatile float a = fp16_to_f32(w[(size_t)r * ld + c]) + sz;
-                volatile float q = a / s;
-                codes[(size_t)r * n + c] = (uint8_t)clamp15(nearbyintf(q));
-            }
-        }
+        for (int r = 0; r < g && r < 4096; r++) col[r] = fp16_to_f32(w[(size_t)r * ld + c]);
+        rtn_column(col, g < 4096 ? g : 4096, &scales[c], &zeros[c], codes ? codes + c : NULL,
+                   (size_t)n);
     }
+}
+
+void awq_rtn_group_f32(const float *w_ng, int g, int n, uint16_t *scales, uint8_t *zeros,
+                       uint8_t *codes) {
+    for (int c = 0; c < n; c++)
+        rtn_column(w_ng + (size_t)c * g, g, &scales[c], &zeros[c], codes ? codes + c : NULL,
+                   (size_t)n);
 }
 
 void awq_codes_group(const uint16_t *w, int g, int n, size_t ld, const uint16_t *scales,
                      const uint8_t *zeros, int32_t *raw) {
     for (int c = 0; c < n; c++) {
         float s = fp16_to_f32(scales[c]);
-        volatile float sz = (float)zeros[c] * s;
+        volatile float szv = (float)zeros[c] * s;
+        float sz = szv;
         for (int r = 0; r < g; r++) {
-            volatile float a = fp16_to_f32(w[(size_t)r * ld + c]) + sz;
-            volatile float q = a / s;
-            float rq = nearbyintf(q);
+            float rq = rne((fp16_to_f32(w[(size_t)r * ld + c]) + sz) / s);
             raw[(size_t)r * n + c] = rq > 1e6f ? 1000000 : (rq < -1e6f ? -1000000 : (int32_t)rq);
         }
     }

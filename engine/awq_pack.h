@@ -34,9 +34,15 @@ void awq_unpack(const uint32_t *packed, int64_t rows, int n, uint8_t *codes);
 
 /* RTN scales and zeros of one group: w is fp16 [g, n] (g rows of W, row stride
  * ld elements); outputs scales fp16 [n], zeros uint8 [n], and, when codes !=
- * NULL, codes uint8 [g, n]. */
+ * NULL, codes uint8 [g, n]. g <= 4096. */
 void awq_rtn_group(const uint16_t *w, int g, int n, size_t ld, uint16_t *scales, uint8_t *zeros,
                    uint8_t *codes);
+
+/* The same from fp32 values that are exactly fp16 (a faster path for writers):
+ * w_ng [n, g] — the group's g values of output column c contiguous at
+ * w_ng + c * g (the nn.Linear layout) -> scales [n], zeros [n], codes [g, n]. */
+void awq_rtn_group_f32(const float *w_ng, int g, int n, uint16_t *scales, uint8_t *zeros,
+                       uint8_t *codes);
 
 /* Codes of one group from given scales/zeros, exactly as from_linear: NOT
  * clamped (a weight outside [min, max] of its group can give -1 or 16):

@@ -21,23 +21,18 @@
 /* fp16 / bf16                                                               */
 
 float fp16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff, x;
-    if (e == 0) {
-        if (m == 0) {
-            x = sign;
-        } else { /* subnormal: normalise */
-            int s = 0;
-            while (!(m & 0x400)) { m <<= 1; s++; }
-            m &= 0x3ff;
-            x = sign | ((uint32_t)(113 - s) << 23) | (m << 13);
-        }
-    } else if (e == 31) {
-        x = sign | 0x7f800000 | (m << 13);
-    } else {
-        x = sign | ((e + 112) << 23) | (m << 13);
-    }
+    /* exponent/mantissa moved into place and rescaled by 2^112: exact for
+     * normal and subnormal halves; inf/NaN get the all-ones exponent */
+    uint32_t em = (uint32_t)(h & 0x7fff) << 13, x;
     float f;
+    if (em >= 0x0f800000u) {
+        x = em | 0x7f800000u;
+    } else {
+        memcpy(&f, &em, 4);
+        f *= 0x1p112f;
+        memcpy(&x, &f, 4);
+    }
+    x |= (uint32_t)(h & 0x8000) << 16;
     memcpy(&f, &x, 4);
     return f;
 }

@@ -310,30 +310,65 @@ static inline uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-/* The two standard normals of pair `pair` (elements 2*pair and 2*pair + 1). */
-static inline void normal_pair(uint64_t key, uint64_t pair, float *z0, float *z1) {
+/* log, sin and cos in plain C (polynomials; ~1e-7 relative, far below the
+ * fp16 rounding that follows) so the bytes do not depend on the libm. */
+static inline float fast_logf(float x) { /* x in (0, 1] */
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    int e = (int)((b >> 23) & 0xff) - 127;
+    b = (b & 0x7fffff) | 0x3f800000u; /* m in [1, 2) */
+    float m;
+    memcpy(&m, &b, 4);
+    if (m > 1.41421356f) { m *= 0.5f; e++; }
+    float t = (m - 1.0f) / (m + 1.0f), t2 = t * t; /* |t| <= 0.172 */
+    float p = 2.0f * t * (1.0f + t2 * (1.0f / 3 + t2 * (1.0f / 5 + t2 * (1.0f / 7 + t2 * (1.0f / 9)))));
+    return p + (float)e * 0.69314718056f;
+}
+
+/* sin and cos of 2*pi*u, u in [0, 1). */
+static inline void fast_sincos2pi(float u, float *s, float *c) {
+    float q4 = u * 4.0f;
+    int q = (int)q4;                          /* quadrant 0..3 */
+    float x = (q4 - (float)q) * 1.5707963268f; /* [0, pi/2) */
+    if (x > 0.785398163f) {                   /* reflect to [0, pi/4] for accuracy */
+        x = 1.5707963268f - x;
+        q += 4;                               /* marks swapped sin/cos */
+    }
+    float x2 = x * x;
+    float sn = x * (1.0f + x2 * (-1.0f / 6 + x2 * (1.0f / 120 + x2 * (-1.0f / 5040 +
+                                                                         x2 * (1.0f / 362880)))));
+    float cs = 1.0f + x2 * (-0.5f + x2 * (1.0f / 24 + x2 * (-1.0f / 720 + x2 * (1.0f / 40320))));
+    if (q >= 4) { float t = sn; sn = cs; cs = t; q -= 4; }
+    switch (q) {
+    case 0: *s = sn; *c = cs; break;
+    case 1: *s = cs; *c = -sn; break;
+    case 2: *s = -sn; *c = -cs; break;
+    default: *s = -cs; *c = sn; break;
+    }
+}
+
+/* The two standard normals of pair `pair` (elements 2*pair and 2*pair + 1):
+ * Box-Muller on two 24-bit uniforms from one splitmix64 hash. */
+static inline __attribute__((always_inline)) void normal_pair(uint64_t key, uint64_t pair, float *z0, float *z1) {
     uint64_t u = mix64(key + pair * 0x9e3779b97f4a7c15ull);
     float u1 = ((float)(u >> 40) + 0.5f) * (1.0f / 16777216.0f);
     float u2 = ((float)(u & 0xffffff) + 0.5f) * (1.0f / 16777216.0f);
-    float r = sqrtf(-2.0f * logf(u1));
-    float a = 6.28318530717958647692f * u2;
-    *z0 = r * cosf(a);
-    *z1 = r * sinf(a);
-}
-
-/* Element e (flat index in the nn.Linear / row-major layout) as fp16. */
-static inline float normal_at(uint64_t key, uint64_t e) {
-    float z0, z1;
-    normal_pair(key, e >> 1, &z0, &z1);
-    return (e & 1) ? z1 : z0;
+    float r = sqrtf(-2.0f * fast_logf(u1));
+    float sn, cs;
+    fast_sincos2pi(u2, &sn, &cs);
+    *z0 = r * cs;
+    *z1 = r * sn;
 }
 
 /* fp16 values [count] of elements [e0, e0 + count) of a GEN_NORMAL / GEN_NORM tensor. */
 static void gen_fp16(uint64_t key, enum gen_kind kind, uint64_t e0, size_t count, uint16_t *out) {
-    for (size_t i = 0; i < count; i++) {
-        float v = 0.02f * normal_at(key, e0 + i);
-        if (kind == GEN_NORM) v += 1.0f;
-        out[i] = f32_to_fp16(v);
+    float add = kind == GEN_NORM ? 1.0f : 0.0f;
+    for (size_t i = 0; i < count;) {
+        uint64_t e = e0 + i;
+        float z[2];
+        normal_pair(key, e >> 1, &z[0], &z[1]);
+        for (int k = (int)(e & 1); k < 2 && i < count; k++, i++)
+            out[i] = f32_to_fp16(0.02f * z[k] + add);
     }
 }
 
@@ -399,24 +434,25 @@ static int run_unit(struct writer_ctx *c, const struct unit *u) {
     /* one group of G rows of W [K, N] = weight^T */
     int G = c->group, K = ti->k, N = ti->n;
     int64_t g = u->a, k0 = g * G;
-    uint16_t *wt = malloc((size_t)G * N * 2);   /* fp16 [G, N] */
+    float *wf = malloc((size_t)G * N * 4);      /* fp32 (fp16-exact) [N, G] */
     uint8_t *codes = malloc((size_t)G * N);     /* [G, N] */
     uint32_t *qw = malloc((size_t)G * N / 2);   /* int32 [G, N/8] */
     uint16_t *sc = malloc((size_t)N * 2);       /* fp16 [N] */
     uint8_t *zc = malloc((size_t)N);            /* [N] */
     uint32_t *qz = malloc((size_t)N / 2);       /* int32 [N/8] */
     int rc = -1;
-    if (!wt || !codes || !qw || !sc || !zc || !qz) { set_err(c, "out of memory"); goto out; }
+    if (!wf || !codes || !qw || !sc || !zc || !qz) { set_err(c, "out of memory"); goto out; }
     for (int n = 0; n < N; n++) {
         uint64_t e0 = (uint64_t)n * (uint64_t)K + (uint64_t)k0;
+        float *col = wf + (size_t)n * G;
         for (int r = 0; r < G; r += 2) {
             float z0, z1;
             normal_pair(key, (e0 + (uint64_t)r) >> 1, &z0, &z1); /* K, k0 even: a whole pair */
-            wt[(size_t)r * N + n] = f32_to_fp16(0.02f * z0);
-            wt[(size_t)(r + 1) * N + n] = f32_to_fp16(0.02f * z1);
+            col[r] = fp16_to_f32(f32_to_fp16(0.02f * z0));
+            col[r + 1] = fp16_to_f32(f32_to_fp16(0.02f * z1));
         }
     }
-    awq_rtn_group(wt, G, N, (size_t)N, sc, zc, codes);
+    awq_rtn_group_f32(wf, G, N, sc, zc, codes);
     awq_pack(codes, G, N, qw);
     awq_pack(zc, 1, N, qz);
     if (put(c, u->t, (size_t)k0 * (size_t)(N / 8) * 4, qw, (size_t)G * N / 2) ||
@@ -425,7 +461,7 @@ static int run_unit(struct writer_ctx *c, const struct unit *u) {
         goto out;
     rc = 0;
 out:
-    free(wt);
+    free(wf);
     free(codes);
     free(qw);
     free(sc);

@@ -600,8 +600,18 @@ static int parse_pretok(struct tok *t, const cJSON *p, char *err, size_t errlen)
         t->nsteps++;
         return 0;
     }
+    if (strcmp(type, "Digits") == 0) {
+        /* HF: every char::is_numeric() character (Nd, Nl, No) is a match;
+         * individual_digits isolates each, otherwise runs stay together */
+        st->kind = PT_SPLIT;
+        st->beh = jbool(p, "individual_digits", 0) ? SB_ISOLATED : SB_CONTIGUOUS;
+        int rc = compile_re(st, "\\p{N}", 0, err, errlen);
+        if (rc < 0) return rc;
+        t->nsteps++;
+        return 0;
+    }
     return util_err(err, errlen, -ENOTSUP,
-                    "tokenizer.json: pre_tokenizer \"%s\" is not supported (byte-level BPE needs ByteLevel, Split, Sequence)", type);
+                    "tokenizer.json: pre_tokenizer \"%s\" is not supported (byte-level BPE needs ByteLevel, Split, Digits, Sequence)", type);
 }
 
 static int append_ids(int32_t **arr, int *n, const int32_t *ids, int k) {

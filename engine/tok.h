@@ -17,7 +17,7 @@
  * "a b" strings or ["a","b"] pairs, ignore_merges, no byte_fallback/dropout);
  * normalizer null | NFC | NFD | NFKC | NFKD | Sequence of those; pre-tokenizer
  * ByteLevel (use_regex, add_prefix_space) | Split (Regex or String pattern, all
- * five behaviours, invert=false) | Sequence of those, with a ByteLevel step;
+ * five behaviours, invert=false) | Digits | Sequence of those, with a ByteLevel step;
  * post-processor null | ByteLevel | TemplateProcessing (single) | Sequence;
  * decoder ByteLevel. Unigram, WordPiece, WordLevel and SentencePiece-style BPE
  * (byte_fallback / Metaspace) are refused.

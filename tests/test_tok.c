@@ -721,3 +721,25 @@ TEST(tok, added_token_options) {
     free(s);
     tok_free(t);
 }
+
+TEST(tok, digits_pretokenizer) {
+    /* Digits: individual_digits splits "123" into 1|2|3, otherwise 123 stays one
+     * piece (and merges); letters around them are pieces of their own */
+    const char *tmpl =
+        "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"1\":0,\"2\":1,\"3\":2,\"12\":3,\"123\":4,\"a\":5,\"a1\":6},"
+        "\"merges\":[\"1 2\",\"12 3\",\"a 1\"]},"
+        "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\",\"individual_digits\":%s},"
+        "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]},\"decoder\":{\"type\":\"ByteLevel\"}}";
+    char json[1024];
+    snprintf(json, sizeof json, tmpl, "true");
+    struct tok *t = load_json("digits1", json);
+    ASSERT_OK_SO_FAR();
+    expect_ids(t, "a123", (const int32_t[]){5, 0, 1, 2}, 4);
+    tok_free(t);
+    ASSERT_OK_SO_FAR();
+    snprintf(json, sizeof json, tmpl, "false");
+    t = load_json("digits0", json);
+    ASSERT_OK_SO_FAR();
+    expect_ids(t, "a123", (const int32_t[]){5, 4}, 2);
+    tok_free(t);
+}

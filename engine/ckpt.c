@@ -90,6 +90,14 @@ void awq_dequant(const struct awq_linear *l, float *w) {
 /* ======================================================================== */
 /* config.json                                                               */
 
+/* A JSON number as an int without undefined behaviour: NaN -> -1, clamped. */
+static int dbl_int(double d) {
+    if (!(d == d)) return -1;
+    if (d >= 2147483647.0) return 2147483647;
+    if (d <= -2147483648.0) return -2147483647 - 1;
+    return (int)d;
+}
+
 static const cJSON *jget(const cJSON *o, const char *k) {
     return o ? cJSON_GetObjectItemCaseSensitive(o, k) : NULL;
 }
@@ -104,8 +112,8 @@ static int jint(const cJSON *o, const char *key, int def, int required, int *out
         *out = def;
         return 0;
     }
-    if (!cJSON_IsNumber(j) || j->valuedouble != (double)(long long)j->valuedouble ||
-        j->valuedouble < -1 || j->valuedouble > (double)(1 << 30))
+    if (!cJSON_IsNumber(j) || !(j->valuedouble >= -1 && j->valuedouble <= (double)(1 << 30)) ||
+        j->valuedouble != (double)(int)j->valuedouble)
         return util_err(err, errlen, -EINVAL, "config.json: \"%s\" is not an integer in range",
                         key);
     *out = (int)j->valuedouble;
@@ -127,14 +135,14 @@ static int jbool(const cJSON *o, const char *key, int def) {
 /* eos_token_id: an int or a list of ints. Returns 1 when present. */
 static int parse_ids(const cJSON *j, int *ids, int *n, int max) {
     if (cJSON_IsNumber(j)) {
-        ids[0] = (int)j->valuedouble;
+        ids[0] = dbl_int(j->valuedouble);
         *n = 1;
         return 1;
     }
     if (cJSON_IsArray(j)) {
         int k = 0;
         for (const cJSON *x = j->child; x && k < max; x = x->next)
-            if (cJSON_IsNumber(x)) ids[k++] = (int)x->valuedouble;
+            if (cJSON_IsNumber(x)) ids[k++] = dbl_int(x->valuedouble);
         *n = k;
         return k > 0;
     }
@@ -161,7 +169,7 @@ static int parse_rope(const cJSON *root, struct rope_config *r, char *err, size_
         r->factor = jnum(sc, "factor", 8.0);
         r->low_freq_factor = jnum(sc, "low_freq_factor", 1.0);
         r->high_freq_factor = jnum(sc, "high_freq_factor", 4.0);
-        r->original_max_position = (int)jnum(sc, "original_max_position_embeddings", 8192);
+        r->original_max_position = dbl_int(jnum(sc, "original_max_position_embeddings", 8192));
         if (!(r->factor > 0) || !(r->low_freq_factor > 0) ||
             !(r->high_freq_factor > r->low_freq_factor) || r->original_max_position <= 0)
             return util_err(err, errlen, -EINVAL,
@@ -351,7 +359,7 @@ static int parse_config(struct ckpt *ck, int allow_unquantized, char *err, size_
             rc = util_err(err, errlen, -ENOTSUP,
                           "config.json: sliding-window attention (sliding_window %d < "
                           "max_position_embeddings %d) is not supported",
-                          (int)sw->valuedouble, c->max_position);
+                          dbl_int(sw->valuedouble), c->max_position);
             goto out;
         }
     }
@@ -361,7 +369,7 @@ static int parse_config(struct ckpt *ck, int allow_unquantized, char *err, size_
     c->bos_id = -1;
     c->n_eos = 0;
     const cJSON *b = jget(root, "bos_token_id");
-    if (cJSON_IsNumber(b)) c->bos_id = (int)b->valuedouble;
+    if (cJSON_IsNumber(b)) c->bos_id = dbl_int(b->valuedouble);
     parse_ids(jget(root, "eos_token_id"), c->eos_ids, &c->n_eos, CKPT_MAX_EOS);
     /* generation_config.json overrides */
     snprintf(path, sizeof path, "%s/generation_config.json", ck->dir);
@@ -377,7 +385,7 @@ static int parse_config(struct ckpt *ck, int allow_unquantized, char *err, size_
                     c->n_eos = n;
                 }
                 const cJSON *gb = jget(g, "bos_token_id");
-                if (cJSON_IsNumber(gb)) c->bos_id = (int)gb->valuedouble;
+                if (cJSON_IsNumber(gb)) c->bos_id = dbl_int(gb->valuedouble);
             } else {
                 log_warn("%s: not a JSON object, ignored", path);
             }

@@ -16,7 +16,9 @@
  * ranges inside the file and not overlapping, no duplicate names. A malformed
  * file gives an error naming the file (and the tensor), never a crash.
  * Tensor data points into a read-only private mapping that lives until
- * safetensors_close.
+ * safetensors_close. It is as aligned as the file makes it: files written by
+ * Hugging Face and by safetensors_write pad the header to 8 bytes (check
+ * ((uintptr_t)t->data % 4) before reading int32/fp32 in place, or memcpy).
  *
  * Writing: safetensors_write writes tensors held in memory in one call (to
  * PATH.tmp, then renamed). For files too big for memory, st_writer_open writes

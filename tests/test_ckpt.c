@@ -774,3 +774,63 @@ TEST(ckpt, missing_shard_and_unquantized) {
     ASSERT_CONTAINS(err, "awqd quantize");
     ckpt_close(ck);
 }
+
+/* Random mutations of config.json: ckpt_open either works or explains, and
+ * never crashes (ASan/UBSan in CI). Bounded to ~2 s. */
+TEST(ckpt, fuzz_config_json) {
+    struct mkmodel_spec s;
+    mkmodel_preset("tiny", &s);
+    s.vocab = 256;
+    s.n_layers = 1;
+    s.shard_bytes = 0;
+    const char *good = make_model(&s, "fz");
+    ASSERT(good);
+    char path[700], err[1024], *orig;
+    size_t len;
+    snprintf(path, sizeof path, "%s/config.json", good);
+    ASSERT(util_read_file(path, 0, &orig, &len, err, sizeof err) == 0);
+    static const char *swaps[] = {"-1", "0", "1e999", "-1e999", "2147483648", "null", "\"x\"",
+                                  "[]", "{}", "true", "4.5", "99999999999"};
+    uint64_t r = 0x1234567887654321ull;
+    double t0 = util_now_s();
+    int iters = 0, opened = 0;
+    char *buf = malloc(len + 64);
+    for (; iters < 3000 && util_now_s() - t0 < 2.0; iters++) {
+        r ^= r << 13; r ^= r >> 7; r ^= r << 17;
+        size_t n = len;
+        memcpy(buf, orig, len);
+        if (r % 3 == 0) {
+            /* replace a number token with an awkward value */
+            size_t pos = (size_t)(r >> 16) % len;
+            while (pos < len && !(buf[pos] >= '0' && buf[pos] <= '9')) pos++;
+            if (pos < len) {
+                size_t end = pos;
+                while (end < len && ((buf[end] >= '0' && buf[end] <= '9') || buf[end] == '.' ||
+                                     buf[end] == 'e' || buf[end] == '-')) end++;
+                const char *w = swaps[(r >> 40) % (sizeof swaps / sizeof *swaps)];
+                size_t wl = strlen(w);
+                memmove(buf + pos + wl, buf + end, len - end);
+                memcpy(buf + pos, w, wl);
+                n = len - (end - pos) + wl;
+            }
+        } else {
+            for (int k = 0; k < 1 + (int)(r % 3); k++) {
+                r ^= r << 13; r ^= r >> 7; r ^= r << 17;
+                buf[(r >> 8) % len] = "{}[]\":,0123456789-.aeflnrstu \t"[(r >> 32) % 31];
+            }
+        }
+        write_file(path, buf, n);
+        struct ckpt *ck = NULL;
+        if (ckpt_open(good, &ck, err, sizeof err) == 0) {
+            opened++;
+            ckpt_close(ck);
+        } else {
+            ASSERT_MSG(err[0], "no message at iteration %d", iters);
+        }
+    }
+    free(buf);
+    write_file(path, orig, len);
+    free(orig);
+    ASSERT(iters > 50);
+    ASSERT(opened > 0 && opened < iters);
+}

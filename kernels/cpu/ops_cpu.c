@@ -345,21 +345,21 @@ struct attn_job {
     const int32_t *q_start, *past, *bt;
     const float *kc, *vc;
     int *row_seq;                 /* [n_rows] sequence of each row */
-    float *scores;                /* [n_threads-agnostic: n_rows * nh, max_ctx] */
-    int max_ctx;
+    int max_ctx;                  /* longest context in the batch */
 };
 
 static void attn_items(void *arg, int i0, int i1) {
     struct attn_job *j = arg;
     const struct attn_batch *ab = j->ab;
     int width = (j->nh + 2 * j->nkv) * j->hd, group = j->nh / j->nkv;
+    float *sc = malloc((size_t)j->max_ctx * sizeof *sc); /* scores of one (row, head) */
+    AWQD_ASSERT(sc);
     for (int it = i0; it < i1; it++) {
         int r = it / j->nh, h = it % j->nh, s = j->row_seq[r];
         int pos = j->past[s] + (r - j->q_start[s]);
         const float *q = j->qkv + (size_t)r * width + h * j->hd;
         const int32_t *bt = j->bt + (size_t)s * ab->max_blocks;
         int g = h / group;
-        float *sc = j->scores + (size_t)it * j->max_ctx;
         float mx = -INFINITY;
         for (int t = 0; t <= pos; t++) {
             size_t slot = (size_t)bt[t / ab->block_size] * ab->block_size + t % ab->block_size;
@@ -382,6 +382,7 @@ static void attn_items(void *arg, int i0, int i1) {
             for (int d = 0; d < j->hd; d++) o[d] += p * v[d];
         }
     }
+    free(sc);
 }
 
 static void cpu_attention(void *ctx, struct buf *out, const struct buf *qkv, int nh, int nkv,
@@ -400,13 +401,10 @@ static void cpu_attention(void *ctx, struct buf *out, const struct buf *qkv, int
         for (int r = qs[s]; r < qs[s + 1]; r++) row_seq[r] = s;
     }
     size_t n_items = (size_t)ab->n_rows * nh;
-    float *scores = malloc((n_items ? n_items : 1) * (size_t)max_ctx * sizeof(float));
-    AWQD_ASSERT(scores);
     struct attn_job j = {cpu_f32(out), cpu_f32(qkv), nh, nkv, hd, scale, ab, qs, past,
                          cpu_i32(ab->block_table), cpu_f32(k_cache), cpu_f32(v_cache),
-                         row_seq, scores, max_ctx};
+                         row_seq, max_ctx};
     cpu_pool_run(pool_of(ctx), (int)n_items, 1, attn_items, &j);
-    free(scores);
     free(row_seq);
 }
 

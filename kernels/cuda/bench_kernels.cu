@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include <cublas_v2.h>
@@ -239,6 +240,41 @@ extern "C" int bench_kernels(int argc, char **argv) {
                    sh.name, qn * 16 / 1e6, rus, qn * 16 / (rus * 1e-6) / 1e9,
                    100.0 * qn * 16 / (rus * 1e-6) / 1e9 / copy_gbs);
             cudaFree(qcopy);
+        }
+        {
+            /* back to back, as in a forward pass: R copies of the weight (> 2x L2
+             * together) called in turn between two events, no flush */
+            int R = (int)std::min<double>(24.0, std::ceil(2.0 * prop.l2CacheSize / wbytes)) + 1;
+            std::vector<struct w4a16_weight *> cp(R, nullptr);
+            cp[0] = w;
+            for (int i = 1; i < R; i++)
+                if (w4a16_upload(&l, sh.gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &cp[i],
+                                 err, sizeof err)) {
+                    fprintf(stderr, "upload copy: %s\n", err);
+                    return 1;
+                }
+            for (int mm = 1; mm <= 16; mm *= 16) {
+                int calls = R * 4, rc2 = 0;
+                std::vector<float> v;
+                for (int rep = 0; rep < 7; rep++) {
+                    CUDA_CHECK_ABORT(cudaEventRecord(t.a));
+                    for (int i = 0; i < calls; i++)
+                        rc2 |= w4a16_linear(cp[i % R], dx, mm, dy, epi, ws, wsb, 0, err, sizeof err);
+                    CUDA_CHECK_ABORT(cudaEventRecord(t.b));
+                    CUDA_CHECK_ABORT(cudaEventSynchronize(t.b));
+                    float ms = 0;
+                    CUDA_CHECK_ABORT(cudaEventElapsedTime(&ms, t.a, t.b));
+                    if (rep) v.push_back(ms * 1000.f / calls);
+                }
+                std::sort(v.begin(), v.end());
+                double bus = v[v.size() / 2];
+                printf("%-8s back-to-back M=%-2d over %d weight copies: %.2f us/call = %.0f GB/s (%.1f%% of copy)%s\n",
+                       sh.name, mm, R, bus, wbytes / (bus * 1e-6) / 1e9,
+                       100.0 * wbytes / (bus * 1e-6) / 1e9 / copy_gbs, rc2 ? " (error)" : "");
+                if (csv) fprintf(csv, "%s,%d,%d,%d,b2b,0,%.3f,%.1f,%.2f,,,,,,,\n", sh.name, K, N, mm, bus,
+                                 wbytes / (bus * 1e-6) / 1e9, 100.0 * wbytes / (bus * 1e-6) / 1e9 / copy_gbs);
+            }
+            for (int i = 1; i < R; i++) w4a16_free(cp[i]);
         }
         if (sweep) {
             static const int sms_[] = {1, 2, 3, 4, 6, 8, 12, 16};

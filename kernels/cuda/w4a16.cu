@@ -117,6 +117,15 @@ static __device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4],
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* d = A * B (no accumulator input) */
+static __device__ __forceinline__ void mma16816_z(float d[4], const uint32_t a[4], uint32_t b0,
+                                                  uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+}
+
 static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
@@ -325,63 +334,85 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     float acc[MT][4];
 #pragma unroll
     for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    const int cpg = G / 64;
 
-    for (int it = 0; it < n; it++) {
-        int nx = it + SK_STAGES - 1;
-        if (nx < n) cp_async16(ring + (nx % SK_STAGES) * 32 + lane, wp + (size_t)nx * 256, 16);
-        cp_async_commit();
-        cp_async_wait<SK_STAGES - 1>();
-        uint4 wv = ring[(it % SK_STAGES) * 32 + lane];
-        int gl = (kc0 + it) / cpg - g0;
-        uint32_t s2 = ssc[gl * 64 + warp * 8 + r];
-        uint32_t z = szr[gl * 64 + warp * 8 + r];
-        uint32_t mlo = magic_lo(z & 15), mhi = magic_hi(z >> 4);
-        uint4 xa[MT], xb[MT];
+    /* group bookkeeping without divisions: gc = chunk position inside group */
+    const int cpg = G / 64;
+    int gc = kc0 % cpg;
+    const uint32_t *sp = ssc + warp * 8 + r; /* this lane's scale pair, group 0 */
+    const uint8_t *zp = szr + warp * 8 + r;
+    uint32_t mlo, mhi;
+    float slo, shi;
+    auto load_group = [&]() {
+        uint32_t s2 = *sp, z = *zp;
+        sp += 64;
+        zp += 64;
+        __half2 sh2 = *reinterpret_cast<__half2 *>(&s2);
+        slo = __low2float(sh2);
+        shi = __high2float(sh2) * 0.0625f;
+        mlo = magic_lo(z & 15);
+        mhi = magic_hi(z >> 4);
+    };
+    load_group();
+    bool xv[MT];
+    const uint16_t *xr[MT];
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
-            int m = i * 8 + r;
-            if (m < ep.m) {
-                const uint16_t *xr = sx + m * L.xstride + it * 64 + 16 * c;
-                xa[i] = *(const uint4 *)xr;
-                xb[i] = *(const uint4 *)(xr + 8);
-            } else {
-                xa[i] = xb[i] = make_uint4(0, 0, 0, 0);
-            }
-        }
-        /* two accumulator sets (t even / odd) halve the mma dependency chain */
-        float d[MT][4], e[MT][4];
+    for (int i = 0; i < MT; i++) {
+        int m = i * 8 + r;
+        xv[i] = m < ep.m;
+        xr[i] = sx + (xv[i] ? m : 0) * L.xstride + 16 * c;
+    }
+    const uint4 *wnext = wp + (size_t)(SK_STAGES - 1) * 256; /* next chunk to fetch */
+
+    for (int it0 = 0; it0 < n; it0 += SK_STAGES) {
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
-            d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.f;
-            e[i][0] = e[i][1] = e[i][2] = e[i][3] = 0.f;
-        }
-        const uint32_t *wt = &wv.x;
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            uint32_t a[4];
-            deq_raw(wt[t], mlo, mhi, a);
+        for (int st = 0; st < SK_STAGES; st++) {
+            const int it = it0 + st;
+            if (it >= n) break;
+            if (it + SK_STAGES - 1 < n)
+                cp_async16(ring + ((st + SK_STAGES - 1) % SK_STAGES) * 32 + lane, wnext, 16);
+            wnext += 256;
+            cp_async_commit();
+            cp_async_wait<SK_STAGES - 1>();
+            const uint4 wv = ring[st * 32 + lane];
+            uint4 xa[MT], xb[MT];
 #pragma unroll
             for (int i = 0; i < MT; i++) {
-                const uint32_t *xs = t < 2 ? &xa[i].x : &xb[i].x;
-                mma16816(t & 1 ? e[i] : d[i], a, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
+                if (xv[i]) {
+                    xa[i] = *(const uint4 *)(xr[i]);
+                    xb[i] = *(const uint4 *)(xr[i] + 8);
+                } else {
+                    xa[i] = xb[i] = make_uint4(0, 0, 0, 0);
+                }
+                xr[i] += 64;
             }
-        }
+            /* two chains (t even / odd) started from zero: no accumulator reset */
+            float d[MT][4], e[MT][4];
+            const uint32_t *wt = &wv.x;
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
-            d[i][0] += e[i][0];
-            d[i][1] += e[i][1];
-            d[i][2] += e[i][2];
-            d[i][3] += e[i][3];
-        }
-        __half2 sh2 = *reinterpret_cast<__half2 *>(&s2);
-        float slo = __low2float(sh2), shi = __high2float(sh2) * 0.0625f;
+            for (int t = 0; t < 4; t++) {
+                uint32_t a[4];
+                deq_raw(wt[t], mlo, mhi, a);
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
-            acc[i][0] = fmaf(slo, d[i][0], acc[i][0]);
-            acc[i][1] = fmaf(slo, d[i][1], acc[i][1]);
-            acc[i][2] = fmaf(shi, d[i][2], acc[i][2]);
-            acc[i][3] = fmaf(shi, d[i][3], acc[i][3]);
+                for (int i = 0; i < MT; i++) {
+                    const uint32_t *xs = t < 2 ? &xa[i].x : &xb[i].x;
+                    float *acc4 = t & 1 ? e[i] : d[i];
+                    if (t < 2)
+                        mma16816_z(acc4, a, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
+                    else
+                        mma16816(acc4, a, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                acc[i][0] = fmaf(slo, d[i][0] + e[i][0], acc[i][0]);
+                acc[i][1] = fmaf(slo, d[i][1] + e[i][1], acc[i][1]);
+                acc[i][2] = fmaf(shi, d[i][2] + e[i][2], acc[i][2]);
+                acc[i][3] = fmaf(shi, d[i][3] + e[i][3], acc[i][3]);
+            }
+            if (++gc == cpg) {
+                gc = 0;
+                if (it + 1 < n) load_group();
+            }
         }
     }
     cp_async_wait<0>();
@@ -417,8 +448,8 @@ struct tc_cfg {
     static constexpr int NACC = 2 * MW * 4;
 };
 
-template <int WN, int WM, int MW, int STAGES>
-static __global__ void __launch_bounds__(WN *WM * 32, 1)
+template <int WN, int WM, int MW, int STAGES, int MINB>
+static __global__ void __launch_bounds__(WN *WM * 32, MINB)
 k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
      const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
      int G, int cps, int ksplit, epi_args ep, float *__restrict__ part, int *__restrict__ cnt) {
@@ -526,8 +557,9 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 }
 
 /* The two GEMM configurations. */
-#define TC64_ARGS 4, 1, 8, 4   /* 128 n x 64 m, 4 warps */
-#define TC128_ARGS 4, 2, 8, 4  /* 128 n x 128 m, 8 warps */
+#define TC64_ARGS 4, 1, 8, 4, 1   /* 128 n x 64 m, 4 warps */
+#define TC64B_ARGS 4, 1, 8, 4, 4  /* same, registers capped for 4 blocks / SM */
+#define TC128_ARGS 4, 2, 8, 4, 1  /* 128 n x 128 m, 8 warps */
 
 /* ------------------------------------------------------------------------ */
 /* Large M: dequantize to a transient fp16 W^T in the caller's workspace and */
@@ -872,13 +904,13 @@ extern "C" size_t w4a16_workspace_bytes(const struct w4a16_weight *w, int max_m)
     return best;
 }
 
-template <int WN, int WM, int MW, int STAGES>
+template <int WN, int WM, int MW, int STAGES, int MINB>
 static int launch_tc(const struct w4a16_weight *w, const uint16_t *x, int m, epi_args ep,
                      int ksplit, float *part, cudaStream_t s, char *err, size_t errlen) {
     typedef tc_cfg<WN, WM, MW, STAGES> C;
     static int attr_set = 0; /* per device would be stricter; one device per process here */
     if (!attr_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(k_tc<WN, WM, MW, STAGES>,
+        CUDA_CHECK(cudaFuncSetAttribute(k_tc<WN, WM, MW, STAGES, MINB>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
                    err, errlen);
         attr_set = 1;
@@ -887,7 +919,7 @@ static int launch_tc(const struct w4a16_weight *w, const uint16_t *x, int m, epi
     ksplit = ceil_div(w->kc, cps);
     dim3 grid(ceil_div(w->n16, C::BN16), ceil_div(m, C::BM), ksplit);
     if (ksplit > 1 && (int)(grid.x * grid.y) > w->cnt_len) return -ERANGE;
-    k_tc<WN, WM, MW, STAGES><<<grid, C::NT, C::SMEM, s>>>(w->qw, w->sc, w->zr, x, w->k, w->n16a,
+    k_tc<WN, WM, MW, STAGES, MINB><<<grid, C::NT, C::SMEM, s>>>(w->qw, w->sc, w->zr, x, w->k, w->n16a,
                                                          w->kc, w->group, cps, ksplit, ep, part,
                                                          w->cnt);
     CUDA_CHECK_LAUNCH(err, errlen);
@@ -1012,8 +1044,14 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
     } else if (k == W4A16_KERNEL_CUBLAS) {
         rc = launch_cublas(w, x, m, ep, workspace, s, err, errlen);
     } else if (k == W4A16_KERNEL_TC64) {
-        rc = launch_tc<TC64_ARGS>(w, x, m, ep, ks, part, s, err, errlen);
-        if (rc == -ERANGE) rc = launch_tc<TC64_ARGS>(w, x, m, ep, 1, part, s, err, errlen);
+        static const int occ = getenv("AWQD_W4A16_TC64_OCC") != NULL; /* experiment knob */
+        if (occ) {
+            rc = launch_tc<TC64B_ARGS>(w, x, m, ep, ks, part, s, err, errlen);
+            if (rc == -ERANGE) rc = launch_tc<TC64B_ARGS>(w, x, m, ep, 1, part, s, err, errlen);
+        } else {
+            rc = launch_tc<TC64_ARGS>(w, x, m, ep, ks, part, s, err, errlen);
+            if (rc == -ERANGE) rc = launch_tc<TC64_ARGS>(w, x, m, ep, 1, part, s, err, errlen);
+        }
     } else {
         rc = launch_tc<TC128_ARGS>(w, x, m, ep, ks, part, s, err, errlen);
         if (rc == -ERANGE) rc = launch_tc<TC128_ARGS>(w, x, m, ep, 1, part, s, err, errlen);

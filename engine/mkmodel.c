@@ -312,39 +312,40 @@ static inline uint64_t mix64(uint64_t z) {
 
 /* log, sin and cos in plain C (polynomials; ~1e-7 relative, far below the
  * fp16 rounding that follows) so the bytes do not depend on the libm. */
-static inline float fast_logf(float x) { /* x in (0, 1] */
+static inline float fast_logf(float x) { /* x in (0, 1]; no data-dependent branches */
     uint32_t b;
     memcpy(&b, &x, 4);
     int e = (int)((b >> 23) & 0xff) - 127;
-    b = (b & 0x7fffff) | 0x3f800000u; /* m in [1, 2) */
+    b = (b & 0x7fffff) | 0x3f800000u;         /* m in [1, 2) */
+    uint32_t big = (b > 0x3fb504f3u);         /* m > sqrt(2): use m / 2, e + 1 */
+    b -= big << 23;
+    e += (int)big;
     float m;
     memcpy(&m, &b, 4);
-    if (m > 1.41421356f) { m *= 0.5f; e++; }
     float t = (m - 1.0f) / (m + 1.0f), t2 = t * t; /* |t| <= 0.172 */
     float p = 2.0f * t * (1.0f + t2 * (1.0f / 3 + t2 * (1.0f / 5 + t2 * (1.0f / 7 + t2 * (1.0f / 9)))));
     return p + (float)e * 0.69314718056f;
 }
 
-/* sin and cos of 2*pi*u, u in [0, 1). */
+/* sin and cos of 2*pi*u, u in [0, 1), without data-dependent branches. */
 static inline void fast_sincos2pi(float u, float *s, float *c) {
     float q4 = u * 4.0f;
-    int q = (int)q4;                          /* quadrant 0..3 */
-    float x = (q4 - (float)q) * 1.5707963268f; /* [0, pi/2) */
-    if (x > 0.785398163f) {                   /* reflect to [0, pi/4] for accuracy */
-        x = 1.5707963268f - x;
-        q += 4;                               /* marks swapped sin/cos */
-    }
+    uint32_t q = (uint32_t)q4;                  /* quadrant 0..3 */
+    float x = (q4 - (float)q) * 1.5707963268f;  /* [0, pi/2) */
     float x2 = x * x;
     float sn = x * (1.0f + x2 * (-1.0f / 6 + x2 * (1.0f / 120 + x2 * (-1.0f / 5040 +
-                                                                         x2 * (1.0f / 362880)))));
-    float cs = 1.0f + x2 * (-0.5f + x2 * (1.0f / 24 + x2 * (-1.0f / 720 + x2 * (1.0f / 40320))));
-    if (q >= 4) { float t = sn; sn = cs; cs = t; q -= 4; }
-    switch (q) {
-    case 0: *s = sn; *c = cs; break;
-    case 1: *s = cs; *c = -sn; break;
-    case 2: *s = -sn; *c = -cs; break;
-    default: *s = -cs; *c = sn; break;
-    }
+               x2 * (1.0f / 362880 + x2 * (-1.0f / 39916800))))));
+    float cs = 1.0f + x2 * (-0.5f + x2 * (1.0f / 24 + x2 * (-1.0f / 720 + x2 * (1.0f / 40320 +
+               x2 * (-1.0f / 3628800 + x2 * (1.0f / 479001600))))));
+    /* quadrant q: (sin, cos) = (s, c), (c, -s), (-s, -c), (-c, s) */
+    uint32_t a, b2, sw = 0u - (q & 1u);
+    memcpy(&a, &sn, 4);
+    memcpy(&b2, &cs, 4);
+    uint32_t os = a ^ ((a ^ b2) & sw), oc = b2 ^ ((a ^ b2) & sw);
+    os ^= (q & 2u) << 30;
+    oc ^= ((q + 1u) & 2u) << 30;
+    memcpy(s, &os, 4);
+    memcpy(c, &oc, 4);
 }
 
 /* The two standard normals of pair `pair` (elements 2*pair and 2*pair + 1):

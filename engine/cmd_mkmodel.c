@@ -12,6 +12,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: awqd mkmodel PRESET OUTDIR [--seed N] [--threads N] [--tokenizer DIR] [--fp16]\n"
+            "                                   [--layers N]\n"
             "\n"
             "Writes a synthetic but genuine Hugging Face AWQ checkpoint (config.json with\n"
             "quantization_config awq/gemm/4 bits/group 128/zero point, generation_config.json,\n"
@@ -29,7 +30,8 @@ static void usage(FILE *f) {
             "  --tokenizer DIR  folder with tokenizer.json + tokenizer_config.json (or DIR/qwen3,\n"
             "                   DIR/llama3); else $AWQD_TOKENIZER_DIR/<family>, the installed\n"
             "                   share/awqd/tokenizers/<family>, or the source tree's tests/js\n"
-            "  --fp16           write the unquantized fp16 model instead (input for awqd quantize)\n");
+            "  --fp16           write the unquantized fp16 model instead (input for awqd quantize)\n"
+            "  --layers N       keep the preset's shapes but only N decoder layers (quick tests)\n");
 }
 
 int cmd_mkmodel(int argc, char **argv) {
@@ -39,10 +41,11 @@ int cmd_mkmodel(int argc, char **argv) {
     }
     const char *preset = NULL, *out = NULL, *tok = NULL;
     unsigned long long seed = 0;
-    int threads = 0, fp16 = 0;
+    int threads = 0, fp16 = 0, layers = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if ((!strcmp(a, "--seed") || !strcmp(a, "--threads") || !strcmp(a, "--tokenizer")) &&
+        if ((!strcmp(a, "--seed") || !strcmp(a, "--threads") || !strcmp(a, "--tokenizer") ||
+             !strcmp(a, "--layers")) &&
             i + 1 >= argc) {
             fprintf(stderr, "awqd mkmodel: %s needs a value\n", a);
             return 2;
@@ -56,6 +59,12 @@ int cmd_mkmodel(int argc, char **argv) {
             if (threads < 1) { fprintf(stderr, "awqd mkmodel: bad --threads\n"); return 2; }
         } else if (!strcmp(a, "--tokenizer")) {
             tok = argv[++i];
+        } else if (!strcmp(a, "--layers")) {
+            layers = atoi(argv[++i]);
+            if (layers < 1 || layers > 4096) {
+                fprintf(stderr, "awqd mkmodel: bad --layers\n");
+                return 2;
+            }
         } else if (!strcmp(a, "--fp16")) {
             fp16 = 1;
         } else if (a[0] == '-' && a[1]) {
@@ -82,6 +91,7 @@ int cmd_mkmodel(int argc, char **argv) {
         return 2;
     }
     s.unquantized = fp16;
+    if (layers) s.n_layers = layers;
     char tdir[4096], err[1024];
     if (mkmodel_find_tokenizer(&s, tok, tdir, sizeof tdir, err, sizeof err)) {
         fprintf(stderr, "awqd mkmodel: %s\n", err);

@@ -79,6 +79,18 @@ TEST(mkmodel, same_seed_same_bytes_any_threads) {
     }
     ASSERT_NEAR(sum / n, 0.0, 0.001);
     ASSERT_NEAR(sqrt(sq / n), 0.02, 0.001);
+    /* normal, not just any zero-mean noise: tails and kurtosis */
+    double sd = sqrt(sq / n), q4 = 0;
+    size_t beyond2 = 0, beyond3 = 0;
+    for (size_t i = 0; i < n; i++) {
+        double v = fp16_to_f32(w.embed[i]) / sd;
+        q4 += v * v * v * v;
+        beyond2 += fabs(v) > 2;
+        beyond3 += fabs(v) > 3;
+    }
+    ASSERT_NEAR(q4 / n, 3.0, 0.05);                   /* kurtosis of a normal */
+    ASSERT_NEAR((double)beyond2 / n, 0.0455, 0.002);   /* P(|z| > 2) */
+    ASSERT_NEAR((double)beyond3 / n, 0.0027, 0.0004);  /* P(|z| > 3) */
     for (int i = 0; i < c->hidden; i++) ASSERT_NEAR(fp16_to_f32(w.layers[1].mlp_norm[i]), 1.0, 0.15);
     /* dequantized linear ~ normal(0, 0.02) too */
     const struct awq_linear *l = &w.layers[0].gate_up;

@@ -159,18 +159,19 @@ static int run_qunit(struct qctx *c, const struct unit *u) {
     /* OUT_QWEIGHT: group u->a of W [K, N] = weight^T, weight [N, K] */
     int G = c->group, K = o->k, N = o->n;
     int64_t g = u->a, k0 = g * G;
-    uint16_t *wt = malloc((size_t)G * N * 2);  /* fp16 [G, N] */
+    float *wf = malloc((size_t)G * N * 4);     /* fp32 (fp16-exact) [N, G]: rows of weight */
     uint8_t *codes = malloc((size_t)G * N);    /* [G, N] */
     uint32_t *qw = malloc((size_t)G * N / 2);  /* int32 [G, N/8] */
     uint16_t *sc = malloc((size_t)N * 2);      /* fp16 [N] */
     uint8_t *zc = malloc((size_t)N);           /* [N] */
     uint32_t *qz = malloc((size_t)N / 2);      /* int32 [N/8] */
     int rc = -1;
-    if (!wt || !codes || !qw || !sc || !zc || !qz) { qfail(c, "out of memory"); goto out; }
+    if (!wf || !codes || !qw || !sc || !zc || !qz) { qfail(c, "out of memory"); goto out; }
     for (int n = 0; n < N; n++)
         for (int r = 0; r < G; r++)
-            wt[(size_t)r * N + n] = to_fp16(o->src, o->src_dtype, (size_t)n * K + (size_t)(k0 + r));
-    awq_rtn_group(wt, G, N, (size_t)N, sc, zc, codes);
+            wf[(size_t)n * G + r] =
+                fp16_to_f32(to_fp16(o->src, o->src_dtype, (size_t)n * K + (size_t)(k0 + r)));
+    awq_rtn_group_f32(wf, G, N, sc, zc, codes);
     awq_pack(codes, G, N, qw);
     awq_pack(zc, 1, N, qz);
     if (qput(c, u->t, (size_t)k0 * (size_t)(N / 8) * 4, qw, (size_t)G * N / 2) ||
@@ -179,7 +180,7 @@ static int run_qunit(struct qctx *c, const struct unit *u) {
         goto out;
     rc = 0;
 out:
-    free(wt);
+    free(wf);
     free(codes);
     free(qw);
     free(sc);

@@ -834,3 +834,91 @@ TEST(ckpt, fuzz_config_json) {
     ASSERT(iters > 50);
     ASSERT(opened > 0 && opened < iters);
 }
+
+/* fp16 tensors stored as fp32 (exactly) or bf16 (rounded) load as fp16. */
+static void rewrite_floats(const char *dir, enum st_dtype to) {
+    char path[700], tmp[720], err[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(tmp, sizeof tmp, "%s/new.safetensors", dir);
+    struct safetensors *st;
+    if (safetensors_open(path, &st, err, sizeof err)) { test_fail(__FILE__, __LINE__, "%s", err); return; }
+    struct st_desc *d = calloc((size_t)st->n_tensors, sizeof *d);
+    void **bufs = calloc((size_t)st->n_tensors, sizeof *bufs);
+    for (int i = 0; i < st->n_tensors; i++) {
+        const struct st_tensor *t = &st->tensors[i];
+        d[i] = (struct st_desc){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
+        memcpy(d[i].shape, t->shape, sizeof d[i].shape);
+        if (t->dtype != ST_F16) continue;
+        const uint16_t *h = t->data;
+        if (to == ST_F32) {
+            float *f = malloc((size_t)t->numel * 4);
+            for (int64_t k = 0; k < t->numel; k++) f[k] = fp16_to_f32(h[k]);
+            bufs[i] = f;
+        } else {
+            uint16_t *b = malloc((size_t)t->numel * 2);
+            for (int64_t k = 0; k < t->numel; k++) {
+                float f = fp16_to_f32(h[k]);
+                uint32_t x;
+                memcpy(&x, &f, 4);
+                b[k] = (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+            }
+            bufs[i] = b;
+        }
+        d[i].dtype = to;
+        d[i].data = bufs[i];
+    }
+    if (safetensors_write(tmp, d, st->n_tensors, err, sizeof err)) test_fail(__FILE__, __LINE__, "%s", err);
+    for (int i = 0; i < st->n_tensors; i++) free(bufs[i]);
+    free(bufs);
+    free(d);
+    safetensors_close(st);
+    if (!test_failed()) rename(tmp, path);
+}
+
+TEST(ckpt, fp32_and_bf16_tensors_load_as_fp16) {
+    struct mkmodel_spec s;
+    mkmodel_preset("tiny", &s);
+    s.vocab = 384;
+    s.n_layers = 1;
+    s.tie_embeddings = 0;
+    s.shard_bytes = 0;
+    const char *good = make_model(&s, "f16src");
+    ASSERT(good);
+    char d32[600], d16[600], err[512];
+    snprintf(d32, sizeof d32, "%s/f32", test_tmpdir());
+    snprintf(d16, sizeof d16, "%s/bf16", test_tmpdir());
+    copy_dir(good, d32);
+    copy_dir(good, d16);
+    rewrite_floats(d32, ST_F32);
+    rewrite_floats(d16, ST_BF16);
+    ASSERT_OK_SO_FAR();
+    struct ckpt *a, *b, *c;
+    ASSERT_MSG(ckpt_open(good, &a, err, sizeof err) == 0, "%s", err);
+    ASSERT_MSG(ckpt_open(d32, &b, err, sizeof err) == 0, "%s", err);
+    ASSERT_MSG(ckpt_open(d16, &c, err, sizeof err) == 0, "%s", err);
+    struct model_weights wa, wb, wc;
+    ASSERT(ckpt_load(a, 0, 2, &wa, err, sizeof err) == 0);
+    ASSERT(ckpt_load(b, 0, 2, &wb, err, sizeof err) == 0);
+    ASSERT(ckpt_load(c, 0, 2, &wc, err, sizeof err) == 0);
+    size_t ne = (size_t)wa.vocab_rows * s.hidden;
+    ASSERT(memcmp(wa.embed, wb.embed, ne * 2) == 0);
+    ASSERT(memcmp(wa.lm_head, wb.lm_head, ne * 2) == 0);
+    ASSERT(memcmp(wa.layers[0].q_norm, wb.layers[0].q_norm, 128 * 2) == 0);
+    const struct awq_linear *la = &wa.layers[0].qkv, *lb = &wb.layers[0].qkv, *lc = &wc.layers[0].qkv;
+    size_t nsc = (size_t)(la->k / la->group) * la->n;
+    ASSERT(memcmp(la->scales, lb->scales, nsc * 2) == 0);
+    for (size_t i = 0; i < nsc; i++) {
+        double x = fp16_to_f32(la->scales[i]), y = fp16_to_f32(lc->scales[i]);
+        ASSERT_NEAR(y, x, fabs(x) / 128 + 1e-7);
+    }
+    for (size_t i = 0; i < ne; i++) {
+        double x = fp16_to_f32(wa.embed[i]), y = fp16_to_f32(wc.embed[i]);
+        ASSERT_NEAR(y, x, fabs(x) / 128 + 1e-6);
+    }
+    model_weights_free(&wa);
+    model_weights_free(&wb);
+    model_weights_free(&wc);
+    ckpt_close(a);
+    ckpt_close(b);
+    ckpt_close(c);
+}

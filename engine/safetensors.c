@@ -480,6 +480,7 @@ static int open_index(const char *dir, const char *ipath, struct safetensors **o
         rc = parse_file(path, &files[k], &ts[k], &nts[k], &names[k], err, errlen);
         free(path);
         if (rc) goto fail_files;
+        qsort(ts[k], (size_t)nts[k], sizeof *ts[k], cmp_tensor_name); /* for the lookups below */
         opened++;
     }
     /* every tensor the index names must be in the shard it names */
@@ -487,9 +488,8 @@ static int open_index(const char *dir, const char *ipath, struct safetensors **o
         int k;
         for (k = 0; k < nf; k++)
             if (strcmp(fnames[k], it->valuestring) == 0) break;
-        int found = 0;
-        for (int j = 0; j < nts[k] && !found; j++) found = strcmp(ts[k][j].name, it->string) == 0;
-        if (!found) {
+        struct st_tensor key = {.name = it->string};
+        if (!bsearch(&key, ts[k], (size_t)nts[k], sizeof key, cmp_tensor_name)) {
             rc = util_err(err, errlen, -EINVAL, "%s lists tensor %s in %s, but %s has no such tensor",
                           INDEX_NAME, it->string, fnames[k], fnames[k]);
             goto fail_files;

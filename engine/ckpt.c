@@ -15,6 +15,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ======================================================================== */
@@ -519,7 +520,25 @@ int ckpt_open_ex(const char *dir, int allow_unquantized, struct ckpt **out, char
     if (!ck->dir) { free(ck); return util_err(err, errlen, -ENOMEM, "out of memory"); }
     size_t dl = strlen(ck->dir);
     while (dl > 1 && ck->dir[dl - 1] == '/') ck->dir[--dl] = 0;
-    int rc = parse_config(ck, allow_unquantized, err, errlen);
+    int rc;
+    struct stat sb;
+    if (stat(ck->dir, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        /* a file, not a directory: say what it is */
+        unsigned char magic[4] = {0};
+        FILE *f = fopen(ck->dir, "rb");
+        size_t got = f ? fread(magic, 1, 4, f) : 0;
+        if (f) fclose(f);
+        if (got == 4 && magic[0] == 0x38 && magic[1] == 0x34 && magic[2] == 0x6b && magic[3] == 0x61)
+            rc = util_err(err, errlen, -ENOTSUP,
+                          "%s is the seed's ak48 export; convert it into a model directory with "
+                          "`awqd quantize --from-ak48 %s OUTDIR`", ck->dir, ck->dir);
+        else
+            rc = util_err(err, errlen, -ENOTDIR,
+                          "%s is a file; a model is a directory with config.json and safetensors",
+                          ck->dir);
+        goto fail;
+    }
+    rc = parse_config(ck, allow_unquantized, err, errlen);
     if (rc) goto fail;
     rc = safetensors_open_dir(ck->dir, &ck->st, err, errlen);
     if (rc) goto fail;

@@ -252,6 +252,11 @@ TEST(quantize, ak48_converts_losslessly) {
     ASSERT_EQ_INT(ckpt_config(ck)->family, FAMILY_QWEN3);
     ASSERT_EQ_INT(ckpt_config(ck)->n_layers, 2);
     ckpt_close(ck);
+    /* inspect / the loader point at the converter */
+    snprintf(args, sizeof args, "inspect %s", bin);
+    ASSERT_EQ_INT(awqd(args, &o), 1);
+    ASSERT_CONTAINS(o, "quantize --from-ak48");
+    free(o);
     /* truncated and foreign files fail with a message */
     ASSERT(truncate(bin, 300000) == 0);
     snprintf(args, sizeof args, "quantize --from-ak48 %s %s/t", bin, test_tmpdir());

@@ -38,7 +38,7 @@ void stop_text_free(struct stop_text *st) { text_buf_free(&st->pending); }
 
 /* UTF-8 sequence at s[0..n): returns its length when complete and valid;
  * 0 when it is a valid but incomplete start (more bytes may complete it);
- * -1 when the first byte can never start a valid character here. */
+ * -k when s[0..k) is a maximal invalid subpart (one U+FFFD, as HF decodes). */
 static int utf8_seq(const unsigned char *s, size_t n) {
     unsigned c = s[0];
     if (c < 0x80) return 1;
@@ -56,7 +56,7 @@ static int utf8_seq(const unsigned char *s, size_t n) {
     for (int i = 1; i < len; i++) {
         if ((size_t)i >= n) return 0;
         unsigned b = s[i];
-        if (i == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xbf)) return -1;
+        if (i == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xbf)) return -i;
     }
     return len;
 }
@@ -78,9 +78,9 @@ static size_t emit_utf8(const char *s, size_t n, int final, struct text_buf *out
             *rc = -ENOMEM;
             return i;
         }
-        i += 1;
-        /* an incomplete final sequence is one replacement character */
-        if (l == 0) i = n;
+        /* a maximal invalid subpart, or an incomplete final sequence, is one
+         * replacement character */
+        i = l == 0 ? n : i + (size_t)(-l);
         run = i;
     }
     if (text_buf_append(out, s + run, i - run)) *rc = -ENOMEM;

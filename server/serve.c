@@ -652,6 +652,10 @@ static void on_signal(uv_signal_t *s, int signum) {
 static void load_work(uv_work_t *w) {
     struct daemon *d = w->data;
     const struct cfg *c = d->cfg;
+    /* testing aid: AWQD_LOAD_DELAY_MS stretches the loading phase so that
+     * tests can see /health 503 and signals during loading */
+    const char *delay = getenv("AWQD_LOAD_DELAY_MS");
+    if (delay && atoi(delay) > 0) uv_sleep((unsigned)atoi(delay));
     struct engine_opts o;
     engine_opts_defaults(&o);
     o.model_dir = c->model;

@@ -464,3 +464,163 @@ TEST(server, openai_node_client) {
     ASSERT_EQ_INT(su_wait_metric(s.port, "awqd:kv_cache_blocks_used", 0, 5), 0);
     ASSERT_EQ_INT(su_stop(&s, 20), 0);
 }
+
+/* Running alone and running squeezed into a KV cache far too small for all
+ * of them (so requests are preempted and recomputed) gives the same greedy
+ * tokens. */
+TEST(server, preemption_by_recompute_keeps_results) {
+    struct srv s;
+    memset(&s, 0, sizeof s);
+    ASSERT(su_make_fixture_model(&s) == 0);
+    /* 16 blocks of 16 tokens; each request needs 7 blocks at its longest */
+    ASSERT_MSG(su_start(&s, "--max-model-len 512 --kv-cache-tokens 256 --max-batch-tokens 64") == 0,
+               "daemon did not start (log %s)", s.log);
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"model\":\"%s\",\"prompt\":[9,8,7,6,5,4,3,2],\"max_tokens\":100,\"temperature\":0,"
+             "\"ignore_eos\":true,\"logprobs\":0}", s.name);
+    char *solo = NULL;
+    ASSERT_EQ_INT(su_request(s.port, "POST", "/v1/completions", NULL, body, &solo), 200);
+    cJSON *o = cJSON_Parse(su_body(solo));
+    ASSERT(o);
+    char *solo_toks = cJSON_PrintUnformatted(cJSON_GetObjectItem(
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "logprobs"), "tokens"));
+    cJSON_Delete(o);
+    free(solo);
+    /* 5 at once */
+    char raw[1024];
+    int n = snprintf(raw, sizeof raw, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                      "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
+    int fds[5];
+    for (int i = 0; i < 5; i++) {
+        fds[i] = su_dial(s.port);
+        su_send(fds[i], raw, (size_t)n);
+    }
+    for (int i = 0; i < 5; i++) {
+        char *r = su_recv(fds[i], NULL, 120);
+        close(fds[i]);
+        ASSERT_MSG(strncmp(r, "HTTP/1.1 200", 12) == 0, "request %d: %.300s", i, r);
+        cJSON *oi = cJSON_Parse(su_body(r));
+        ASSERT(oi);
+        cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(oi, "choices"), 0);
+        char *toks = cJSON_PrintUnformatted(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"), "tokens"));
+        ASSERT_STR_EQ(toks, solo_toks);
+        ASSERT_STR_EQ(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "length");
+        free(toks);
+        cJSON_Delete(oi);
+        free(r);
+    }
+    free(solo_toks);
+    double pre = su_metric(s.port, "awqd:num_preemptions_total");
+    ASSERT_MSG(pre > 0, "no preemption happened (%g)", pre);
+    ASSERT_EQ_INT(su_wait_metric(s.port, "awqd:kv_cache_blocks_used", 0, 5), 0);
+    ASSERT_EQ_INT(su_stop(&s, 20), 0);
+}
+
+/* A sd_notify listener: a datagram socket the daemon finds in NOTIFY_SOCKET. */
+static int notify_socket(char *path, size_t len) {
+    int fd = socket(AF_UNIX, SOCK_DGRAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(path, len, "%s/notify.sock", test_tmpdir());
+    snprintf(a.sun_path, sizeof a.sun_path, "%.100s", path);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void read_notify(int fd, char *acc, size_t cap, const char *want, double timeout_s) {
+    double end = su_now() + timeout_s;
+    while (!strstr(acc, want) && su_now() < end) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, 50) <= 0) continue;
+        char b[512];
+        ssize_t r = recv(fd, b, sizeof b - 1, 0);
+        if (r <= 0) continue;
+        b[r] = 0;
+        size_t l = strlen(acc);
+        snprintf(acc + l, cap - l, "%s\n", b);
+    }
+}
+
+TEST(server, loading_503_sd_notify_and_long_prompt) {
+    struct srv s;
+    memset(&s, 0, sizeof s);
+    if (su_make_model(&s)) TEST_SKIP("awqd mkmodel tiny is not available");
+    char npath[700];
+    int nfd = notify_socket(npath, sizeof npath);
+    ASSERT(nfd >= 0);
+    setenv("NOTIFY_SOCKET", npath, 1);
+    setenv("AWQD_LOAD_DELAY_MS", "1500", 1);
+    /* start without waiting for 200: watch the loading phase */
+    s.port = su_free_port();
+    snprintf(s.log, sizeof s.log, "%s/serve-load.log", test_tmpdir());
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd, "exec %s serve --model '%s' --served-model-name %s --port %d "
+                              "--cpu-threads 2 --max-model-len 1024 >'%s' 2>&1",
+             test_awqd_bin(), s.model, s.name, s.port, s.log);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    s.pid = pid;
+    unsetenv("NOTIFY_SOCKET");
+    unsetenv("AWQD_LOAD_DELAY_MS");
+    int saw_503 = 0, saw_200 = 0;
+    char body[256];
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":[1,2],\"max_tokens\":2}", s.name);
+    double end = su_now() + 60;
+    while (su_now() < end && !saw_200) {
+        char *r = NULL;
+        int st = su_request(s.port, "GET", "/health", NULL, NULL, &r);
+        if (st == 503) {
+            ASSERT_CONTAINS(r, "{\"status\":\"loading\"}");
+            if (!saw_503) { /* while loading, completions are refused the same way */
+                char *c = NULL;
+                ASSERT_EQ_INT(su_request(s.port, "POST", "/v1/completions", NULL, body, &c), 503);
+                ASSERT_CONTAINS(c, "still loading");
+                free(c);
+            }
+            saw_503 = 1;
+        }
+        if (st == 200) saw_200 = 1;
+        free(r);
+        usleep(30000);
+    }
+    ASSERT_MSG(saw_503 && saw_200, "loading 503 seen %d, ready 200 seen %d", saw_503, saw_200);
+    char acc[4096] = "";
+    read_notify(nfd, acc, sizeof acc, "READY=1", 5);
+    ASSERT_CONTAINS(acc, "EXTEND_TIMEOUT_USEC=");
+    ASSERT_CONTAINS(acc, "READY=1");
+    /* a text prompt over SERVE_INLINE_TOKENIZE bytes: tokenized on the thread pool */
+    size_t cap = 8192;
+    char *big = malloc(cap);
+    int n = snprintf(big, cap, "{\"model\":\"%s\",\"max_tokens\":2,\"prompt\":\"", s.name);
+    for (int i = 0; i < 600; i++) n += snprintf(big + n, cap - (size_t)n, "word ");
+    snprintf(big + n, cap - (size_t)n, "\"}");
+    char *r = NULL;
+    int st = su_request(s.port, "POST", "/v1/completions", NULL, big, &r);
+    ASSERT_MSG(st == 200, "long prompt: %d %.300s", st, r);
+    cJSON *o = cJSON_Parse(su_body(r));
+    ASSERT(o);
+    int pt = (int)cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "prompt_tokens")->valuedouble;
+    ASSERT_MSG(pt >= 300 && pt <= 700, "prompt_tokens %d", pt);
+    cJSON_Delete(o);
+    free(r);
+    /* too long for the context: 400 with the numbers */
+    n = snprintf(big, cap, "{\"model\":\"%s\",\"max_tokens\":2,\"prompt\":\"", s.name);
+    for (int i = 0; i < 1400; i++) n += snprintf(big + n, cap - (size_t)n, "word ");
+    snprintf(big + n, cap - (size_t)n, "\"}");
+    st = su_request(s.port, "POST", "/v1/completions", NULL, big, &r);
+    ASSERT_EQ_INT(st, 400);
+    ASSERT_CONTAINS(r, "maximum context length is 1024 tokens");
+    free(r);
+    free(big);
+    ASSERT_EQ_INT(su_stop(&s, 20), 0);
+    read_notify(nfd, acc, sizeof acc, "STOPPING=1", 2);
+    ASSERT_CONTAINS(acc, "STOPPING=1");
+    close(nfd);
+}

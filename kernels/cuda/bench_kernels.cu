@@ -117,7 +117,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
         fprintf(stderr, "awqd bench kernels: bad --m list \"%s\"\n", ms_arg);
         return 2;
     }
-    int maxm = 1;
+    int maxm = 16; /* the back-to-back test runs M = 16 too */
     for (int i = 0; i < nms; i++) maxm = std::max(maxm, ms[i]);
 
     int dev = 0, ndev = 0;
@@ -278,15 +278,17 @@ extern "C" int bench_kernels(int argc, char **argv) {
         }
         if (sweep) {
             static const int sms_[] = {1, 2, 3, 4, 6, 8, 12, 16};
-            for (int mm = 1; mm <= 16; mm *= 4)
+            static const int sweep_m[] = {1, 16, 64, 128};
+            for (int mi2 = 0; mi2 < 4; mi2++)
                 for (int si = 0; si < 8; si++) {
-                    int rc2 = 0;
+                    int rc2 = 0, mm = sweep_m[mi2];
+                    enum w4a16_kernel fk = mm <= 16 ? W4A16_KERNEL_SKINNY : W4A16_KERNEL_TC64;
                     double sus = time_median_us(t, reps, [&] {
-                        rc2 |= w4a16_linear_ex(w, dx, mm, dy, epi, W4A16_KERNEL_SKINNY, sms_[si], ws,
-                                               wsb_var, 0, err, sizeof err);
+                        rc2 |= w4a16_linear_ex(w, dx, mm, dy, epi, fk, sms_[si], ws, wsb_var, 0, err,
+                                               sizeof err);
                     });
-                    printf("  sweep %-8s M=%-3d skinny ksplit=%-3d %8.2f us %6.0f GB/s%s\n", sh.name, mm,
-                           sms_[si], sus, wbytes / (sus * 1e-6) / 1e9, rc2 ? " (error)" : "");
+                    printf("  sweep %-8s M=%-3d %s ksplit=%-3d %8.2f us %6.0f GB/s%s\n", sh.name, mm,
+                           kname(fk), sms_[si], sus, wbytes / (sus * 1e-6) / 1e9, rc2 ? " (error)" : "");
                 }
         }
         for (int mi = 0; mi < nms; mi++) {

@@ -158,6 +158,43 @@ struct tok *engine_tok(const struct engine *e) { return e->tok; }
 
 static void *sched_main(void *arg);
 
+/* Sizes the KV cache for `backend` and starts the model group (all ranks). */
+static int load_group(struct engine *e, const struct model_config *cfg, const char *backend,
+                      int mml, int bs, long *n_blocks_out, char *err, size_t errlen) {
+    const struct engine_opts *o = &e->o;
+    /* KV blocks: kv_cache_tokens, else enough for 8 full-length sequences
+     * within 1 GiB (K and V of every layer; fp32 on the CPU, fp16 on CUDA). */
+    int blocks_per_seq = (mml + bs - 1) / bs;
+    size_t block_bytes = (size_t)2 * cfg->n_layers * cfg->n_kv_heads * cfg->head_dim * bs *
+                         (strcmp(backend, "cpu") == 0 ? 4 : 2);
+    long n_blocks;
+    if (o->kv_cache_tokens > 0) {
+        n_blocks = (o->kv_cache_tokens + bs - 1) / bs;
+    } else {
+        n_blocks = (long)blocks_per_seq * 8;
+        if (n_blocks < 256) n_blocks = 256;
+        long cap = (long)((1ull << 30) / (block_bytes ? block_bytes : 1));
+        if (n_blocks > cap) n_blocks = cap;
+    }
+    if (n_blocks < 2) n_blocks = 2;
+    if (n_blocks > (1L << 24)) n_blocks = 1L << 24;
+    struct model_group_opts go;
+    model_group_opts_default(&go);
+    go.backend = backend;
+    go.tp = o->tp > 0 ? o->tp : 1;
+    go.devices = o->n_devices ? o->devices : NULL;
+    go.cpu_threads = o->cpu_threads;
+    go.model.n_blocks = (int)n_blocks;
+    go.model.block_size = bs;
+    go.model.max_tokens = e->step_tokens;
+    go.model.max_seqs = o->max_num_seqs > ENGINE_MAX_N ? o->max_num_seqs : ENGINE_MAX_N;
+    go.model.max_blocks_per_seq = blocks_per_seq;
+    log_info("engine: loading %s (%s, tp=%d, %ld KV blocks of %d tokens, max_model_len %d)",
+             o->model_dir, backend, go.tp, n_blocks, bs, mml);
+    *n_blocks_out = n_blocks;
+    return model_group_init(e->ck, &go, &e->mg, err, errlen);
+}
+
 int engine_init(struct engine **out, const struct engine_opts *o, char *err, size_t errlen) {
     *out = NULL;
     if (!o->model_dir || !o->model_dir[0])
@@ -196,41 +233,19 @@ int engine_init(struct engine **out, const struct engine_opts *o, char *err, siz
 #endif
     e->info.backend = backend;
 
-    /* KV blocks: kv_cache_tokens, else enough for 8 full-length sequences
-     * within 1 GiB (CPU: fp32 K and V per layer). */
-    int blocks_per_seq = (mml + bs - 1) / bs;
-    size_t block_bytes = (size_t)2 * cfg->n_layers * cfg->n_kv_heads * cfg->head_dim * bs *
-                         (strcmp(backend, "cpu") == 0 ? 4 : 2);
-    long n_blocks;
-    if (o->kv_cache_tokens > 0) {
-        n_blocks = (o->kv_cache_tokens + bs - 1) / bs;
-    } else {
-        n_blocks = (long)blocks_per_seq * 8;
-        if (n_blocks < 256) n_blocks = 256;
-        long cap = (long)((1ull << 30) / (block_bytes ? block_bytes : 1));
-        if (n_blocks > cap) n_blocks = cap;
-    }
-    if (n_blocks < 2) n_blocks = 2;
-    if (n_blocks > (1L << 24)) n_blocks = 1L << 24;
-    e->info.kv_blocks_total = (int)n_blocks;
-
     e->step_tokens = o->max_batch_tokens > 0 ? o->max_batch_tokens : 8192;
-    int max_seqs = o->max_num_seqs > 0 ? o->max_num_seqs : 256;
-    struct model_group_opts go;
-    model_group_opts_default(&go);
-    go.backend = backend;
-    go.tp = o->tp > 0 ? o->tp : 1;
-    go.devices = o->n_devices ? o->devices : NULL;
-    go.cpu_threads = o->cpu_threads;
-    go.model.n_blocks = (int)n_blocks;
-    go.model.block_size = bs;
-    go.model.max_tokens = e->step_tokens;
-    go.model.max_seqs = max_seqs;
-    go.model.max_blocks_per_seq = blocks_per_seq;
-    log_info("engine: loading %s (%s, tp=%d, %ld KV blocks of %d tokens, max_model_len %d)",
-             o->model_dir, backend, go.tp, n_blocks, bs, mml);
-    rc = model_group_init(e->ck, &go, &e->mg, err, errlen);
+    long n_blocks = 0;
+    rc = load_group(e, cfg, backend, mml, bs, &n_blocks, err, errlen);
+#ifdef AWQD_CUDA
+    if (rc && o->backend == CFG_BACKEND_AUTO) {
+        log_warn("engine: the CUDA backend failed (%s); falling back to the CPU backend", err);
+        backend = "cpu";
+        e->info.backend = backend;
+        rc = load_group(e, cfg, backend, mml, bs, &n_blocks, err, errlen);
+    }
+#endif
     if (rc) goto fail;
+    e->info.kv_blocks_total = (int)n_blocks;
     if ((rc = kv_init(&e->kv, (int)n_blocks, bs)) != 0) {
         util_err(err, errlen, rc, "engine: KV block table: out of memory");
         goto fail;

@@ -39,13 +39,6 @@ static const char *usage =
     "logits at every prompt position. --tp N runs N tensor-parallel ranks on threads\n"
     "(CPU backend). --threads: CPU threads per rank (default: cores / tp).\n";
 
-/* The tokenizer (engine/tok.c) is optional at link time: weak references are
- * NULL when it is not linked, and then no text is produced. */
-#pragma weak tok_load
-#pragma weak tok_free
-#pragma weak tok_encode
-#pragma weak tok_decode
-
 struct gen_args {
     const char *model, *backend, *prompt_ids, *prompt, *logits_out;
     int max_tokens, top_k, ignore_eos, json, chunk, threads, tp, block_size;
@@ -157,8 +150,8 @@ int cmd_generate(int argc, char **argv) {
     const struct model_config *cfg = ckpt_config(ck);
     int V = cfg->vocab;
 
-    /* tokenizer, when the model has one and this build links it */
-    if (tok_load) {
+    /* tokenizer, when the model directory has one */
+    {
         char terr[256], path[4096];
         snprintf(path, sizeof path, "%s/tokenizer.json", a.model);
         FILE *f = fopen(path, "r");

@@ -44,6 +44,7 @@ static double now_s(void) {
 }
 
 static int parse_list(const char *s, int *out) {
+    if (!strcmp(s, "none")) return 0;
     int n = util_parse_int_list(s, out, E2E_MAX_LIST);
     for (int i = 0; i < n; i++)
         if (out[i] < 1) return -1;
@@ -64,6 +65,7 @@ static int32_t rand_tok(int vocab) {
 static const char *usage =
     "usage: awqd bench e2e --model DIR [--batches 1,8,32,64] [--contexts 512,4096]\n"
     "                      [--prompts 128,1024,4096] [--steps 16] [--fraction 0.9]\n"
+    "(a list may be `none`)\n"
     "Decode tokens/s per batch size and context, TTFT per prompt length and GPU\n"
     "memory of the model on GPU 0, each next to its roofline (measured copy rate\n"
     "and cuBLAS fp16 GEMM rate). Make a model with `awqd mkmodel qwen3-8b DIR`.\n";
@@ -184,8 +186,8 @@ int bench_e2e(int argc, char **argv) {
     for (int i = 0; i < T + max_b; i++) toks[i] = rand_tok(V);
 
     /* TTFT */
-    printf("\n| prompt tokens | TTFT ms (median of 3) | roofline ms | prefill tok/s |\n|---|---|---|---|\n");
-    for (int pi = -1; pi < np; pi++) {
+    if (np) printf("\n| prompt tokens | TTFT ms (median of 3) | roofline ms | prefill tok/s |\n|---|---|---|---|\n");
+    for (int pi = np ? -1 : 0; pi < np; pi++) {
         int P = pi < 0 ? 16 : prompts[pi]; /* pi = -1: warm-up */
         double t[3];
         for (int r = 0; r < 3; r++) {
@@ -214,8 +216,9 @@ int bench_e2e(int argc, char **argv) {
     }
 
     /* decode */
-    printf("\n| batch | context | decode tok/s | ms/step | roofline tok/s | bytes/step GB |\n"
-           "|---|---|---|---|---|---|\n");
+    if (nb && nc)
+        printf("\n| batch | context | decode tok/s | ms/step | roofline tok/s | bytes/step GB |\n"
+               "|---|---|---|---|---|---|\n");
     for (int ci = 0; ci < nc; ci++)
         for (int bi = 0; bi < nb; bi++) {
             int B = batches[bi], C = contexts[ci];

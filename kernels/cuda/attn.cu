@@ -41,12 +41,27 @@ extern "C" {
 
 #define ATT_NT 128
 #define ATT_TK 64
-#define ATT_MIN_SPLIT_TILES 2   /* a split covers at least this many key tiles */
+#define ATT_MIN_SPLIT_TILES 1   /* a split covers at least this many key tiles */
 
 /* work item: [0] row0 (first batch row of s)  [1] rows of s  [2] past of s
  *            [3] s  [4] p0 (first pair)  [5] kb  [6] ke  [7] partial slot or -1
  * combine group: [0] row0 [1] rows [2] p0 [3] first slot [4] n splits */
 enum { IT_ROW0, IT_ROWS, IT_PAST, IT_SEQ, IT_P0, IT_KB, IT_KE, IT_PART };
+
+static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
+    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+static __device__ __forceinline__ void cp_async_wait1(void) {
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+static __device__ __forceinline__ void cp_async_wait0(void) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
 
 template <int HD, int QP>
 struct att_smem {
@@ -98,22 +113,29 @@ attn_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
 #pragma unroll
         for (int d = 0; d < DO; d++) o[i][d] = 0.0f;
 
-    for (int t0 = kb; t0 < ke; t0 += ATT_TK) {
-        __syncthreads(); /* previous tile fully consumed; q/m/l visible */
-        /* K and V tiles: 16-byte chunks, zeros past ke */
-        for (int e = tid; e < ATT_TK * (HD / 8); e += ATT_NT) {
-            int t = e / (HD / 8), dc = e % (HD / 8), ta = t0 + t;
-            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
-            if (ta < ke) {
-                size_t sl = (size_t)bt[ta / block_size] * block_size + ta % block_size;
-                size_t off = (sl * nkv + g) * HD + dc * 8;
-                kv4 = *(const uint4 *)(kc + off);
-                vv4 = *(const uint4 *)(vc + off);
+    /* K and V tiles stream in with cp.async, one group each, so the next
+     * tile's K loads while this tile's softmax and P.V run, and V while the
+     * scores run: wait_group 1 always leaves exactly the newest group pending */
+    auto load = [&](__half (*dst)[HD + 8], const __half *cache, int t0) {
+        if (t0 < ke)
+            for (int e = tid; e < ATT_TK * (HD / 8); e += ATT_NT) {
+                int t = e / (HD / 8), dc = e % (HD / 8), ta = t0 + t;
+                const __half *src = cache;
+                int bytes = 0;
+                if (ta < ke) {
+                    size_t sl = (size_t)bt[ta / block_size] * block_size + ta % block_size;
+                    src = cache + (sl * nkv + g) * HD + dc * 8;
+                    bytes = 16;
+                }
+                cp_async16(&dst[t][dc * 8], src, bytes); /* zeros past ke */
             }
-            *(uint4 *)&sm.k[t][dc * 8] = kv4;
-            *(uint4 *)&sm.v[t][dc * 8] = vv4;
-        }
-        __syncthreads();
+        cp_async_commit();
+    };
+    load(sm.k, kc, kb);
+    load(sm.v, vc, kb);
+    for (int t0 = kb; t0 < ke; t0 += ATT_TK) {
+        cp_async_wait1(); /* K(t0) landed */
+        __syncthreads();  /* ... for every thread; q/m/l visible */
         /* scores */
         {
             float acc[PQ][4];
@@ -158,6 +180,7 @@ attn_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
             }
         }
         __syncthreads();
+        load(sm.k, kc, t0 + ATT_TK); /* K is free: fetch the next tile */
         /* online softmax, TPP threads per pair */
         {
             int p = tid / TPP, sub = tid % TPP;
@@ -188,6 +211,7 @@ attn_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
                 sm.l[p] = sm.l[p] * a + sum;
             }
         }
+        cp_async_wait1(); /* V(t0) landed */
         __syncthreads();
         /* o = o * alpha + P V */
 #pragma unroll
@@ -208,7 +232,10 @@ attn_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
                 for (int d = 0; d < DO; d++) o[i][d] += pv * vf[d];
             }
         }
+        __syncthreads();             /* V and S consumed */
+        load(sm.v, vc, t0 + ATT_TK); /* the next tile's V */
     }
+    cp_async_wait0();
     __syncthreads();
     /* results */
 #pragma unroll
@@ -228,6 +255,215 @@ attn_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
             if (lane == 0) {
                 pp[HD] = sm.m[p];
                 pp[HD + 1] = sm.l[p];
+            }
+        }
+    }
+}
+
+
+/* ------------------------------------------------------------------------ */
+/* Tensor-core variant for prefill (QP = 64 pairs, HD <= 128): each of the 4
+ * warps owns 16 pairs (the M of mma.m16n8k16); S = Q K^T and O += P V run on
+ * mma.sync with fp32 accumulators, the online softmax stays in registers
+ * (FA2 layout: the S accumulator of 2 key n-tiles is the A fragment of P).
+ * V's B fragments come from ldmatrix.trans of the [key][d] tile. Same work
+ * items, split-K partials and combine kernel as the SIMT kernel. */
+#define ATT_TC_QP 64
+
+template <int HD>
+struct att_tc_smem {
+    __half k[ATT_TK][HD + 8];
+    __half v[ATT_TK][HD + 8];
+};
+
+static __device__ __forceinline__ void mma16816(float *c, const unsigned *a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(unsigned *)&h;
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(ATT_NT)
+attn_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
+               const int *block_table, const int *items, float *part, int nh, int nkv, int G,
+               int max_blocks, int block_size, float qscale) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    att_tc_smem<HD> &sm = *reinterpret_cast<att_tc_smem<HD> *>(smem_raw);
+    const int *it = items + blockIdx.x * 8;
+    const int row0 = it[IT_ROW0], rows = it[IT_ROWS], past = it[IT_PAST], s = it[IT_SEQ];
+    const int p0 = it[IT_P0], kb = it[IT_KB], ke = it[IT_KE], slot = it[IT_PART];
+    const int g = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int gq = lane >> 2, tq = lane & 3; /* mma group / thread in group */
+    const int n_pairs = rows * G;
+    const size_t width = (size_t)(nh + 2 * nkv) * HD;
+    const int *bt = block_table + (size_t)s * max_blocks;
+    constexpr int KS = HD / 16;  /* k-steps of Q K^T */
+    constexpr int NT = ATT_TK / 8; /* key n-tiles per tile */
+    constexpr int DT = HD / 8;   /* d n-tiles of O */
+
+    /* this thread's two pairs: rows gq and gq + 8 of the warp's 16 */
+    int pr[2], lim[2];
+    const __half *qp[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int gp = p0 + warp * 16 + gq + 8 * h;
+        pr[h] = gp;
+        lim[h] = gp < n_pairs ? past + gp / G : -1;
+        qp[h] = gp < n_pairs
+                    ? qkv + (size_t)(row0 + gp / G) * width + (size_t)(g * G + gp % G) * HD
+                    : NULL;
+    }
+    /* Q fragments (A, row-major 16 x HD) */
+    unsigned qa[KS][4];
+#pragma unroll
+    for (int k = 0; k < KS; k++) {
+        int d = k * 16 + 2 * tq;
+        qa[k][0] = qp[0] ? *(const unsigned *)(qp[0] + d) : 0u;
+        qa[k][1] = qp[1] ? *(const unsigned *)(qp[1] + d) : 0u;
+        qa[k][2] = qp[0] ? *(const unsigned *)(qp[0] + d + 8) : 0u;
+        qa[k][3] = qp[1] ? *(const unsigned *)(qp[1] + d + 8) : 0u;
+    }
+    float o[DT][4];
+#pragma unroll
+    for (int j = 0; j < DT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+
+    auto load = [&](__half (*dst)[HD + 8], const __half *cache, int t0) {
+        if (t0 < ke)
+            for (int e = tid; e < ATT_TK * (HD / 8); e += ATT_NT) {
+                int t = e / (HD / 8), dc = e % (HD / 8), ta = t0 + t;
+                const __half *src = cache;
+                int bytes = 0;
+                if (ta < ke) {
+                    size_t sl = (size_t)bt[ta / block_size] * block_size + ta % block_size;
+                    src = cache + (sl * nkv + g) * HD + dc * 8;
+                    bytes = 16;
+                }
+                cp_async16(&dst[t][dc * 8], src, bytes);
+            }
+        cp_async_commit();
+    };
+    load(sm.k, kc, kb);
+    load(sm.v, vc, kb);
+    for (int t0 = kb; t0 < ke; t0 += ATT_TK) {
+        cp_async_wait1();
+        __syncthreads();
+        /* S = Q K^T (16 pairs x 64 keys per warp) */
+        float sc[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+            const __half *kr = &sm.k[j * 8 + gq][2 * tq];
+#pragma unroll
+            for (int k = 0; k < KS; k++) {
+                unsigned b0 = *(const unsigned *)(kr + k * 16);
+                unsigned b1 = *(const unsigned *)(kr + k * 16 + 8);
+                mma16816(sc[j], qa[k], b0, b1);
+            }
+        }
+        __syncthreads();
+        load(sm.k, kc, t0 + ATT_TK);
+        /* mask, online softmax (rows gq: elements 0,1; gq + 8: elements 2,3) */
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int h = e >> 1, ta = t0 + j * 8 + 2 * tq + (e & 1);
+                float v = (ta < ke && ta <= lim[h]) ? sc[j][e] * qscale : -INFINITY;
+                sc[j][e] = v;
+                mx[h] = fmaxf(mx[h], v);
+            }
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            float mn = fmaxf(mrow[h], mx[h]);
+            alpha[h] = mn == -INFINITY ? 1.0f : exp2f(mrow[h] - mn);
+            mrow[h] = mn;
+        }
+        float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int h = e >> 1;
+                float pv = mrow[h] == -INFINITY ? 0.0f : exp2f(sc[j][e] - mrow[h]);
+                sc[j][e] = pv;
+                sum[h] += pv;
+            }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+            sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+            lrow[h] = lrow[h] * alpha[h] + sum[h];
+        }
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            o[j][0] *= alpha[0];
+            o[j][1] *= alpha[0];
+            o[j][2] *= alpha[1];
+            o[j][3] *= alpha[1];
+        }
+        cp_async_wait1();
+        __syncthreads();
+        /* O += P V: P's A fragments are the S accumulators of key tiles 2kk, 2kk+1 */
+#pragma unroll
+        for (int kk = 0; kk < ATT_TK / 16; kk++) {
+            unsigned pa[4];
+            pa[0] = pack_half2(sc[2 * kk][0], sc[2 * kk][1]);
+            pa[1] = pack_half2(sc[2 * kk][2], sc[2 * kk][3]);
+            pa[2] = pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            pa[3] = pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int j = 0; j < DT; j += 2) {
+                int d = j * 8 + (lane >> 4) * 8;
+                unsigned sa = (unsigned)__cvta_generic_to_shared(&sm.v[key][d]);
+                unsigned b0, b1, b2, b3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                             : "r"(sa));
+                mma16816(o[j], pa, b0, b1);
+                mma16816(o[j + 1], pa, b2, b3);
+            }
+        }
+        __syncthreads();
+        load(sm.v, vc, t0 + ATT_TK);
+    }
+    cp_async_wait0();
+    /* results: O rows gq (o[.][0..1]) and gq + 8 (o[.][2..3]), dims j*8 + 2tq */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int gp = pr[h];
+        if (gp >= n_pairs) continue;
+        int p = warp * 16 + gq + 8 * h; /* pair index within the tile */
+        if (slot < 0) {
+            float inv = lrow[h] > 0.0f ? 1.0f / lrow[h] : 0.0f;
+            int row = row0 + gp / G, hh = g * G + gp % G;
+            __half *dst = out + (size_t)row * nh * HD + (size_t)hh * HD;
+#pragma unroll
+            for (int j = 0; j < DT; j++)
+                *(__half2 *)(dst + j * 8 + 2 * tq) =
+                    __floats2half2_rn(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+        } else {
+            float *pp = part + (((size_t)slot * nkv + g) * ATT_TC_QP + p) * (HD + 2);
+#pragma unroll
+            for (int j = 0; j < DT; j++) {
+                pp[j * 8 + 2 * tq] = o[j][2 * h];
+                pp[j * 8 + 2 * tq + 1] = o[j][2 * h + 1];
+            }
+            if (tq == 0) {
+                pp[HD] = mrow[h];
+                pp[HD + 1] = lrow[h];
             }
         }
     }
@@ -313,7 +549,7 @@ static int build_list(struct cuda_ctx *c, const struct attn_batch *ab, int nh, i
         int np = (qs[s + 1] - qs[s]) * G;
         if (np > max_pairs) max_pairs = np;
     }
-    const int QP = max_pairs <= 8 ? 8 : 32;
+    const int QP = max_pairs <= 8 ? 8 : (hd <= 128 ? ATT_TC_QP : 32);
     /* tiles and their key ends */
     int n_tiles = 0;
     for (int s = 0; s < S; s++) n_tiles += ((qs[s + 1] - qs[s]) * G + QP - 1) / QP;
@@ -435,10 +671,34 @@ static void launch(struct cuda_ctx *c, __half *out, const __half *qkv, const __h
 }
 
 template <int HD>
+static void launch_tc(struct cuda_ctx *c, __half *out, const __half *qkv, const __half *kc,
+                      const __half *vc, const int *bt, int nh, int nkv,
+                      const struct attn_batch *ab, float qscale) {
+    if constexpr (HD <= 128) {
+        struct cuda_attn *a = &c->attn;
+        size_t smem = sizeof(att_tc_smem<HD>);
+        cudaFuncSetAttribute(attn_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem);
+        dim3 grid(a->n_items, nkv);
+        attn_tc_kernel<HD><<<grid, ATT_NT, smem, c->stream>>>(
+            out, qkv, kc, vc, bt, a->d_items, a->d_part, nh, nkv, nh / nkv, ab->max_blocks,
+            ab->block_size, qscale);
+        OPS_CUDA_LAUNCHED(c, "attention (tensor cores)");
+        if (a->n_comb) {
+            dim3 g2(a->n_comb, nkv);
+            attn_combine_kernel<HD, ATT_TC_QP><<<g2, 256, 0, c->stream>>>(out, a->d_part, a->d_comb,
+                                                                          nh, nkv, nh / nkv);
+            OPS_CUDA_LAUNCHED(c, "attention combine");
+        }
+    }
+}
+
+template <int HD>
 static void launch_hd(struct cuda_ctx *c, __half *out, const __half *qkv, const __half *kc,
                       const __half *vc, const int *bt, int nh, int nkv,
                       const struct attn_batch *ab, float qscale) {
     if (c->attn.qp == 8) launch<HD, 8>(c, out, qkv, kc, vc, bt, nh, nkv, ab, qscale);
+    else if (c->attn.qp == ATT_TC_QP) launch_tc<HD>(c, out, qkv, kc, vc, bt, nh, nkv, ab, qscale);
     else launch<HD, 32>(c, out, qkv, kc, vc, bt, nh, nkv, ab, qscale);
 }
 

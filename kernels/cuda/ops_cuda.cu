@@ -45,6 +45,86 @@ void ops_cuda__fail(struct cuda_ctx *c, int rc, const char *what, const char *de
     snprintf(c->msg, sizeof c->msg, "%.40s: %.200s", what, detail);
 }
 
+/* ---- profiling (AWQD_CUDA_PROFILE=1) -------------------------------------- */
+#define PROF_KINDS 48
+#define PROF_PENDING 4096
+struct cuda_prof {
+    struct {
+        char name[48];
+        long calls;
+        double ms;
+    } kind[PROF_KINDS];
+    int n_kinds;
+    cudaEvent_t ev[PROF_PENDING][2];
+    int pend_kind[PROF_PENDING];
+    int n_pend, open_kind;
+};
+
+static void prof_collect(struct cuda_ctx *c) {
+    struct cuda_prof *p = c->prof;
+    if (!p) return;
+    for (int i = 0; i < p->n_pend; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, p->ev[i][0], p->ev[i][1]) == cudaSuccess) {
+            p->kind[p->pend_kind[i]].ms += ms;
+            p->kind[p->pend_kind[i]].calls++;
+        }
+    }
+    cudaGetLastError();
+    p->n_pend = 0;
+}
+
+void ops_cuda__prof_begin(struct cuda_ctx *c, const char *what, int k, int n) {
+    struct cuda_prof *p = c->prof;
+    if (p->n_pend == PROF_PENDING) {
+        cudaStreamSynchronize(c->stream);
+        prof_collect(c);
+    }
+    char name[48];
+    snprintf(name, sizeof name, k || n ? "%s %dx%d" : "%s", what, k, n);
+    int i = 0;
+    while (i < p->n_kinds && strcmp(p->kind[i].name, name)) i++;
+    if (i == p->n_kinds) {
+        if (i == PROF_KINDS) i = PROF_KINDS - 1;
+        else snprintf(p->kind[p->n_kinds++].name, sizeof p->kind[0].name, "%s", name);
+    }
+    p->open_kind = i;
+    cudaEventRecord(p->ev[p->n_pend][0], c->stream);
+}
+
+void ops_cuda__prof_end(struct cuda_ctx *c) {
+    struct cuda_prof *p = c->prof;
+    cudaEventRecord(p->ev[p->n_pend][1], c->stream);
+    p->pend_kind[p->n_pend++] = p->open_kind;
+}
+
+static void prof_print(struct cuda_ctx *c) {
+    struct cuda_prof *p = c->prof;
+    double tot = 0;
+    for (int i = 0; i < p->n_kinds; i++) tot += p->kind[i].ms;
+    fprintf(stderr, "cuda profile (GPU time between events, per op):\n");
+    for (int i = 0; i < p->n_kinds; i++)
+        fprintf(stderr, "  %-32s %8ld calls %10.2f ms %9.1f us/call %5.1f%%\n", p->kind[i].name,
+                p->kind[i].calls, p->kind[i].ms, p->kind[i].calls ? p->kind[i].ms * 1e3 / p->kind[i].calls : 0,
+                tot > 0 ? 100 * p->kind[i].ms / tot : 0);
+}
+
+static void prof_free(struct cuda_ctx *c) {
+    struct cuda_prof *p = c->prof;
+    if (!p) return;
+    cudaStreamSynchronize(c->stream);
+    prof_collect(c);
+    prof_print(c);
+    for (int i = 0; i < PROF_PENDING; i++) {
+        cudaEventDestroy(p->ev[i][0]);
+        cudaEventDestroy(p->ev[i][1]);
+    }
+    free(p);
+    c->prof = NULL;
+}
+
+#define RING_BYTES ((size_t)8 << 20)
+
 static size_t elem_bytes(enum buf_kind k) { return k == BUF_ACT || k == BUF_W16 ? 2 : 4; }
 
 /* Makes the pinned host staging buffer hold n fp16 elements. */
@@ -124,8 +204,22 @@ static int cu_upload(void *ctx, struct buf *dst, size_t off, const void *src, si
         CUDA_CHECK(cudaStreamSynchronize(c->stream), NULL, 0);
         return 0;
     }
-    /* F32 / I32: pageable copy; the source may be reused once this returns */
-    CUDA_CHECK(cudaMemcpyAsync(d, src, n * 4, cudaMemcpyHostToDevice, c->stream), NULL, 0);
+    /* F32 / I32: through the pinned ring (no stream sync), or a pageable copy
+     * when large; either way the source may be reused once this returns */
+    size_t bytes = n * 4;
+    if (c->h_ring && bytes <= RING_BYTES / 4) {
+        if (c->ring_off + bytes > RING_BYTES) {
+            CUDA_CHECK(cudaStreamSynchronize(c->stream), NULL, 0);
+            c->ring_off = 0;
+        }
+        memcpy(c->h_ring + c->ring_off, src, bytes);
+        CUDA_CHECK(cudaMemcpyAsync(d, c->h_ring + c->ring_off, bytes, cudaMemcpyHostToDevice,
+                                   c->stream),
+                   NULL, 0);
+        c->ring_off += (bytes + 255) & ~(size_t)255;
+        return 0;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(d, src, bytes, cudaMemcpyHostToDevice, c->stream), NULL, 0);
     return 0;
 }
 
@@ -151,8 +245,12 @@ static int cu_download(void *ctx, void *dst, const struct buf *src, size_t off, 
         }
         return c->rc;
     }
+    PROF_BEGIN(c, "download f32/i32", 0, 0);
     CUDA_CHECK(cudaMemcpyAsync(dst, s, n * 4, cudaMemcpyDeviceToHost, c->stream), NULL, 0);
+    PROF_END(c);
     CUDA_CHECK(cudaStreamSynchronize(c->stream), NULL, 0);
+    c->ring_off = 0;
+    prof_collect(c);
     return c->rc;
 }
 
@@ -344,6 +442,70 @@ static __global__ void gather_rows_kernel(__half *dst, const __half *x, const in
     for (int j = threadIdx.x; j < dim; j += blockDim.x) d[j] = s[j];
 }
 
+/* lm_head for a few rows (m <= M): a streaming GEMV. The m selected rows of
+ * x are staged in shared memory (fp16 [M][dim], zero rows past m); each warp
+ * takes vocabulary rows in turn, reads its table row once with 16-byte loads
+ * and accumulates M dot products in fp32. Persistent grid (2 blocks per SM).
+ * logits: fp32 [m, vocab_rows]. Needs dim % 8 == 0. */
+template <int M>
+static __global__ void __launch_bounds__(256)
+lm_head_gemv_kernel(float *logits, const __half *x, const int *rows, int m, const __half *table,
+                    int dim, int vocab_rows) {
+    extern __shared__ __align__(16) unsigned char lm_smem[];
+    __half *xs = (__half *)lm_smem;
+    const int nc = dim / 8;
+    for (int e = threadIdx.x; e < M * nc; e += blockDim.x) {
+        int r = e / nc, c = e % nc;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < m) v = ((const uint4 *)(x + (size_t)rows[r] * dim))[c];
+        ((uint4 *)xs)[e] = v;
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int v = blockIdx.x * nw + warp; v < vocab_rows; v += gridDim.x * nw) {
+        const uint4 *t = (const uint4 *)(table + (size_t)v * dim);
+        float acc[M];
+#pragma unroll
+        for (int r = 0; r < M; r++) acc[r] = 0.0f;
+#pragma unroll 4
+        for (int c = lane; c < nc; c += 32) {
+            uint4 w = __ldcs(t + c); /* streamed once: do not keep in L2 */
+            const __half2 *w2 = (const __half2 *)&w;
+            float2 wf[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) wf[u] = __half22float2(w2[u]);
+#pragma unroll
+            for (int r = 0; r < M; r++) {
+                uint4 xv = ((const uint4 *)xs)[r * nc + c];
+                const __half2 *x2 = (const __half2 *)&xv;
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    float2 xf = __half22float2(x2[u]);
+                    acc[r] += wf[u].x * xf.x + wf[u].y * xf.y;
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < M; r++) {
+            float a = acc[r];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+            if (lane == 0 && r < m) logits[(size_t)r * vocab_rows + v] = a;
+        }
+    }
+}
+
+template <int M>
+static void lm_head_gemv(struct cuda_ctx *c, float *logits, const __half *x, const int *rows, int m,
+                         const __half *table, int dim, int vocab_rows) {
+    size_t smem = (size_t)M * dim * 2;
+    if (smem > 48 * 1024)
+        cudaFuncSetAttribute(lm_head_gemv_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem);
+    lm_head_gemv_kernel<M><<<2 * c->n_sms, 256, smem, c->stream>>>(logits, x, rows, m, table, dim,
+                                                                   vocab_rows);
+}
+
 /* ======================================================================== */
 /* ops                                                                       */
 /* ======================================================================== */
@@ -358,8 +520,10 @@ static void cu_embed(void *ctx, struct buf *out, const struct buf *table, const 
     AWQD_ASSERT(out->n >= (size_t)n * dim && ids->n >= (size_t)n &&
                 table->n >= (size_t)rows * dim);
     if (n <= 0) return;
+    PROF_BEGIN(c, "embed", 0, 0);
     embed_kernel<<<n, 128, 0, c->stream>>>(H(out), CH(table), I32(ids), dim, row_start, rows);
     OPS_CUDA_LAUNCHED(c, "embed");
+    PROF_END(c);
 }
 
 static void cu_add_rmsnorm(void *ctx, struct buf *resid, const struct buf *delta, struct buf *out,
@@ -369,9 +533,11 @@ static void cu_add_rmsnorm(void *ctx, struct buf *resid, const struct buf *delta
     AWQD_ASSERT(!delta || delta->n >= (size_t)n * dim);
     if (n <= 0) return;
     int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
+    PROF_BEGIN(c, "add_rmsnorm", 0, 0);
     add_rmsnorm_kernel<<<n, threads, 0, c->stream>>>(H(resid), delta ? CH(delta) : NULL, H(out),
                                                      CH(w), dim, eps);
     OPS_CUDA_LAUNCHED(c, "add_rmsnorm");
+    PROF_END(c);
 }
 
 static void cu_linear(void *ctx, struct buf *y, const struct buf *x, int n,
@@ -381,9 +547,11 @@ static void cu_linear(void *ctx, struct buf *y, const struct buf *x, int n,
     AWQD_ASSERT(x->n >= (size_t)n * l->k && y->n >= (size_t)n * l->n);
     if (n <= 0) return;
     char err[256];
+    PROF_BEGIN(c, "linear", l->k, l->n);
     int rc = w4a16_linear(l->w, (const uint16_t *)x->d, n, (uint16_t *)y->d,
                           l->has_bias ? W4A16_EPI_BIAS : W4A16_EPI_NONE, c->lin_ws,
                           c->lin_ws_bytes, c->stream, err, sizeof err);
+    PROF_END(c);
     if (rc) ops_cuda__fail(c, rc, "linear", err);
 }
 
@@ -398,16 +566,21 @@ static void cu_qk_norm_rope_kv(void *ctx, struct buf *qkv, int n, int nh, int nk
     AWQD_ASSERT(!q_norm == !k_norm);
     if (n <= 0) return;
     dim3 grid(n, (nh + nkv + 3) / 4);
+    PROF_BEGIN(c, "qk_norm_rope_kv", 0, 0);
     qk_rope_kv_kernel<<<grid, 128, 0, c->stream>>>(
         H(qkv), nh, nkv, hd, q_norm ? CH(q_norm) : NULL, k_norm ? CH(k_norm) : NULL, eps,
         (const float *)inv_freq->d, I32(ab->positions), I32(ab->slots), H(k_cache), H(v_cache));
     OPS_CUDA_LAUNCHED(c, "qk_norm_rope_kv");
+    PROF_END(c);
 }
 
 static void cu_attention(void *ctx, struct buf *out, const struct buf *qkv, int nh, int nkv,
                          int hd, float scale, const struct attn_batch *ab,
                          const struct buf *k_cache, const struct buf *v_cache) {
-    ops_cuda__attention((struct cuda_ctx *)ctx, out, qkv, nh, nkv, hd, scale, ab, k_cache, v_cache);
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    PROF_BEGIN(c, "attention", 0, 0);
+    ops_cuda__attention(c, out, qkv, nh, nkv, hd, scale, ab, k_cache, v_cache);
+    PROF_END(c);
 }
 
 static void cu_linear_silu_mul(void *ctx, struct buf *out, const struct buf *x, int n,
@@ -417,9 +590,11 @@ static void cu_linear_silu_mul(void *ctx, struct buf *out, const struct buf *x, 
     AWQD_ASSERT(x->n >= (size_t)n * l->k && out->n >= (size_t)n * (l->n / 2));
     if (n <= 0) return;
     char err[256];
+    PROF_BEGIN(c, "linear_silu_mul", l->k, l->n);
     int rc = w4a16_linear(l->w, (const uint16_t *)x->d, n, (uint16_t *)out->d,
                           W4A16_EPI_SILU_MUL | (l->has_bias ? W4A16_EPI_BIAS : 0), c->lin_ws,
                           c->lin_ws_bytes, c->stream, err, sizeof err);
+    PROF_END(c);
     if (rc) ops_cuda__fail(c, rc, "linear_silu_mul", err);
 }
 
@@ -429,6 +604,17 @@ static void cu_lm_head(void *ctx, struct buf *logits, const struct buf *x, const
     AWQD_ASSERT(logits->n >= (size_t)m * vocab_rows && table->n >= (size_t)vocab_rows * dim);
     AWQD_ASSERT(rows->n >= (size_t)m && x->n >= (size_t)dim);
     if (m <= 0) return;
+    if (m <= 8 && dim % 8 == 0 && (size_t)8 * dim * 2 <= 160 * 1024) {
+        PROF_BEGIN(c, "lm_head gemv", m, 0);
+        float *lg = (float *)logits->d;
+        if (m == 1) lm_head_gemv<1>(c, lg, CH(x), I32(rows), m, CH(table), dim, vocab_rows);
+        else if (m == 2) lm_head_gemv<2>(c, lg, CH(x), I32(rows), m, CH(table), dim, vocab_rows);
+        else if (m <= 4) lm_head_gemv<4>(c, lg, CH(x), I32(rows), m, CH(table), dim, vocab_rows);
+        else lm_head_gemv<8>(c, lg, CH(x), I32(rows), m, CH(table), dim, vocab_rows);
+        OPS_CUDA_LAUNCHED(c, "lm_head");
+        PROF_END(c);
+        return;
+    }
     if ((size_t)m * dim > c->gather_elems) {
         cudaStreamSynchronize(c->stream);
         cudaFree(c->d_gather);
@@ -440,6 +626,7 @@ static void cu_lm_head(void *ctx, struct buf *logits, const struct buf *x, const
         }
         c->gather_elems = (size_t)m * dim;
     }
+    PROF_BEGIN(c, "lm_head", 0, 0);
     gather_rows_kernel<<<m, 256, 0, c->stream>>>((__half *)c->d_gather, CH(x), I32(rows), dim);
     OPS_CUDA_LAUNCHED(c, "lm_head gather");
     /* column-major view: logits^T [vocab_rows, m] = table [dim, vocab_rows]^T . xs [dim, m] */
@@ -448,6 +635,7 @@ static void cu_lm_head(void *ctx, struct buf *logits, const struct buf *x, const
                                     m, dim, &one, table->d, CUDA_R_16F, dim, c->d_gather,
                                     CUDA_R_16F, dim, &zero, logits->d, CUDA_R_32F, vocab_rows,
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    PROF_END(c);
     if (s != CUBLAS_STATUS_SUCCESS) {
         char d[64];
         snprintf(d, sizeof d, "cublasGemmEx status %d", (int)s);
@@ -460,6 +648,8 @@ static int cu_sync(void *ctx) {
     CUDA_CHECK(cudaSetDevice(c->device), NULL, 0);
     cudaError_t e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) ops_cuda__fail(c, -EIO, "sync", cudaGetErrorString(e));
+    else c->ring_off = 0;
+    prof_collect(c);
     return c->rc;
 }
 
@@ -469,7 +659,9 @@ static void cu_destroy(struct ops *ops) {
     if (c) {
         cudaSetDevice(c->device);
         if (c->stream) cudaStreamSynchronize(c->stream);
+        prof_free(c);
         ops_cuda__attn_free(&c->attn);
+        if (c->h_ring) cudaFreeHost(c->h_ring);
         cudaFree(c->lin_ws);
         cudaFree(c->d_gather);
         if (c->h_stage) cudaFreeHost(c->h_stage);
@@ -511,6 +703,16 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     TRY(cudaDeviceGetAttribute(&c->n_sms, cudaDevAttrMultiProcessorCount, device));
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     TRY(cudaEventCreateWithFlags(&c->attn.uploaded, cudaEventDisableTiming));
+    TRY(cudaMallocHost((void **)&c->h_ring, RING_BYTES));
+    const char *pe = getenv("AWQD_CUDA_PROFILE");
+    if (pe && *pe && strcmp(pe, "0")) {
+        c->prof = (struct cuda_prof *)calloc(1, sizeof *c->prof);
+        if (c->prof)
+            for (int i = 0; i < PROF_PENDING; i++) {
+                cudaEventCreate(&c->prof->ev[i][0]);
+                cudaEventCreate(&c->prof->ev[i][1]);
+            }
+    }
 #undef TRY
     cublasHandle_t h;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {

@@ -58,7 +58,18 @@ struct cuda_ctx {
     uint16_t *d_gather;
     size_t gather_elems;
     struct cuda_attn attn;
+    /* pinned ring for small int/float uploads (no stream sync): reset
+     * whenever the stream is known to be idle (download, sync) */
+    unsigned char *h_ring;
+    size_t ring_off;
+    /* AWQD_CUDA_PROFILE=1: per-op GPU time from events, printed at destroy */
+    struct cuda_prof *prof;
 };
+
+void ops_cuda__prof_begin(struct cuda_ctx *c, const char *what, int k, int n);
+void ops_cuda__prof_end(struct cuda_ctx *c);
+#define PROF_BEGIN(c, what, k, n) do { if ((c)->prof) ops_cuda__prof_begin((c), (what), (k), (n)); } while (0)
+#define PROF_END(c) do { if ((c)->prof) ops_cuda__prof_end(c); } while (0)
 
 /* Records the first asynchronous error (kernel launches). */
 void ops_cuda__fail(struct cuda_ctx *c, int rc, const char *what, const char *detail);

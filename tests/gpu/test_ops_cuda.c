@@ -448,8 +448,9 @@ TEST(ops_cuda, attention_prefill_and_chunked) {
     const int p1[] = {0}, r1[] = {130};
     const int p2[] = {200}, r2[] = {37};
     const int p3[] = {0, 64}, r3[] = {1, 64};
-    const int cfg[][3] = {{128, 32, 8}, {64, 4, 4}, {32, 8, 2}, {128, 16, 2}};
-    for (int i = 0; i < 4 && !test_failed(); i++) {
+    /* hd <= 128: tensor-core kernel; hd 256: the SIMT kernel with 32-pair tiles */
+    const int cfg[][3] = {{128, 32, 8}, {64, 4, 4}, {32, 8, 2}, {128, 16, 2}, {256, 8, 2}};
+    for (int i = 0; i < 5 && !test_failed(); i++) {
         attn_case(cfg[i][0], cfg[i][1], cfg[i][2], 1, p1, r1, 16);
         if (!test_failed()) attn_case(cfg[i][0], cfg[i][1], cfg[i][2], 1, p2, r2, 16);
         if (!test_failed()) attn_case(cfg[i][0], cfg[i][1], cfg[i][2], 2, p3, r3, 16);
@@ -478,19 +479,20 @@ TEST(ops_cuda, attention_long_context) {
 TEST(ops_cuda, lm_head_rows) {
     OPEN(p);
     const int vocabs[] = {512, 999, 4096};
-    const int dims[] = {256, 128, 4096};
+    const int dims[] = {256, 136, 4096};
     for (int c = 0; c < 3 && !test_failed(); c++) {
-        int V = vocabs[c], dim = dims[c], n = 9, m = 5;
+        for (int m = 1; m <= 9 && !test_failed(); m += (m < 3 ? 1 : 3)) { /* GEMV and GEMM paths */
+        int V = vocabs[c], dim = dims[c], n = 9;
         float *x = malloc((size_t)n * dim * 4), *t = malloc((size_t)V * dim * 4);
         fill(x, (size_t)n * dim, -1, 1);
         fill(t, (size_t)V * dim, -0.1f, 0.1f);
-        int32_t rows[5] = {8, 0, 3, 3, 7};
+        int32_t rows[9] = {8, 0, 3, 3, 7, 1, 2, 6, 5};
         struct twin X = twin_new(&p, BUF_ACT, (size_t)n * dim, x), T = twin_w16(&p, t, (size_t)V * dim);
-        struct twin R = twin_new(&p, BUF_I32, 5, rows), L = twin_new(&p, BUF_F32, (size_t)m * V, NULL);
+        struct twin R = twin_new(&p, BUF_I32, (size_t)m, rows), L = twin_new(&p, BUF_F32, (size_t)m * V, NULL);
         p.cpu->lm_head(p.cpu->ctx, L.c, X.c, R.c, m, T.c, dim, V);
         p.gpu->lm_head(p.gpu->ctx, L.g, X.g, R.g, m, T.g, dim, V);
         char what[64];
-        snprintf(what, sizeof what, "lm_head V %d dim %d", V, dim);
+        snprintf(what, sizeof what, "lm_head V %d dim %d m %d", V, dim, m);
         twin_check(&p, &L, 0, (size_t)m * V, 2e-3, 0, what);
         twin_free(&p, &X);
         twin_free(&p, &T);
@@ -498,6 +500,7 @@ TEST(ops_cuda, lm_head_rows) {
         twin_free(&p, &L);
         free(x);
         free(t);
+        }
     }
     pair_close(&p);
 }

@@ -77,6 +77,7 @@ struct sreq {
     struct seq *seqs;           /* [r.n] */
     int forked;
     int prompt_lp_done;
+    int prompt_lp_next;         /* prompt positions whose logprobs were posted */
     int n_finished;
     int cancelled;
     int completion_tokens;
@@ -555,6 +556,9 @@ static void seq_finish(struct engine *e, struct evlist *l, struct seq *s, enum e
     }
     q->n_finished++;
     q->completion_tokens += s->n_out;
+    /* before the fork the other choices only wait for choice 0's prompt */
+    if (!q->forked && s->choice == 0)
+        for (int c = 1; c < q->r.n; c++) seq_finish(e, l, &q->seqs[c], f, msg);
 }
 
 static void list_remove(struct sreq **head, struct sreq *q) {
@@ -688,14 +692,17 @@ static void prompt_logprobs(struct engine *e, struct evlist *l, struct sreq *q, 
     int cnt = 0;
     struct engine_token *toks = calloc((size_t)n_rows + 1, sizeof *toks);
     if (!toks) return;
-    if (pos0 == 0) {
+    if (pos0 == 0 && q->prompt_lp_next == 0) {
         toks[cnt].id = q->prompt[0];
         toks[cnt].logprob = NAN;
         cnt++;
+        q->prompt_lp_next = 1;
     }
     for (int r = 0; r < n_rows; r++) {
         int next = pos0 + r + 1;
         if (next >= n_prompt) break;
+        if (next < q->prompt_lp_next) continue; /* posted before a preemption */
+        q->prompt_lp_next = next + 1;
         const float *x = rows + (size_t)r * V;
         float mx = -INFINITY;
         for (int v = 0; v < V; v++) mx = x[v] > mx ? x[v] : mx;
@@ -846,10 +853,10 @@ static void step(struct engine *e, struct evlist *l) {
             struct seq *s = &q->seqs[c];
             if (s->finished) continue;
             seqs_needed++;
-            int len = s->n_toks ? s->n_toks : q->r.n_prompt;
-            if (s->active || !q->forked) blocks += kv_blocks_for(&e->kv, len + 1);
+            if (q->forked && s->active) blocks += kv_blocks_for(&e->kv, s->n_toks + 1);
         }
-        if (!q->forked) blocks += q->r.n - 1; /* partial blocks copied at the fork */
+        /* before the fork: the prompt once, plus the partial blocks copied */
+        if (!q->forked) blocks = kv_blocks_for(&e->kv, q->r.n_prompt + 1) + q->r.n - 1;
         if (nrun > 0 && nrun + seqs_needed > max_seqs) break;
         int free_b = kv_free_blocks(&e->kv);
         if (free_b - blocks < (e->running ? e->watermark : 0)) {

@@ -468,51 +468,62 @@ TEST(server, openai_node_client) {
 /* Running alone and running squeezed into a KV cache far too small for all
  * of them (so requests are preempted and recomputed) gives the same greedy
  * tokens. */
+/* Runs `body` alone, then `copies` at once; every choice of every copy must
+ * equal the solo run's (greedy), tokens and text. */
+static void same_alone_and_squeezed(struct srv *s, const char *body, int copies) {
+    char *solo = NULL;
+    ASSERT_EQ_INT(su_request(s->port, "POST", "/v1/completions", NULL, body, &solo), 200);
+    cJSON *o = cJSON_Parse(su_body(solo));
+    ASSERT(o);
+    char *want = cJSON_PrintUnformatted(cJSON_GetObjectItem(o, "choices"));
+    cJSON_Delete(o);
+    free(solo);
+    char raw[1024];
+    int n = snprintf(raw, sizeof raw, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                      "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
+    int fds[8];
+    for (int i = 0; i < copies; i++) {
+        fds[i] = su_dial(s->port);
+        su_send(fds[i], raw, (size_t)n);
+    }
+    for (int i = 0; i < copies; i++) {
+        char *r = su_recv(fds[i], NULL, 120);
+        close(fds[i]);
+        ASSERT_MSG(strncmp(r, "HTTP/1.1 200", 12) == 0, "request %d: %.300s", i, r);
+        cJSON *oi = cJSON_Parse(su_body(r));
+        ASSERT(oi);
+        char *got = cJSON_PrintUnformatted(cJSON_GetObjectItem(oi, "choices"));
+        ASSERT_STR_EQ(got, want);
+        free(got);
+        cJSON_Delete(oi);
+        free(r);
+    }
+    free(want);
+}
+
 TEST(server, preemption_by_recompute_keeps_results) {
     struct srv s;
     memset(&s, 0, sizeof s);
     ASSERT(su_make_fixture_model(&s) == 0);
-    /* 16 blocks of 16 tokens; each request needs 7 blocks at its longest */
+    /* 16 blocks of 16 tokens; each sequence needs 7 blocks at its longest */
     ASSERT_MSG(su_start(&s, "--max-model-len 512 --kv-cache-tokens 256 --max-batch-tokens 64") == 0,
                "daemon did not start (log %s)", s.log);
     char body[512];
     snprintf(body, sizeof body,
              "{\"model\":\"%s\",\"prompt\":[9,8,7,6,5,4,3,2],\"max_tokens\":100,\"temperature\":0,"
              "\"ignore_eos\":true,\"logprobs\":0}", s.name);
-    char *solo = NULL;
-    ASSERT_EQ_INT(su_request(s.port, "POST", "/v1/completions", NULL, body, &solo), 200);
-    cJSON *o = cJSON_Parse(su_body(solo));
-    ASSERT(o);
-    char *solo_toks = cJSON_PrintUnformatted(cJSON_GetObjectItem(
-        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "logprobs"), "tokens"));
-    cJSON_Delete(o);
-    free(solo);
-    /* 5 at once */
-    char raw[1024];
-    int n = snprintf(raw, sizeof raw, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                                      "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
-    int fds[5];
-    for (int i = 0; i < 5; i++) {
-        fds[i] = su_dial(s.port);
-        su_send(fds[i], raw, (size_t)n);
-    }
-    for (int i = 0; i < 5; i++) {
-        char *r = su_recv(fds[i], NULL, 120);
-        close(fds[i]);
-        ASSERT_MSG(strncmp(r, "HTTP/1.1 200", 12) == 0, "request %d: %.300s", i, r);
-        cJSON *oi = cJSON_Parse(su_body(r));
-        ASSERT(oi);
-        cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(oi, "choices"), 0);
-        char *toks = cJSON_PrintUnformatted(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"), "tokens"));
-        ASSERT_STR_EQ(toks, solo_toks);
-        ASSERT_STR_EQ(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "length");
-        free(toks);
-        cJSON_Delete(oi);
-        free(r);
-    }
-    free(solo_toks);
+    same_alone_and_squeezed(&s, body, 5);
+    ASSERT_OK_SO_FAR();
     double pre = su_metric(s.port, "awqd:num_preemptions_total");
     ASSERT_MSG(pre > 0, "no preemption happened (%g)", pre);
+    /* n = 2 sharing a 20-token prompt, echo + prompt logprobs, under preemption */
+    snprintf(body, sizeof body,
+             "{\"model\":\"%s\",\"prompt\":[9,8,7,6,5,4,3,2,1,9,8,7,6,5,4,3,2,1,7,7],"
+             "\"max_tokens\":60,\"temperature\":0,\"n\":2,\"echo\":true,\"ignore_eos\":true,"
+             "\"logprobs\":2}", s.name);
+    same_alone_and_squeezed(&s, body, 3);
+    ASSERT_OK_SO_FAR();
+    ASSERT_MSG(su_metric(s.port, "awqd:num_preemptions_total") > pre, "no preemption with n = 2");
     ASSERT_EQ_INT(su_wait_metric(s.port, "awqd:kv_cache_blocks_used", 0, 5), 0);
     ASSERT_EQ_INT(su_stop(&s, 20), 0);
 }

@@ -31,6 +31,9 @@
  *     access conn=3 "POST /v1/completions" 200 bytes=512 ms=12.3 <note>
  * where <note> is what the handler set with http_conn_note().
  *
+ * The process must ignore SIGPIPE (serve_run does): a write to a client that
+ * went away then fails with EPIPE and the connection is closed.
+ *
  * Thread safety: none; everything runs on the loop thread. */
 #ifndef AWQD_HTTP_H
 #define AWQD_HTTP_H

@@ -196,3 +196,60 @@ TEST(api_unit, utf8) {
     ASSERT_STR_EQ(s, "a\xef\xbf\xbdz");
     free(s);
 }
+
+/* Random mutations of valid bodies: the parser answers 0 or a 4xx with a
+ * well-formed error, never crashes (run under ASan/UBSan too). */
+TEST(api_unit, fuzz_mutations) {
+    static const char *seeds[] = {
+        "{\"model\":\"tiny\",\"prompt\":\"hello\",\"max_tokens\":5,\"stop\":[\"a\",\"b\"]}",
+        "{\"model\":\"tiny\",\"prompt\":[[1,2],[3]],\"n\":2,\"logprobs\":3,\"echo\":true}",
+        "{\"model\":\"tiny\",\"prompt\":[1,2,3],\"logit_bias\":{\"5\":-1},\"stream\":true,"
+        "\"stream_options\":{\"include_usage\":true},\"seed\":9,\"stop_token_ids\":[4]}",
+    };
+    const char alphabet[] = "{}[]\",:0123456789.-eE \\u\xff\xc3\x80tfnl";
+    uint64_t x = 0x12345678abcdefull;
+    int ok = 0, bad = 0;
+    for (int it = 0; it < 20000; it++) {
+        const char *s0 = seeds[it % 3];
+        size_t n = strlen(s0);
+        char buf[512];
+        memcpy(buf, s0, n);
+        int muts = 1 + (int)(x % 4);
+        for (int m = 0; m < muts; m++) {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            size_t pos = (size_t)(x % (n ? n : 1));
+            int op = (int)((x >> 20) % 4);
+            char ch = alphabet[(x >> 32) % (sizeof alphabet - 1)];
+            if (op == 0 && n > 0) buf[pos] = ch;                                   /* replace */
+            else if (op == 1 && n + 1 < sizeof buf) {                              /* insert */
+                memmove(buf + pos + 1, buf + pos, n - pos);
+                buf[pos] = ch;
+                n++;
+            } else if (op == 2 && n > 0) {                                         /* delete */
+                memmove(buf + pos, buf + pos + 1, n - pos - 1);
+                n--;
+            } else n = pos;                                                        /* truncate */
+        }
+        struct api_completion rq;
+        struct api_error e;
+        int rc = api_parse_completion(buf, n, &LIM, &rq, &e);
+        if (rc == 0) {
+            int all_ids = 1;
+            for (int i = 0; i < rq.n_prompts; i++) all_ids &= rq.prompts[i].ids != NULL;
+            if (all_ids) rc = api_check_lengths(&rq, &LIM, &e);
+        }
+        api_completion_free(&rq);
+        if (rc == 0) {
+            ok++;
+            continue;
+        }
+        bad++;
+        ASSERT_MSG(e.status == 400 || e.status == 404, "status %d for %.*s", e.status, (int)n, buf);
+        char *j = api_error_json(&e);
+        cJSON *o = cJSON_Parse(j);
+        ASSERT_MSG(o, "error JSON does not parse: %s", j);
+        cJSON_Delete(o);
+        free(j);
+    }
+    ASSERT(ok > 0 && bad > 0);
+}

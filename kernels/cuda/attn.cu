@@ -352,6 +352,7 @@ attn_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
     };
     load(sm.k, kc, kb);
     load(sm.v, vc, kb);
+    const bool active = p0 + warp * 16 < n_pairs; /* this warp has a valid pair */
     for (int t0 = kb; t0 < ke; t0 += ATT_TK) {
         cp_async_wait1();
         __syncthreads();
@@ -359,6 +360,7 @@ attn_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
         float sc[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; j++) {
+            if (!active) break;
             sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
             const __half *kr = &sm.k[j * 8 + gq][2 * tq];
 #pragma unroll
@@ -418,6 +420,7 @@ attn_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
         /* O += P V: P's A fragments are the S accumulators of key tiles 2kk, 2kk+1 */
 #pragma unroll
         for (int kk = 0; kk < ATT_TK / 16; kk++) {
+            if (!active) break;
             unsigned pa[4];
             pa[0] = pack_half2(sc[2 * kk][0], sc[2 * kk][1]);
             pa[1] = pack_half2(sc[2 * kk][2], sc[2 * kk][3]);
@@ -549,7 +552,10 @@ static int build_list(struct cuda_ctx *c, const struct attn_batch *ab, int nh, i
         int np = (qs[s + 1] - qs[s]) * G;
         if (np > max_pairs) max_pairs = np;
     }
-    const int QP = max_pairs <= 8 ? 8 : (hd <= 128 ? ATT_TC_QP : 32);
+    /* hd <= 128: the tensor-core kernel for everything (decode too: warps
+     * without a valid pair skip the math, so a 4-pair decode tile costs one
+     * warp's mma work while all 4 warps stream K/V); hd 256: SIMT */
+    const int QP = hd <= 128 ? ATT_TC_QP : max_pairs <= 8 ? 8 : 32;
     /* tiles and their key ends */
     int n_tiles = 0;
     for (int s = 0; s < S; s++) n_tiles += ((qs[s + 1] - qs[s]) * G + QP - 1) / QP;

@@ -449,3 +449,114 @@ TEST(model_cuda, generate_cli) {
     }
     if (!ran && !test_failed()) TEST_SKIP("fixtures not installed");
 }
+
+/* ---- synthetic Qwen3-0.6B: a batch of 32 mixed prompts = each alone ------- */
+
+#define SB_N 32
+#define SB_STEPS 8
+
+/* Runs the sequences idx[0..cnt) together: one forward prefills all their
+ * prompts (last-row logits), then SB_STEPS - 1 batched greedy decode steps.
+ * tok/margin/maxabs: [SB_N][SB_STEPS] (rows of idx are written). */
+static void sb_run(struct model_group *g, int V, int32_t *const *prompts, const int *lens,
+                   const int *idx, int cnt, int32_t tok[][SB_STEPS], float margin[][SB_STEPS],
+                   float maxabs[][SB_STEPS]) {
+    const struct model_opts *mo = model_opts(model_group_rank0(g));
+    struct kv kv;
+    ASSERT_EQ_INT(kv_init(&kv, mo->n_blocks, mo->block_size), 0);
+    struct kv_seq seq[SB_N] = {{0}};
+    struct batch_seq bs[SB_N];
+    int32_t last[SB_N];
+    float *lg = malloc((size_t)cnt * V * sizeof(float));
+    char err[512];
+    for (int step = 0; step < SB_STEPS && !test_failed(); step++) {
+        for (int k = 0; k < cnt; k++) {
+            int i = idx[k], past = step ? lens[i] + step - 1 : 0;
+            int n = step ? 1 : lens[i];
+            ASSERT_EQ_INT(kv_seq_reserve(&kv, &seq[k], past + n), 0);
+            bs[k] = (struct batch_seq){step ? &last[k] : prompts[i], n, past, seq[k].blocks,
+                                       seq[k].n_blocks, MODEL_LOGITS_LAST};
+        }
+        struct batch b = {bs, cnt};
+        int rc = model_group_forward(g, &b, lg, err, sizeof err);
+        ASSERT_MSG(rc == 0, "forward: %s", err);
+        for (int k = 0; k < cnt; k++) {
+            const float *l = lg + (size_t)k * V;
+            int i = idx[k];
+            last[k] = argmax(l, V);
+            tok[i][step] = last[k];
+            top2(l, V, &margin[i][step], &maxabs[i][step]);
+        }
+    }
+    for (int k = 0; k < cnt; k++) kv_seq_free(&kv, &seq[k]);
+    ASSERT_EQ_INT(kv_free_blocks(&kv), mo->n_blocks);
+    kv_free(&kv);
+    free(lg);
+}
+
+TEST(model_cuda, synthetic_qwen3_0_6b_batch32_equals_alone) {
+    if (!gpu_present()) TEST_SKIP("no CUDA device");
+    char dir[512], cmd[1200], *out = NULL;
+    snprintf(dir, sizeof dir, "%s/q06", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "%s mkmodel qwen3-0.6b %s --threads 8 2>&1", test_awqd_bin(), dir);
+    int rc = test_run(cmd, &out);
+    if (rc != 0) {
+        int no_tok = out && strstr(out, "tokenizer");
+        if (!no_tok) test_fail(__FILE__, __LINE__, "mkmodel failed: %.300s", out ? out : "");
+        free(out);
+        if (no_tok) TEST_SKIP("mkmodel: no qwen3 tokenizer here (set AWQD_TOKENIZER_DIR)");
+        return;
+    }
+    free(out);
+    struct ckpt *ck = NULL;
+    char err[512];
+    ASSERT_MSG(ckpt_open(dir, &ck, err, sizeof err) == 0, "%s", err);
+    int V = ckpt_config(ck)->vocab;
+    struct model_group_opts o;
+    model_group_opts_default(&o);
+    o.backend = "cuda";
+    o.model.n_blocks = SB_N * 6 + 8;
+    o.model.block_size = 16;
+    o.model.max_tokens = 2048;
+    o.model.max_seqs = SB_N;
+    o.model.max_blocks_per_seq = 8;
+    struct model_group *g = NULL;
+    if (model_group_init(ck, &o, &g, err, sizeof err)) {
+        ckpt_close(ck);
+        ASSERT_MSG(0, "model_group_init: %s", err);
+    }
+    int32_t *prompts[SB_N];
+    int lens[SB_N], idx[SB_N];
+    uint32_t r = 7;
+    for (int i = 0; i < SB_N; i++) {
+        r = r * 1664525u + 1013904223u;
+        lens[i] = 1 + (int)((r >> 8) % 60); /* 1..60 tokens, mixed */
+        prompts[i] = malloc((size_t)lens[i] * sizeof(int32_t));
+        for (int j = 0; j < lens[i]; j++) {
+            r = r * 1664525u + 1013904223u;
+            prompts[i][j] = (int32_t)((r >> 8) % (uint32_t)V);
+        }
+        idx[i] = i;
+    }
+    static int32_t ta[SB_N][SB_STEPS], tb[SB_N][SB_STEPS];
+    static float ma[SB_N][SB_STEPS], xa[SB_N][SB_STEPS], mb[SB_N][SB_STEPS], xb[SB_N][SB_STEPS];
+    for (int i = 0; i < SB_N && !test_failed(); i++) sb_run(g, V, prompts, lens, &idx[i], 1, ta, ma, xa);
+    if (!test_failed()) sb_run(g, V, prompts, lens, idx, SB_N, tb, mb, xb);
+    int compared = 0, total = 0;
+    for (int i = 0; i < SB_N && !test_failed(); i++)
+        for (int t = 0; t < SB_STEPS; t++) {
+            total++;
+            if (ma[i][t] <= MC_TOL * xa[i][t]) break; /* near-tie: either branch is right */
+            if (ta[i][t] != tb[i][t]) {
+                test_fail(__FILE__, __LINE__, "prompt %d (len %d) step %d: batched %d, alone %d (margin %g of %g)",
+                          i, lens[i], t, tb[i][t], ta[i][t], ma[i][t], xa[i][t]);
+                break;
+            }
+            compared++;
+        }
+    fprintf(stderr, "  qwen3-0.6b synthetic: 32 mixed prompts batched vs alone: %d/%d greedy tokens compared, all equal\n",
+            compared, total);
+    for (int i = 0; i < SB_N; i++) free(prompts[i]);
+    model_group_free(g);
+    ckpt_close(ck);
+}

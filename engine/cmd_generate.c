@@ -28,7 +28,7 @@ static const char *usage =
     "usage: awqd generate --model DIR [--backend cpu|cuda] (--prompt-ids 1,2,3 | --prompt TEXT)\n"
     "                     [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
     "                     [--seed S] [--ignore-eos] [--json] [--logits-out FILE]\n"
-    "                     [--chunk N] [--threads N] [--tp N] [--block-size N]\n"
+    "                     [--chunk N] [--threads N] [--tp N] [--devices 0,1,..] [--block-size N]\n"
     "\n"
     "Runs one prompt: prefill in chunks of --chunk tokens (default 64), then decode\n"
     "--max-tokens tokens (default 16), stopping at an end-of-sequence token unless\n"
@@ -37,11 +37,13 @@ static const char *usage =
     "is there when the model directory has a tokenizer.json. --logits-out FILE writes\n"
     "a safetensors file with one F32 tensor `logits` [prompt length, vocab]: the\n"
     "logits at every prompt position. --tp N runs N tensor-parallel ranks on threads\n"
-    "(CPU backend). --threads: CPU threads per rank (default: cores / tp).\n";
+    "(CPU backend) or N GPUs (--backend cuda; --devices lists one CUDA device per rank,\n"
+    "default 0..N-1). --threads: CPU threads per rank (default: cores / tp).\n";
 
 struct gen_args {
     const char *model, *backend, *prompt_ids, *prompt, *logits_out;
     int max_tokens, top_k, ignore_eos, json, chunk, threads, tp, block_size;
+    int devices[64], n_devices;       /* --devices: one CUDA device per rank */
     float temperature, top_p, min_p;
     unsigned long long seed;
 };
@@ -63,7 +65,8 @@ static int parse_args(int argc, char **argv, struct gen_args *a) {
         {"ignore-eos", no_argument, 0, 'e'},        {"json", no_argument, 0, 'j'},
         {"logits-out", required_argument, 0, 'l'},  {"chunk", required_argument, 0, 'c'},
         {"threads", required_argument, 0, 'T'},     {"tp", required_argument, 0, 'r'},
-        {"block-size", required_argument, 0, 'B'},  {0, 0, 0, 0}};
+        {"block-size", required_argument, 0, 'B'},  {"devices", required_argument, 0, 'D'},
+        {0, 0, 0, 0}};
     optind = 1;
     opterr = 0;
     int c;
@@ -87,6 +90,13 @@ static int parse_args(int argc, char **argv, struct gen_args *a) {
         case 'T': a->threads = (int)strtol(optarg, &end, 10); break;
         case 'r': a->tp = (int)strtol(optarg, &end, 10); break;
         case 'B': a->block_size = (int)strtol(optarg, &end, 10); break;
+        case 'D':
+            a->n_devices = util_parse_int_list(optarg, a->devices, 64);
+            if (a->n_devices < 1) {
+                fprintf(stderr, "awqd generate: bad device list \"%s\" (e.g. 0,1)\n", optarg);
+                return -EINVAL;
+            }
+            break;
         default:
             fprintf(stderr, "awqd generate: unknown or incomplete option %s\n%s", argv[optind - 1],
                     usage);
@@ -109,6 +119,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a) {
     else if (a->tp < 1 || a->tp > 64) bad = "--tp must be in 1..64";
     else if (a->block_size < 1 || a->block_size > 1024) bad = "--block-size must be in 1..1024";
     else if (a->threads < 0) bad = "--threads must be >= 0";
+    else if (a->n_devices && a->n_devices != a->tp) bad = "--devices must list one device per rank (--tp)";
     if (bad) {
         fprintf(stderr, "awqd generate: %s\n%s", bad, usage);
         return -EINVAL;
@@ -223,6 +234,7 @@ int cmd_generate(int argc, char **argv) {
     model_group_opts_default(&go);
     go.backend = a.backend;
     go.tp = a.tp;
+    go.devices = a.n_devices ? a.devices : NULL;
     go.cpu_threads = a.threads;
     int chunk = a.chunk;
     go.model.block_size = a.block_size;

@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include "engine/util.h"
+#ifdef AWQD_CUDA
+#include "comm/cuda/comm_cuda.h"
+#endif
 
 /* Rows of logits computed per lm_head call (bounds the logits workspace). */
 #define LOGIT_CHUNK 32
@@ -500,6 +503,8 @@ static int worker_init(struct rank_worker *w) {
 #ifdef AWQD_CUDA
         int dev = o->devices ? o->devices[w->rank] : w->rank;
         rc = ops_cuda_create(dev, &w->ops, w->err, sizeof w->err);
+        if (!rc && g->tp > 1) /* the rank's all-reduce runs on this backend's stream */
+            rc = comm_cuda_attach(w->comm, w->ops, w->err, sizeof w->err);
 #else
         rc = util_err(w->err, sizeof w->err, -ENOTSUP,
                       "backend cuda: this build has no CUDA backend (build with CUDA=1)");
@@ -587,10 +592,14 @@ int model_group_init(struct ckpt *ck, const struct model_group_opts *o, struct m
     *out = NULL;
     int tp = o->tp < 1 ? 1 : o->tp;
     const char *backend = o->backend ? o->backend : "cpu";
-    if (tp > 1 && strcmp(backend, "cpu") != 0)
+    int cuda_tp = tp > 1 && strcmp(backend, "cuda") == 0;
+    if (tp > 1 && strcmp(backend, "cpu") != 0 && !cuda_tp)
+        return util_err(err, errlen, -EINVAL, "unknown backend \"%s\" (cpu, cuda)", backend);
+#ifndef AWQD_CUDA
+    if (cuda_tp)
         return util_err(err, errlen, -ENOTSUP,
-                        "tensor parallel on backend %s needs its communicator (comm/cuda), not built yet",
-                        backend);
+                        "backend cuda: this build has no CUDA backend (build with CUDA=1)");
+#endif
     struct model_group *g = calloc(1, sizeof *g);
     if (!g) return util_err(err, errlen, -ENOMEM, "model group: out of memory");
     g->tp = tp;
@@ -605,11 +614,18 @@ int model_group_init(struct ckpt *ck, const struct model_group_opts *o, struct m
         model_group_free(g);
         return util_err(err, errlen, -ENOMEM, "model group: out of memory");
     }
-    rc = tp == 1 ? comm_cpu_single(&comms[0]) : comm_cpu_group(tp, comms);
+    char ce[256] = "";
+#ifdef AWQD_CUDA
+    if (cuda_tp) /* NCCL + peer-to-peer all-reduce (comm/cuda/comm_cuda.h) */
+        rc = comm_cuda_group(tp, o->devices, comms, ce, sizeof ce);
+    else
+#endif
+        rc = tp == 1 ? comm_cpu_single(&comms[0]) : comm_cpu_group(tp, comms);
     if (rc) {
         free(comms);
         model_group_free(g);
-        return util_err(err, errlen, rc, "model group: cannot create the communicator");
+        return util_err(err, errlen, rc, "model group: cannot create the communicator%s%s",
+                        ce[0] ? ": " : "", ce);
     }
     struct model_group_opts oo = *o;
     oo.backend = backend;
@@ -654,8 +670,13 @@ int model_group_forward(struct model_group *g, const struct batch *b, float *log
     g->b = b;
     g->logits = logits;
     group_run(g, JOB_FORWARD);
+    /* report the rank that failed first: others' collectives are cancelled */
+    int bad = -1;
     for (int r = 0; r < g->tp; r++)
-        if (g->w[r].rc) return util_err(err, errlen, g->w[r].rc, "%s", g->w[r].err);
+        if (g->w[r].rc && (bad < 0 || (g->w[bad].rc == -ECANCELED && g->w[r].rc != -ECANCELED)))
+            bad = r;
+    if (bad >= 0)
+        return util_err(err, errlen, g->w[bad].rc, "rank %d: %s", bad, g->w[bad].err);
     return 0;
 }
 

@@ -1,0 +1,86 @@
+/* comm_cuda.h — the communicator of CUDA tensor-parallel ranks that are
+ * threads of one process, one GPU each (docs/TENSOR_PARALLEL.md).
+ *
+ * all_reduce_sum (struct comm, comm/comm.h) sums a BUF_ACT (fp16) buffer of
+ * the CUDA backend in place, asynchronously on the rank's backend stream, with
+ * no host synchronisation, so it may be captured in a CUDA graph. Two paths:
+ *   p2p   one-shot peer-to-peer kernel for messages <= p2p_max_bytes: each
+ *         rank copies its input into its own staging buffer, signals every
+ *         peer through a flag in the peer's memory (per-call epoch held on the
+ *         device), waits for the peers' flags, then reads all ranks' staging
+ *         buffers and sums them in rank order (fp32 accumulation): the result
+ *         is bit-identical on every rank.
+ *   nccl  ncclAllReduce(fp16, sum) for larger messages, or when peer access is
+ *         not possible between every pair of devices.
+ *
+ * Usage (model_group does this; one thread per rank):
+ *     struct comm *c[2];
+ *     comm_cuda_group(2, (int[]){0, 1}, c, err, sizeof err);   // any thread
+ *     // in rank r's thread, after ops_cuda_create(devices[r], &ops, ...):
+ *     comm_cuda_attach(c[r], ops, err, sizeof err);
+ *     c[r]->all_reduce_sum(c[r], buf, n);
+ *     comm_free(c[r]);                        // each; the last frees the group
+ *
+ * Faults: an error on one rank (its backend's sticky error seen at an
+ * all-reduce, a p2p wait past AWQD_COMM_TIMEOUT_MS, or the injected fault
+ * below) aborts the whole group: waiting p2p kernels on the other ranks leave
+ * their spin loops, the NCCL communicators are aborted (ncclCommAbort), every
+ * later all_reduce_sum on every rank returns -ECANCELED at once, and
+ * comm_cuda_status says which rank failed first. An aborted group stays
+ * aborted: free the model group and build a new one.
+ *
+ * Environment (read at comm_cuda_group):
+ *   AWQD_ALLREDUCE=auto|nccl|p2p   path choice (default auto: p2p up to the
+ *                                  threshold, nccl above)
+ *   AWQD_P2P_MAX_BYTES=N           the threshold (default COMM_CUDA_P2P_MAX_DEFAULT)
+ *   AWQD_COMM_TIMEOUT_MS=N         p2p wait limit (default 60000; 0: none)
+ *   AWQD_FAULT_RANK=r              testing: rank r's all-reduce number
+ *   AWQD_FAULT_CALL=k              k (0-based, default 1) fails with -EIO
+ *                                  instead of running, and aborts the group */
+#ifndef AWQD_COMM_CUDA_H
+#define AWQD_COMM_CUDA_H
+
+#include <stddef.h>
+
+#include "comm/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ops;
+
+#define COMM_CUDA_MAX_RANKS 8                  /* p2p path; nccl has no limit */
+#define COMM_CUDA_P2P_MAX_DEFAULT (256 * 1024) /* bytes; see docs/TENSOR_PARALLEL.md */
+
+enum comm_cuda_algo { COMM_CUDA_AUTO = 0, COMM_CUDA_NCCL = 1, COMM_CUDA_P2P = 2 };
+
+/* `size` ranks on CUDA devices devices[0..size) (NULL: 0..size-1), all in
+ * this process: creates the NCCL communicators (ncclCommInitAll), enables
+ * peer access between every pair and allocates each rank's staging buffer and
+ * flags. Restores the calling thread's current device. out: [size]. 0 /
+ * negative errno with a message. */
+int comm_cuda_group(int size, const int *devices, struct comm **out, char *err, size_t errlen);
+
+/* Binds rank c to the CUDA backend instance its thread uses (its stream and
+ * sticky error); call from that thread before the first collective. */
+int comm_cuda_attach(struct comm *c, struct ops *ops, char *err, size_t errlen);
+
+/* Group-wide settings (call while no collective is in flight, e.g. between
+ * forwards; affect every rank of c's group). */
+void comm_cuda_set_algo(struct comm *c, enum comm_cuda_algo algo);
+/* p2p threshold in bytes, clamped to the staging capacity. */
+void comm_cuda_set_p2p_max(struct comm *c, size_t bytes);
+size_t comm_cuda_p2p_max(const struct comm *c);
+/* 1 when peer access works between every pair (the p2p path exists). */
+int comm_cuda_p2p_available(const struct comm *c);
+
+/* 0 while the group is healthy; else the first failure's errno, with
+ * "rank R: what" in msg (may be NULL). */
+int comm_cuda_status(const struct comm *c, char *msg, size_t msglen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

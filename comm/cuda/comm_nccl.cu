@@ -1,0 +1,522 @@
+/* comm_nccl.cu — all-reduce between CUDA tensor-parallel ranks that are
+ * threads of one process: NCCL, and a one-shot peer-to-peer kernel for small
+ * (decode-sized) messages. See comm_cuda.h for the contract and
+ * docs/TENSOR_PARALLEL.md for the protocol. */
+#include "comm/cuda/comm_cuda.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+extern "C" {
+#include "engine/util.h"
+#include "kernels/ops.h"
+}
+#include "kernels/cuda/ops_cuda_access.h"
+
+#define P2P_THREADS 256
+#define P2P_BLOCKS 32                     /* every call uses all of them (see the kernel) */
+#define P2P_CAP_MIN (4u << 10)
+#define P2P_CAP_MAX (8u << 20)
+
+/* ------------------------------------------------------------------------ */
+/* The one-shot kernel                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Everything a rank's kernel needs; fixed after attach, so a captured launch
+ * stays valid for the life of the group. */
+struct p2p_args {
+    __half *stage[COMM_CUDA_MAX_RANKS];   /* each rank's staging: fp16 [2][cap_elems] (device r) */
+    unsigned *flags[COMM_CUDA_MAX_RANKS]; /* each rank's flags: [MAX_RANKS][P2P_BLOCKS] (device r) */
+    unsigned *epoch;                      /* this rank's calls so far, per block: [P2P_BLOCKS] */
+    volatile int *ctl;                    /* mapped host [2]: abort, timed-out rank + 1 */
+    int rank, size;
+    unsigned long long cap_elems;
+    unsigned long long timeout_ns;        /* 0: wait forever (still leaves on abort) */
+};
+
+static __device__ __forceinline__ unsigned long long p2p_now(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* Block b of every rank owns elements [b * per, (b + 1) * per) (per: a
+ * multiple of 8). Call e (the block's epoch, the same on every rank because
+ * every call launches all P2P_BLOCKS blocks on every rank) uses staging half
+ * e & 1:
+ *   1. copy this rank's slice of buf into its own staging[e & 1];
+ *   2. __syncthreads, then thread p (p != rank) fences (system scope) and
+ *      writes e into rank p's flag [rank][b];
+ *   3. thread p spins (volatile) until this rank's flag [p][b] >= e, fences;
+ *   4. __syncthreads; every thread sums its elements over ranks 0..size-1 in
+ *      order (fp32) from the staging buffers and writes buf.
+ * Reuse of staging[e & 1] at call e + 2 is safe: this rank's call e + 1
+ * kernel finished only after every peer block signalled e + 1, which each
+ * did after its call e kernel (and so its reads) had ended. */
+__global__ void __launch_bounds__(P2P_THREADS)
+p2p_allreduce_kernel(struct p2p_args a, __half *buf, unsigned long long n, unsigned long long per) {
+    __shared__ unsigned s_e;
+    __shared__ int s_bad;
+    const int b = blockIdx.x, t = threadIdx.x;
+    if (t == 0) {
+        s_e = a.epoch[b] + 1;
+        a.epoch[b] = s_e;
+        s_bad = 0;
+    }
+    __syncthreads();
+    const unsigned e = s_e;
+    const unsigned long long off = (unsigned long long)(e & 1) * a.cap_elems;
+    unsigned long long lo = (unsigned long long)b * per, hi = lo + per;
+    if (hi > n) hi = n;
+    if (lo > hi) lo = hi;
+    const unsigned long long vec_end = lo + (hi - lo) / 8 * 8;
+    __half *mine = a.stage[a.rank] + off;
+
+    /* 1. publish */
+    for (unsigned long long i = lo + (unsigned long long)t * 8; i < vec_end; i += P2P_THREADS * 8)
+        *(uint4 *)(mine + i) = *(const uint4 *)(buf + i);
+    for (unsigned long long i = vec_end + t; i < hi; i += P2P_THREADS) mine[i] = buf[i];
+    __syncthreads();
+
+    /* 2. signal, 3. wait */
+    if (t < a.size && t != a.rank) {
+        __threadfence_system();
+        volatile unsigned *to = a.flags[t] + a.rank * P2P_BLOCKS + b;
+        *to = e;
+        volatile unsigned *from = a.flags[a.rank] + t * P2P_BLOCKS + b;
+        unsigned spins = 0;
+        unsigned long long t0 = 0;
+        while ((int)(*from - e) < 0) {
+            if ((++spins & 1023) == 0) {
+                if (a.ctl[0]) {
+                    s_bad = 1;
+                    break;
+                }
+                if (a.timeout_ns) {
+                    unsigned long long now = p2p_now();
+                    if (!t0) {
+                        t0 = now;
+                    } else if (now - t0 > a.timeout_ns) {
+                        a.ctl[1] = a.rank + 1;
+                        __threadfence_system();
+                        a.ctl[0] = 1;
+                        s_bad = 1;
+                        break;
+                    }
+                }
+            }
+        }
+        __threadfence_system();
+    }
+    __syncthreads();
+    if (s_bad) return;
+
+    /* 4. sum in rank order */
+    for (unsigned long long i = lo + (unsigned long long)t * 8; i < vec_end; i += P2P_THREADS * 8) {
+        float acc[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[j] = 0.f;
+        for (int p = 0; p < a.size; p++) {
+            uint4 v = __ldcv((const uint4 *)(a.stage[p] + off + i));
+            const __half2 *h = (const __half2 *)&v;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float2 f = __half22float2(h[j]);
+                acc[2 * j] += f.x;
+                acc[2 * j + 1] += f.y;
+            }
+        }
+        uint4 o;
+        __half2 *oh = (__half2 *)&o;
+#pragma unroll
+        for (int j = 0; j < 4; j++) oh[j] = __floats2half2_rn(acc[2 * j], acc[2 * j + 1]);
+        *(uint4 *)(buf + i) = o;
+    }
+    for (unsigned long long i = vec_end + t; i < hi; i += P2P_THREADS) {
+        float acc = 0.f;
+        for (int p = 0; p < a.size; p++) {
+            const unsigned short *src = (const unsigned short *)(a.stage[p] + off + i);
+            unsigned short bits = *(const volatile unsigned short *)src;
+            acc += __half2float(__ushort_as_half(bits));
+        }
+        buf[i] = __float2half_rn(acc);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* The group                                                                */
+/* ------------------------------------------------------------------------ */
+
+struct cgroup {
+    int size;
+    int *devices;                 /* [size] */
+    ncclComm_t *nccl;             /* [size]; NULL entries after an abort */
+    pthread_mutex_t mu;           /* refs */
+    int refs;
+    pthread_rwlock_t lock;        /* read: an NCCL enqueue; write: abort */
+    pthread_barrier_t bar;        /* comm->barrier */
+    int aborted;                  /* atomic; under lock (write) when set */
+    int abort_rc, abort_rank;
+    char msg[256];
+    volatile int *ctl;            /* mapped pinned host [2]: abort, timed-out rank + 1 */
+    int p2p_ok;
+    int algo;                     /* enum comm_cuda_algo */
+    size_t p2p_max, cap_bytes;    /* threshold; staging half capacity */
+    __half *stage[COMM_CUDA_MAX_RANKS];
+    unsigned *flags[COMM_CUDA_MAX_RANKS];
+    unsigned *epoch[COMM_CUDA_MAX_RANKS];
+    unsigned long long timeout_ns;
+    int fault_rank;
+    long fault_call;
+};
+
+struct crank {
+    struct cgroup *g;
+    void *ctx;                    /* ops ctx (CUDA backend) */
+    cudaStream_t stream;
+    long calls;
+    struct p2p_args args;
+};
+
+static void cg_abort(struct cgroup *g, int rank, int rc, const char *what) {
+    pthread_rwlock_wrlock(&g->lock);
+    if (!__atomic_load_n(&g->aborted, __ATOMIC_ACQUIRE)) {
+        g->abort_rc = rc;
+        g->abort_rank = rank;
+        snprintf(g->msg, sizeof g->msg, "rank %d: %s", rank, what);
+        g->ctl[0] = 1;
+        __atomic_store_n(&g->aborted, 1, __ATOMIC_RELEASE);
+        log_error("comm: %s; aborting every rank's collectives", g->msg);
+        for (int r = 0; r < g->size; r++)
+            if (g->nccl[r]) {
+                ncclCommAbort(g->nccl[r]);
+                g->nccl[r] = NULL;
+            }
+    }
+    pthread_rwlock_unlock(&g->lock);
+}
+
+static int cc_all_reduce(struct comm *c, struct buf *b, size_t n) {
+    struct crank *k = (struct crank *)c->priv;
+    struct cgroup *g = k->g;
+    if (!k->ctx) return -EINVAL;  /* not attached */
+    if (ops_cuda_buf_kind(b) != BUF_ACT || n > ops_cuda_buf_len(b)) return -EINVAL;
+    long call = k->calls++;
+    if (__atomic_load_n(&g->aborted, __ATOMIC_ACQUIRE)) return -ECANCELED;
+    if (g->ctl[1]) {
+        char what[96];
+        snprintf(what, sizeof what, "p2p all-reduce waited past AWQD_COMM_TIMEOUT_MS for a peer");
+        cg_abort(g, g->ctl[1] - 1, -ETIMEDOUT, what);
+        return -ETIMEDOUT;
+    }
+    int be = ops_cuda_error(k->ctx);
+    if (be) {
+        cg_abort(g, c->rank, be, "CUDA backend error before an all-reduce");
+        return be;
+    }
+    if (c->rank == g->fault_rank && call == g->fault_call) {
+        char what[96];
+        snprintf(what, sizeof what, "injected fault (AWQD_FAULT_RANK) at all-reduce %ld", call);
+        cg_abort(g, c->rank, -EIO, what);
+        return -EIO;
+    }
+    if (n == 0 || g->size == 1) return 0;
+    cudaSetDevice(g->devices[c->rank]);
+    size_t bytes = n * 2;
+    int p2p = g->p2p_ok && g->algo != COMM_CUDA_NCCL && bytes <= g->cap_bytes &&
+              (g->algo == COMM_CUDA_P2P || bytes <= g->p2p_max);
+    void *d = ops_cuda_buf_ptr(b);
+    if (p2p) {
+        unsigned long long per = ((n + P2P_BLOCKS - 1) / P2P_BLOCKS + 7) / 8 * 8;
+        p2p_allreduce_kernel<<<P2P_BLOCKS, P2P_THREADS, 0, k->stream>>>(
+            k->args, (__half *)d, (unsigned long long)n, per);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) {
+            char what[160];
+            snprintf(what, sizeof what, "p2p all-reduce launch: %s", cudaGetErrorString(e));
+            cg_abort(g, c->rank, -EIO, what);
+            return -EIO;
+        }
+        return 0;
+    }
+    pthread_rwlock_rdlock(&g->lock);
+    if (__atomic_load_n(&g->aborted, __ATOMIC_ACQUIRE) || !g->nccl[c->rank]) {
+        pthread_rwlock_unlock(&g->lock);
+        return -ECANCELED;
+    }
+    ncclResult_t r = ncclAllReduce(d, d, n, ncclFloat16, ncclSum, g->nccl[c->rank], k->stream);
+    pthread_rwlock_unlock(&g->lock);
+    if (r != ncclSuccess) {
+        char what[160];
+        snprintf(what, sizeof what, "ncclAllReduce: %s", ncclGetErrorString(r));
+        cg_abort(g, c->rank, -EIO, what);
+        return -EIO;
+    }
+    return 0;
+}
+
+/* Host-side: waits for this rank's stream, then for every rank's thread. */
+static void cc_barrier(struct comm *c) {
+    struct crank *k = (struct crank *)c->priv;
+    if (k->stream) cudaStreamSynchronize(k->stream);
+    pthread_barrier_wait(&k->g->bar);
+}
+
+static void cg_free(struct cgroup *g) {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    if (g->ctl) g->ctl[0] = 1;    /* any kernel still spinning leaves */
+    if (g->nccl)
+        for (int r = 0; r < g->size; r++)
+            if (g->nccl[r]) ncclCommDestroy(g->nccl[r]);
+    for (int r = 0; r < g->size && r < COMM_CUDA_MAX_RANKS; r++) {
+        if (!g->stage[r] && !g->flags[r] && !g->epoch[r]) continue;
+        cudaSetDevice(g->devices[r]);
+        cudaDeviceSynchronize();
+        cudaFree(g->stage[r]);
+        cudaFree(g->flags[r]);
+        cudaFree(g->epoch[r]);
+    }
+    if (g->ctl) cudaFreeHost((void *)g->ctl);
+    cudaSetDevice(prev);
+    pthread_rwlock_destroy(&g->lock);
+    pthread_barrier_destroy(&g->bar);
+    pthread_mutex_destroy(&g->mu);
+    free(g->nccl);
+    free(g->devices);
+    free(g);
+}
+
+static void cc_destroy(struct comm *c) {
+    struct crank *k = (struct crank *)c->priv;
+    struct cgroup *g = k->g;
+    pthread_mutex_lock(&g->mu);
+    int last = --g->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    free(k);
+    free(c);
+    if (last) cg_free(g);
+}
+
+static long env_long(const char *name, long def) {
+    const char *s = getenv(name);
+    if (!s || !*s) return def;
+    char *end;
+    long v = strtol(s, &end, 10);
+    return *end ? def : v;
+}
+
+#define CG_CUDA(call)                                                                  \
+    do {                                                                               \
+        cudaError_t e_ = (call);                                                       \
+        if (e_ != cudaSuccess) {                                                       \
+            rc = util_err(err, errlen, e_ == cudaErrorMemoryAllocation ? -ENOMEM : -EIO, \
+                          "comm: %s: %s", #call, cudaGetErrorString(e_));              \
+            goto fail;                                                                 \
+        }                                                                              \
+    } while (0)
+
+extern "C" int comm_cuda_group(int size, const int *devices, struct comm **out, char *err,
+                               size_t errlen) {
+    if (size < 1) return util_err(err, errlen, -EINVAL, "comm: group size %d", size);
+    for (int r = 0; r < size; r++) out[r] = NULL;
+    int n_dev = 0, prev = 0, rc = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess) n_dev = 0;
+    cudaGetDevice(&prev);
+    struct cgroup *g = (struct cgroup *)calloc(1, sizeof *g);
+    if (!g) return util_err(err, errlen, -ENOMEM, "comm: out of memory");
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_rwlock_init(&g->lock, NULL);
+    pthread_barrier_init(&g->bar, NULL, (unsigned)size);
+    g->size = size;
+    g->devices = (int *)calloc((size_t)size, sizeof(int));
+    g->nccl = (ncclComm_t *)calloc((size_t)size, sizeof(ncclComm_t));
+    if (!g->devices || !g->nccl) {
+        rc = util_err(err, errlen, -ENOMEM, "comm: out of memory");
+        goto fail;
+    }
+    for (int r = 0; r < size; r++) {
+        int d = devices ? devices[r] : r;
+        if (d < 0 || d >= n_dev) {
+            rc = util_err(err, errlen, -ENODEV, "comm: rank %d: no CUDA device %d (%d present)",
+                          r, d, n_dev);
+            goto fail;
+        }
+        for (int q = 0; q < r; q++)
+            if (g->devices[q] == d) {
+                rc = util_err(err, errlen, -EINVAL,
+                              "comm: ranks %d and %d both on device %d (one GPU per rank)", q, r,
+                              d);
+                goto fail;
+            }
+        g->devices[r] = d;
+    }
+    {
+        const char *a = getenv("AWQD_ALLREDUCE");
+        g->algo = !a || !*a || !strcmp(a, "auto") ? COMM_CUDA_AUTO
+                  : !strcmp(a, "nccl")            ? COMM_CUDA_NCCL
+                  : !strcmp(a, "p2p")             ? COMM_CUDA_P2P
+                                                  : -1;
+        if (g->algo < 0) {
+            rc = util_err(err, errlen, -EINVAL, "comm: AWQD_ALLREDUCE=%s (auto, nccl, p2p)", a);
+            goto fail;
+        }
+    }
+    {
+        long m = env_long("AWQD_P2P_MAX_BYTES", COMM_CUDA_P2P_MAX_DEFAULT);
+        if (m < 0) m = 0;
+        g->p2p_max = (size_t)m;
+        size_t cap = g->p2p_max < P2P_CAP_MIN ? P2P_CAP_MIN : g->p2p_max;
+        if (cap < (1u << 20)) cap = 1u << 20; /* room for forcing p2p up to 1 MiB (bench) */
+        if (cap > P2P_CAP_MAX) cap = P2P_CAP_MAX;
+        g->cap_bytes = (cap + 255) / 256 * 256;
+        if (g->p2p_max > g->cap_bytes) g->p2p_max = g->cap_bytes;
+        long to = env_long("AWQD_COMM_TIMEOUT_MS", 60000);
+        g->timeout_ns = to > 0 ? (unsigned long long)to * 1000000ull : 0;
+        g->fault_rank = (int)env_long("AWQD_FAULT_RANK", -1);
+        g->fault_call = env_long("AWQD_FAULT_CALL", 1);
+    }
+    /* NVLink multicast (NVLS) stays off: see docs/TENSOR_PARALLEL.md */
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    if (size > 1) {
+        ncclResult_t nr = ncclCommInitAll(g->nccl, size, g->devices);
+        if (nr != ncclSuccess) {
+            memset(g->nccl, 0, sizeof(ncclComm_t) * (size_t)size);
+            rc = util_err(err, errlen, -EIO, "comm: ncclCommInitAll(%d ranks): %s", size,
+                          ncclGetErrorString(nr));
+            goto fail;
+        }
+    }
+    {
+        void *h = NULL;
+        CG_CUDA(cudaHostAlloc(&h, 2 * sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+        g->ctl = (volatile int *)h;
+        g->ctl[0] = g->ctl[1] = 0;
+    }
+    /* peer access between every pair, then each rank's staging and flags */
+    g->p2p_ok = size > 1 && size <= COMM_CUDA_MAX_RANKS;
+    for (int r = 0; r < size && g->p2p_ok; r++)
+        for (int q = 0; q < size && g->p2p_ok; q++) {
+            int ok = 0;
+            if (q != r && (cudaDeviceCanAccessPeer(&ok, g->devices[r], g->devices[q]) !=
+                               cudaSuccess ||
+                           !ok))
+                g->p2p_ok = 0;
+        }
+    for (int r = 0; r < size && g->p2p_ok; r++) {
+        CG_CUDA(cudaSetDevice(g->devices[r]));
+        for (int q = 0; q < size; q++) {
+            if (q == r) continue;
+            cudaError_t e = cudaDeviceEnablePeerAccess(g->devices[q], 0);
+            if (e == cudaErrorPeerAccessAlreadyEnabled) {
+                cudaGetLastError();
+            } else if (e != cudaSuccess) {
+                log_warn("comm: peer access %d -> %d: %s; using NCCL only", g->devices[r],
+                         g->devices[q], cudaGetErrorString(e));
+                cudaGetLastError();
+                g->p2p_ok = 0;
+                break;
+            }
+        }
+    }
+    for (int r = 0; r < size && g->p2p_ok; r++) {
+        CG_CUDA(cudaSetDevice(g->devices[r]));
+        CG_CUDA(cudaMalloc((void **)&g->stage[r], 2 * g->cap_bytes));
+        CG_CUDA(cudaMalloc((void **)&g->flags[r],
+                           sizeof(unsigned) * COMM_CUDA_MAX_RANKS * P2P_BLOCKS));
+        CG_CUDA(cudaMalloc((void **)&g->epoch[r], sizeof(unsigned) * P2P_BLOCKS));
+        CG_CUDA(cudaMemset(g->flags[r], 0, sizeof(unsigned) * COMM_CUDA_MAX_RANKS * P2P_BLOCKS));
+        CG_CUDA(cudaMemset(g->epoch[r], 0, sizeof(unsigned) * P2P_BLOCKS));
+        CG_CUDA(cudaDeviceSynchronize());
+    }
+    cudaSetDevice(prev);
+    for (int r = 0; r < size; r++) {
+        struct comm *c = (struct comm *)calloc(1, sizeof *c);
+        struct crank *k = (struct crank *)calloc(1, sizeof *k);
+        if (!c || !k) {
+            free(c);
+            free(k);
+            for (int q = 0; q < r; q++) {
+                free(out[q]->priv);
+                free(out[q]);
+                out[q] = NULL;
+            }
+            rc = util_err(err, errlen, -ENOMEM, "comm: out of memory");
+            goto fail;
+        }
+        k->g = g;
+        c->rank = r;
+        c->size = size;
+        c->all_reduce_sum = cc_all_reduce;
+        c->barrier = cc_barrier;
+        c->destroy = cc_destroy;
+        c->priv = k;
+        out[r] = c;
+    }
+    g->refs = size;
+    return 0;
+fail:
+    cudaSetDevice(prev);
+    cg_free(g);
+    return rc;
+}
+
+extern "C" int comm_cuda_attach(struct comm *c, struct ops *ops, char *err, size_t errlen) {
+    struct crank *k = (struct crank *)c->priv;
+    struct cgroup *g = k->g;
+    if (!ops || !ops->name || strcmp(ops->name, "cuda") != 0)
+        return util_err(err, errlen, -EINVAL, "comm: rank %d: not a CUDA backend", c->rank);
+    int dev = ops_cuda_device(ops->ctx);
+    if (dev != g->devices[c->rank])
+        return util_err(err, errlen, -EINVAL, "comm: rank %d is on device %d, its backend on %d",
+                        c->rank, g->devices[c->rank], dev);
+    if (cudaSetDevice(dev) != cudaSuccess)
+        return util_err(err, errlen, -EIO, "comm: rank %d: cudaSetDevice(%d) failed", c->rank, dev);
+    k->ctx = ops->ctx;
+    k->stream = (cudaStream_t)ops_cuda_stream(ops->ctx);
+    memset(&k->args, 0, sizeof k->args);
+    for (int r = 0; r < g->size && r < COMM_CUDA_MAX_RANKS; r++) {
+        k->args.stage[r] = g->stage[r];
+        k->args.flags[r] = g->flags[r];
+    }
+    k->args.epoch = c->rank < COMM_CUDA_MAX_RANKS ? g->epoch[c->rank] : NULL;
+    k->args.ctl = g->ctl;
+    k->args.rank = c->rank;
+    k->args.size = g->size;
+    k->args.cap_elems = g->cap_bytes / 2;
+    k->args.timeout_ns = g->timeout_ns;
+    return 0;
+}
+
+static struct cgroup *group_of(const struct comm *c) { return ((struct crank *)c->priv)->g; }
+
+extern "C" void comm_cuda_set_algo(struct comm *c, enum comm_cuda_algo algo) {
+    group_of(c)->algo = algo;
+}
+
+extern "C" void comm_cuda_set_p2p_max(struct comm *c, size_t bytes) {
+    struct cgroup *g = group_of(c);
+    g->p2p_max = bytes > g->cap_bytes ? g->cap_bytes : bytes;
+}
+
+extern "C" size_t comm_cuda_p2p_max(const struct comm *c) { return group_of(c)->p2p_max; }
+
+extern "C" int comm_cuda_p2p_available(const struct comm *c) { return group_of(c)->p2p_ok; }
+
+extern "C" int comm_cuda_status(const struct comm *c, char *msg, size_t msglen) {
+    struct cgroup *g = group_of(c);
+    if (!__atomic_load_n(&g->aborted, __ATOMIC_ACQUIRE)) {
+        if (msg && msglen) msg[0] = 0;
+        return 0;
+    }
+    if (msg && msglen) snprintf(msg, msglen, "%s", g->msg);
+    return g->abort_rc ? g->abort_rc : -EIO;
+}

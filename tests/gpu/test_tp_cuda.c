@@ -1,0 +1,665 @@
+/* test_tp_cuda.c — tensor parallelism on CUDA (comm/cuda/comm_cuda.h): needs
+ * at least 2 GPUs (tests skip with fewer).
+ *
+ *   tp_cuda.allreduce_*        the all-reduce (NCCL and the one-shot P2P
+ *                              kernel, forced and auto) against the host sum for
+ *                              many sizes, odd ones included, repeated so the
+ *                              epoch/parity protocol turns over many times;
+ *                              inputs are multiples of 1/64 so fp16 sums are
+ *                              exact and every rank must equal the host sum;
+ *   tp_cuda.allreduce_graph    the same inside a captured CUDA graph, replayed;
+ *   tp_cuda.fixture_*          qwen3/qwen2 fixtures at tp=2 vs tp=1 on CUDA:
+ *                              prefill logits within 2e-2 x max|logit|, same
+ *                              greedy tokens while tp=1's top-2 margin is clear;
+ *   tp_cuda.mkmodel_*          synthetic `awqd mkmodel qwen3-32b|llama3-70b
+ *                              --layers L` (real widths, few layers, made in the
+ *                              test's tmpdir) at tp=2 and tp=4 vs tp=1;
+ *   tp_cuda.fault_*            AWQD_FAULT_RANK=1 makes rank 1's forward fail
+ *                              mid-way: the error names rank 1, the other ranks
+ *                              return (no hang, SIGALRM guards), the next
+ *                              forward fails at once, and the group frees;
+ *   tp_cuda.generate_cli       `awqd generate --backend cuda --tp 2 --devices`;
+ *   tp_cuda.bench_allreduce    AWQD_TP_BENCH=1 only: a table of NCCL vs P2P
+ *                              time per message (scripts/bench_allreduce.sh),
+ *                              AWQD_TP_BENCH_TP ranks (default 2).
+ *   tp_cuda.bench_decode       AWQD_TP_BENCH=1 only: batch-1 decode step time of
+ *                              mkmodel qwen3-32b --layers $AWQD_TP_BENCH_LAYERS
+ *                              (default 8) at tp=1/2/4 (as many as there are GPUs).
+ */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <cuda_runtime.h>
+
+#include "comm/cuda/comm_cuda.h"
+#include "engine/ckpt.h"
+#include "engine/kv.h"
+#include "engine/model.h"
+#include "engine/util.h"
+#include "kernels/cuda/ops_cuda_access.h"
+#include "kernels/ops.h"
+#include "tests/harness/test.h"
+
+#define TPC_TOL 2e-2
+#define TPC_MAXR 8
+
+static int n_gpus(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+    return n;
+}
+
+/* ======================================================================== */
+/* all-reduce against the host sum                                          */
+/* ======================================================================== */
+
+enum { AR_PLAIN = 0, AR_GRAPH = 1, AR_BENCH = 2 };
+
+struct ar_ctx {
+    int tp, mode;
+    int algo;                     /* enum comm_cuda_algo */
+    const size_t *sizes;
+    int n_sizes, reps;
+    struct comm *comm[TPC_MAXR];
+    pthread_barrier_t bar;
+    /* results */
+    int rc[TPC_MAXR];
+    char err[TPC_MAXR][256];
+    long bad_at[TPC_MAXR];        /* first wrong element, or -1 */
+    double us[2][64];             /* bench: [nccl, p2p][size] microseconds per call (rank 0) */
+};
+
+struct ar_arg {
+    struct ar_ctx *x;
+    int rank;
+};
+
+/* Rank r's element i at repetition k: a multiple of 1/64 in [-2, 2). */
+static float ar_val(int r, size_t i, int k) {
+    uint32_t h = (uint32_t)(i * 2654435761u) ^ (uint32_t)(r * 40503u + k * 977u + 17u);
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    return (float)((int)(h % 256u) - 128) / 64.0f;
+}
+
+static void *ar_rank(void *p) {
+    struct ar_arg *a = p;
+    struct ar_ctx *x = a->x;
+    int r = a->rank;
+    struct comm *c = x->comm[r];
+    struct ops *ops = NULL;
+    struct buf *b = NULL;
+    float *h = NULL, *got = NULL;
+    size_t maxn = 0;
+    x->bad_at[r] = -1;
+    for (int s = 0; s < x->n_sizes; s++)
+        if (x->sizes[s] > maxn) maxn = x->sizes[s];
+    int rc = ops_cuda_create(r, &ops, x->err[r], sizeof x->err[r]);
+    if (!rc) rc = comm_cuda_attach(c, ops, x->err[r], sizeof x->err[r]);
+    if (!rc) {
+        b = ops->alloc(ops->ctx, BUF_ACT, maxn);
+        h = malloc(maxn * sizeof *h);
+        got = malloc(maxn * sizeof *got);
+        if (!b || !h || !got) rc = -ENOMEM;
+    }
+    /* every rank must reach the collectives, failed or not: agree first */
+    x->rc[r] = rc;
+    pthread_barrier_wait(&x->bar);
+    for (int q = 0; q < x->tp; q++)
+        if (x->rc[q]) goto out;
+    if (r == 0) comm_cuda_set_algo(c, (enum comm_cuda_algo)x->algo);
+    pthread_barrier_wait(&x->bar);
+    cudaStream_t st = (cudaStream_t)ops_cuda_stream(ops->ctx);
+
+    if (x->mode == AR_BENCH) {
+        for (int s = 0; s < x->n_sizes; s++) {
+            size_t n = x->sizes[s];
+            for (int algo = 0; algo < 2; algo++) {
+                if (r == 0) comm_cuda_set_algo(c, algo ? COMM_CUDA_P2P : COMM_CUDA_NCCL);
+                pthread_barrier_wait(&x->bar);
+                for (int k = 0; k < 20; k++) c->all_reduce_sum(c, b, n);
+                cudaStreamSynchronize(st);
+                pthread_barrier_wait(&x->bar);
+                cudaEvent_t e0, e1;
+                cudaEventCreate(&e0);
+                cudaEventCreate(&e1);
+                cudaEventRecord(e0, st);
+                int iters = x->reps;
+                for (int k = 0; k < iters; k++) c->all_reduce_sum(c, b, n);
+                cudaEventRecord(e1, st);
+                cudaEventSynchronize(e1);
+                float ms = 0;
+                cudaEventElapsedTime(&ms, e0, e1);
+                if (r == 0) x->us[algo][s] = ms * 1000.0 / iters;
+                cudaEventDestroy(e0);
+                cudaEventDestroy(e1);
+                pthread_barrier_wait(&x->bar);
+            }
+        }
+        goto out;
+    }
+
+    cudaGraphExec_t exec = NULL;
+    for (int s = 0; s < x->n_sizes && !rc; s++) {
+        size_t n = x->sizes[s];
+        if (x->mode == AR_GRAPH) {
+            /* capture one all-reduce of n elements, replay it reps times */
+            cudaGraph_t graph = NULL;
+            if (exec) cudaGraphExecDestroy(exec);
+            exec = NULL;
+            pthread_barrier_wait(&x->bar);
+            if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+                rc = -EIO;
+            if (!rc) rc = c->all_reduce_sum(c, b, n);
+            if (cudaStreamEndCapture(st, &graph) != cudaSuccess) rc = rc ? rc : -EIO;
+            if (!rc && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) rc = -EIO;
+            if (graph) cudaGraphDestroy(graph);
+            if (rc) {
+                snprintf(x->err[r], sizeof x->err[r], "graph capture of %zu elements failed", n);
+                break;
+            }
+        }
+        for (int k = 0; k < x->reps && !rc; k++) {
+            for (size_t i = 0; i < n; i++) h[i] = ar_val(r, i, k);
+            if ((rc = ops->upload(ops->ctx, b, 0, h, n))) break;
+            if (x->mode == AR_GRAPH) {
+                if (cudaGraphLaunch(exec, st) != cudaSuccess) rc = -EIO;
+            } else {
+                rc = c->all_reduce_sum(c, b, n);
+            }
+            if (rc) {
+                snprintf(x->err[r], sizeof x->err[r], "all_reduce_sum(%zu): %d", n, rc);
+                break;
+            }
+            if ((rc = ops->download(ops->ctx, got, b, 0, n))) {
+                snprintf(x->err[r], sizeof x->err[r], "download after all_reduce(%zu): %d", n, rc);
+                break;
+            }
+            for (size_t i = 0; i < n; i++) {
+                float want = 0;
+                for (int q = 0; q < x->tp; q++) want += ar_val(q, i, k);
+                if (got[i] != want) {
+                    x->bad_at[r] = (long)i;
+                    snprintf(x->err[r], sizeof x->err[r],
+                             "n=%zu rep %d: element %zu is %g, host sum %g", n, k, i, got[i], want);
+                    rc = -EDOM;
+                    break;
+                }
+            }
+        }
+    }
+    if (exec) cudaGraphExecDestroy(exec);
+    x->rc[r] = rc;
+out:
+    if (ops) {
+        ops->free(ops->ctx, b);
+        ops_destroy(ops);
+    }
+    free(h);
+    free(got);
+    return NULL;
+}
+
+/* Runs the ranks; 0 on success, else fails the test. */
+static int ar_run(struct ar_ctx *x) {
+    char err[512];
+    int rc = comm_cuda_group(x->tp, NULL, x->comm, err, sizeof err);
+    if (rc) {
+        test_fail(__FILE__, __LINE__, "comm_cuda_group(%d): %s", x->tp, err);
+        return rc;
+    }
+    if (x->algo == COMM_CUDA_P2P && !comm_cuda_p2p_available(x->comm[0])) {
+        for (int r = 0; r < x->tp; r++) comm_free(x->comm[r]);
+        return 1; /* caller skips */
+    }
+    pthread_barrier_init(&x->bar, NULL, (unsigned)x->tp);
+    pthread_t th[TPC_MAXR];
+    struct ar_arg args[TPC_MAXR];
+    for (int r = 0; r < x->tp; r++) {
+        args[r] = (struct ar_arg){x, r};
+        pthread_create(&th[r], NULL, ar_rank, &args[r]);
+    }
+    for (int r = 0; r < x->tp; r++) pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&x->bar);
+    char st[256];
+    int status = comm_cuda_status(x->comm[0], st, sizeof st);
+    for (int r = 0; r < x->tp; r++) comm_free(x->comm[r]);
+    for (int r = 0; r < x->tp; r++)
+        if (x->rc[r]) {
+            test_fail(__FILE__, __LINE__, "tp=%d rank %d: %s (%d)", x->tp, r, x->err[r], x->rc[r]);
+            return -1;
+        }
+    if (status) {
+        test_fail(__FILE__, __LINE__, "group aborted: %s", st);
+        return -1;
+    }
+    return 0;
+}
+
+static const size_t ar_sizes[] = {1, 2, 7, 8, 9, 31, 255, 256, 1000, 2047, 4096, 4097, 12289,
+                                  32768, 32771, 65536, 131072, 262143, 524288, 1000003};
+
+static void ar_check(int tp, int algo, int mode, int reps) {
+    if (n_gpus() < tp) TEST_SKIP("fewer GPUs than ranks");
+    alarm(240);
+    struct ar_ctx x;
+    memset(&x, 0, sizeof x);
+    x.tp = tp;
+    x.algo = algo;
+    x.mode = mode;
+    x.sizes = ar_sizes;
+    x.n_sizes = (int)(sizeof ar_sizes / sizeof ar_sizes[0]);
+    x.reps = reps;
+    int rc = ar_run(&x);
+    alarm(0);
+    if (rc == 1) TEST_SKIP("no peer access between the GPUs");
+}
+
+TEST(tp_cuda, allreduce_nccl_tp2) { ar_check(2, COMM_CUDA_NCCL, AR_PLAIN, 3); }
+TEST(tp_cuda, allreduce_p2p_tp2) { ar_check(2, COMM_CUDA_P2P, AR_PLAIN, 3); }
+TEST(tp_cuda, allreduce_auto_tp2) { ar_check(2, COMM_CUDA_AUTO, AR_PLAIN, 2); }
+TEST(tp_cuda, allreduce_nccl_tp4) { ar_check(4, COMM_CUDA_NCCL, AR_PLAIN, 2); }
+TEST(tp_cuda, allreduce_p2p_tp4) { ar_check(4, COMM_CUDA_P2P, AR_PLAIN, 2); }
+TEST(tp_cuda, allreduce_p2p_tp3) { ar_check(3, COMM_CUDA_P2P, AR_PLAIN, 2); }
+TEST(tp_cuda, allreduce_graph_p2p_tp2) { ar_check(2, COMM_CUDA_P2P, AR_GRAPH, 3); }
+TEST(tp_cuda, allreduce_graph_nccl_tp2) { ar_check(2, COMM_CUDA_NCCL, AR_GRAPH, 2); }
+
+/* Many back-to-back small p2p calls without a host sync in between (the
+ * decode pattern: 2 per layer), then one check: the epochs must not slip. */
+TEST(tp_cuda, allreduce_p2p_many_calls) {
+    if (n_gpus() < 2) TEST_SKIP("needs 2 GPUs");
+    static const size_t sz[] = {4096, 5120, 8192, 16, 4096};
+    alarm(120);
+    struct ar_ctx x;
+    memset(&x, 0, sizeof x);
+    x.tp = 2;
+    x.algo = COMM_CUDA_P2P;
+    x.mode = AR_PLAIN;
+    x.sizes = sz;
+    x.n_sizes = 5;
+    x.reps = 64;
+    int rc = ar_run(&x);
+    alarm(0);
+    if (rc == 1) TEST_SKIP("no peer access between the GPUs");
+}
+
+/* ======================================================================== */
+/* models: tp = N on CUDA vs tp = 1 on CUDA                                  */
+/* ======================================================================== */
+
+static int tp_group(struct ckpt *ck, int tp, int max_tokens, struct model_group **g) {
+    struct model_group_opts o;
+    model_group_opts_default(&o);
+    o.backend = "cuda";
+    o.tp = tp;
+    o.model.n_blocks = 64;
+    o.model.block_size = 16;
+    o.model.max_tokens = max_tokens;
+    o.model.max_seqs = 4;
+    o.model.max_blocks_per_seq = 32;
+    char err[512];
+    int rc = model_group_init(ck, &o, g, err, sizeof err);
+    if (rc) test_fail(__FILE__, __LINE__, "model_group_init tp=%d: %s", tp, err);
+    return rc;
+}
+
+struct run_out {
+    float *prefill;               /* [plen, V] */
+    float *step;                  /* [n_greedy, V] logits before each greedy token */
+    int32_t tok[64];
+    int n_greedy;
+};
+
+/* Prefill ids (chunks of `chunk`, all rows' logits), then n_greedy greedy
+ * decode steps. */
+static int run_greedy(struct model_group *g, const int32_t *ids, int n, int V, int chunk,
+                      int n_greedy, struct run_out *o) {
+    memset(o, 0, sizeof *o);
+    const struct model_opts *mo = model_opts(model_group_rank0(g));
+    struct kv kv;
+    struct kv_seq seq = {0};
+    char err[512];
+    int rc = kv_init(&kv, mo->n_blocks, mo->block_size);
+    if (rc) return rc;
+    o->prefill = malloc((size_t)n * V * sizeof(float));
+    o->step = malloc((size_t)(n_greedy + 1) * V * sizeof(float));
+    o->n_greedy = n_greedy;
+    for (int pos = 0; pos < n && !rc; pos += chunk) {
+        int m = n - pos < chunk ? n - pos : chunk;
+        if ((rc = kv_seq_reserve(&kv, &seq, pos + m))) break;
+        struct batch_seq s = {ids + pos, m, pos, seq.blocks, seq.n_blocks, MODEL_LOGITS_ALL};
+        struct batch b = {&s, 1};
+        rc = model_group_forward(g, &b, o->prefill + (size_t)pos * V, err, sizeof err);
+        if (rc) test_fail(__FILE__, __LINE__, "prefill: %s", err);
+    }
+    if (!rc) memcpy(o->step, o->prefill + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
+    for (int t = 0; t < n_greedy && !rc; t++) {
+        const float *lg = o->step + (size_t)t * V;
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (lg[v] > lg[best]) best = v;
+        o->tok[t] = best;
+        if (t + 1 == n_greedy) break;
+        if ((rc = kv_seq_reserve(&kv, &seq, n + t + 1))) break;
+        struct batch_seq s = {&o->tok[t], 1, n + t, seq.blocks, seq.n_blocks, MODEL_LOGITS_LAST};
+        struct batch b = {&s, 1};
+        rc = model_group_forward(g, &b, o->step + (size_t)(t + 1) * V, err, sizeof err);
+        if (rc) test_fail(__FILE__, __LINE__, "decode step %d: %s", t, err);
+    }
+    kv_seq_free(&kv, &seq);
+    kv_free(&kv);
+    return rc;
+}
+
+static void run_out_free(struct run_out *o) {
+    free(o->prefill);
+    free(o->step);
+}
+
+/* b (tp = N) against a (tp = 1): prefill rows within TOL x max|logit|, same
+ * greedy tokens until a's top-2 margin there is not clear. */
+static void check_agree(const char *what, const struct run_out *a, const struct run_out *b, int n,
+                        int V) {
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        const float *x = a->prefill + (size_t)i * V, *y = b->prefill + (size_t)i * V;
+        double mx = 0, d = 0;
+        for (int v = 0; v < V; v++) {
+            mx = fmax(mx, fabs(x[v]));
+            d = fmax(d, fabs((double)x[v] - y[v]));
+        }
+        double rel = d / (mx > 0 ? mx : 1);
+        if (rel > worst) worst = rel;
+        ASSERT_MSG(rel <= TPC_TOL, "%s: prefill row %d differs by %.4g of max|logit| %.4g", what, i,
+                   rel, mx);
+    }
+    int same = 0;
+    for (int t = 0; t < a->n_greedy; t++) {
+        const float *lg = a->step + (size_t)t * V;
+        float top = -INFINITY, second = -INFINITY, mx = 0;
+        for (int v = 0; v < V; v++) {
+            if (lg[v] > top) {
+                second = top;
+                top = lg[v];
+            } else if (lg[v] > second) {
+                second = lg[v];
+            }
+            mx = fmaxf(mx, fabsf(lg[v]));
+        }
+        if (top - second <= 2 * TPC_TOL * mx) break; /* past here fp16 may branch */
+        ASSERT_MSG(a->tok[t] == b->tok[t], "%s: greedy token %d: tp1 %d, tpN %d (margin %.4g)",
+                   what, t, a->tok[t], b->tok[t], top - second);
+        same++;
+    }
+    fprintf(stderr, "  %s: prefill max diff %.3g of max|logit|, %d/%d greedy tokens compared\n",
+            what, worst, same, a->n_greedy);
+}
+
+static void check_ckpt_tp(struct ckpt *ck, const char *name, const int32_t *const *prompts,
+                          const int *plens, int n_prompts, int tp, int n_greedy) {
+    int V = ckpt_config(ck)->vocab;
+    struct model_group *g1 = NULL, *gt = NULL;
+    if (tp_group(ck, 1, 64, &g1)) return;
+    if (tp_group(ck, tp, 64, &gt)) {
+        model_group_free(g1);
+        return;
+    }
+    for (int i = 0; i < n_prompts && !test_failed(); i++) {
+        struct run_out a, b;
+        char what[128];
+        snprintf(what, sizeof what, "%s tp=%d prompt %d", name, tp, i);
+        if (!run_greedy(g1, prompts[i], plens[i], V, 64, n_greedy, &a) &&
+            !run_greedy(gt, prompts[i], plens[i], V, 64, n_greedy, &b))
+            check_agree(what, &a, &b, plens[i], V);
+        run_out_free(&a);
+        run_out_free(&b);
+    }
+    model_group_free(gt);
+    model_group_free(g1);
+}
+
+static void check_fixture(const char *name, int tp) {
+    if (n_gpus() < tp) TEST_SKIP("fewer GPUs than ranks");
+    char rel[256], err[512];
+    snprintf(rel, sizeof rel, "%s/reference/reference.json", name);
+    char *js = NULL;
+    size_t len;
+    if (util_read_file(test_fixture(rel), 0, &js, &len, err, sizeof err))
+        TEST_SKIP("fixture not installed");
+    struct ckpt *ck = NULL;
+    if (ckpt_open(test_fixture(name), &ck, err, sizeof err)) {
+        free(js);
+        ASSERT_MSG(0, "ckpt_open %s: %s", name, err);
+    }
+    cJSON *root = cJSON_Parse(js);
+    free(js);
+    cJSON *prompts = cJSON_GetObjectItem(root, "prompts");
+    int np = cJSON_GetArraySize(prompts);
+    if (np > 4) np = 4;
+    int32_t *p[4] = {0};
+    int pl[4] = {0};
+    for (int i = 0; i < np; i++) {
+        cJSON *a = cJSON_GetArrayItem(prompts, i);
+        pl[i] = cJSON_GetArraySize(a);
+        p[i] = malloc((size_t)pl[i] * sizeof(int32_t));
+        for (int j = 0; j < pl[i]; j++) p[i][j] = cJSON_GetArrayItem(a, j)->valueint;
+    }
+    cJSON_Delete(root);
+    alarm(240);
+    check_ckpt_tp(ck, name, (const int32_t *const *)p, pl, np, tp, 24);
+    alarm(0);
+    for (int i = 0; i < np; i++) free(p[i]);
+    ckpt_close(ck);
+}
+
+TEST(tp_cuda, fixture_qwen3_tp2) { check_fixture("qwen3-tiny-awq", 2); }
+TEST(tp_cuda, fixture_qwen2_tp2) { check_fixture("qwen2-tiny-awq", 2); }
+
+/* `awqd mkmodel PRESET DIR --layers L` in dir; 0, or skips / fails. */
+static int make_model(const char *preset, int layers, char *dir, size_t dirlen) {
+    snprintf(dir, dirlen, "%s/%s", test_tmpdir(), preset);
+    char cmd[1400], *out = NULL;
+    const char *tokdir = getenv("AWQD_TOKENIZER_DIR");
+    char tokarg[600] = "";
+    if (tokdir && *tokdir) snprintf(tokarg, sizeof tokarg, " --tokenizer %s", tokdir);
+    snprintf(cmd, sizeof cmd, "%s mkmodel %s %s --layers %d%s 2>&1", test_awqd_bin(), preset, dir,
+             layers, tokarg);
+    if (test_run(cmd, &out) != 0) {
+        fprintf(stderr, "%s\n", out ? out : "");
+        free(out);
+        return 1;
+    }
+    free(out);
+    return 0;
+}
+
+static void check_mkmodel(const char *preset, int tp) {
+    if (n_gpus() < tp) TEST_SKIP("fewer GPUs than ranks");
+    char dir[600], err[512];
+    if (make_model(preset, 2, dir, sizeof dir))
+        TEST_SKIP("awqd mkmodel failed (tokenizer not installed? set AWQD_TOKENIZER_DIR)");
+    struct ckpt *ck = NULL;
+    ASSERT_MSG(ckpt_open(dir, &ck, err, sizeof err) == 0, "%s", err);
+    int V = ckpt_config(ck)->vocab;
+    int32_t p0[37], p1[5];
+    unsigned seed = 7;
+    for (int i = 0; i < 37; i++) p0[i] = rand_r(&seed) % V;
+    for (int i = 0; i < 5; i++) p1[i] = rand_r(&seed) % V;
+    const int32_t *ps[2] = {p0, p1};
+    const int pl[2] = {37, 5};
+    alarm(280);
+    check_ckpt_tp(ck, preset, ps, pl, 2, tp, 8);
+    alarm(0);
+    ckpt_close(ck);
+}
+
+TEST(tp_cuda, mkmodel_qwen3_32b_tp2) { check_mkmodel("qwen3-32b", 2); }
+TEST(tp_cuda, mkmodel_qwen3_32b_tp4) { check_mkmodel("qwen3-32b", 4); }
+TEST(tp_cuda, mkmodel_llama3_70b_tp2) { check_mkmodel("llama3-70b", 2); }
+TEST(tp_cuda, mkmodel_llama3_70b_tp4) { check_mkmodel("llama3-70b", 4); }
+
+/* ======================================================================== */
+/* fault injection                                                          */
+/* ======================================================================== */
+
+static void check_fault(const char *algo) {
+    if (n_gpus() < 2) TEST_SKIP("needs 2 GPUs");
+    char err[512];
+    struct ckpt *ck = NULL;
+    if (ckpt_open(test_fixture("qwen3-tiny-awq"), &ck, err, sizeof err))
+        TEST_SKIP("fixture not installed");
+    setenv("AWQD_FAULT_RANK", "1", 1);
+    setenv("AWQD_FAULT_CALL", "3", 1); /* layer 1's o_proj all-reduce of the first forward */
+    setenv("AWQD_ALLREDUCE", algo, 1);
+    alarm(120); /* a hang is a failure */
+    struct model_group *g = NULL;
+    int rc = tp_group(ck, 2, 64, &g);
+    unsetenv("AWQD_FAULT_RANK");
+    unsetenv("AWQD_FAULT_CALL");
+    unsetenv("AWQD_ALLREDUCE");
+    if (rc) {
+        ckpt_close(ck);
+        return;
+    }
+    int V = ckpt_config(ck)->vocab;
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++) ids[i] = (i * 37 + 11) % V;
+    int32_t blocks[4] = {0, 1, 2, 3};
+    float *logits = malloc((size_t)40 * V * sizeof(float));
+    struct batch_seq s = {ids, 40, 0, blocks, 4, MODEL_LOGITS_ALL};
+    struct batch b = {&s, 1};
+    rc = model_group_forward(g, &b, logits, err, sizeof err);
+    ASSERT_MSG(rc < 0, "the injected fault was not reported");
+    fprintf(stderr, "  reported: %s (%d)\n", err, rc);
+    ASSERT_CONTAINS(err, "rank 1");
+    /* the group stays failed, and says so at once */
+    rc = model_group_forward(g, &b, logits, err, sizeof err);
+    ASSERT_MSG(rc < 0, "a forward after the fault succeeded");
+    model_group_free(g); /* every worker must join */
+    alarm(0);
+    free(logits);
+    ckpt_close(ck);
+}
+
+TEST(tp_cuda, fault_rank1_p2p) { check_fault("p2p"); }
+TEST(tp_cuda, fault_rank1_nccl) { check_fault("nccl"); }
+
+/* ======================================================================== */
+/* command line                                                             */
+/* ======================================================================== */
+
+TEST(tp_cuda, generate_cli) {
+    if (n_gpus() < 2) TEST_SKIP("needs 2 GPUs");
+    const char *dir = test_fixture("qwen3-tiny-awq");
+    char probe[700];
+    snprintf(probe, sizeof probe, "%s/config.json", dir);
+    if (access(probe, R_OK)) TEST_SKIP("fixture not installed");
+    char cmd[1400], *o1 = NULL, *o2 = NULL;
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model %s --backend cuda --prompt-ids 1,2,3,4,5 --max-tokens 6 "
+             "--ignore-eos --json 2>/dev/null",
+             test_awqd_bin(), dir);
+    int rc1 = test_run(cmd, &o1);
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model %s --backend cuda --tp 2 --devices 1,0 --prompt-ids 1,2,3,4,5 "
+             "--max-tokens 6 --ignore-eos --json 2>&1",
+             test_awqd_bin(), dir);
+    alarm(120);
+    int rc2 = test_run(cmd, &o2);
+    alarm(0);
+    fprintf(stderr, "  tp1: %s  tp2: %s", o1 ? o1 : "", o2 ? o2 : "");
+    int ok = rc1 == 0 && rc2 == 0 && o2 && strstr(o2, "\"output_ids\"");
+    free(o1);
+    free(o2);
+    ASSERT_MSG(ok, "generate --tp 2 failed (rc %d / %d)", rc1, rc2);
+    /* bad device lists are refused with a message */
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model %s --backend cuda --tp 2 --devices 0 --prompt-ids 1 2>&1",
+             test_awqd_bin(), dir);
+    char *o3 = NULL;
+    int rc3 = test_run(cmd, &o3);
+    int ok3 = rc3 != 0 && o3 && strstr(o3, "--devices");
+    free(o3);
+    ASSERT_MSG(ok3, "--tp 2 --devices 0 was not refused");
+}
+
+/* ======================================================================== */
+/* benchmarks (AWQD_TP_BENCH=1)                                             */
+/* ======================================================================== */
+
+TEST(tp_cuda, bench_allreduce) {
+    if (!getenv("AWQD_TP_BENCH")) TEST_SKIP("AWQD_TP_BENCH not set");
+    const char *t = getenv("AWQD_TP_BENCH_TP");
+    int tp = t ? atoi(t) : 2;
+    if (tp < 2 || tp > TPC_MAXR) TEST_SKIP("AWQD_TP_BENCH_TP out of range");
+    if (n_gpus() < tp) TEST_SKIP("fewer GPUs than ranks");
+    static const size_t kb[] = {4, 8, 16, 32, 64, 128, 256, 512, 1024};
+    size_t sizes[9];
+    for (int i = 0; i < 9; i++) sizes[i] = kb[i] * 1024 / 2;
+    struct ar_ctx x;
+    memset(&x, 0, sizeof x);
+    x.tp = tp;
+    x.algo = COMM_CUDA_P2P;
+    x.mode = AR_BENCH;
+    x.sizes = sizes;
+    x.n_sizes = 9;
+    x.reps = 500;
+    alarm(200);
+    int rc = ar_run(&x);
+    alarm(0);
+    if (rc == 1) TEST_SKIP("no peer access");
+    if (rc) return;
+    printf("all-reduce fp16, tp=%d, back-to-back on the stream (us per call, rank 0)\n", tp);
+    printf("%10s %10s %10s %8s\n", "bytes", "nccl_us", "p2p_us", "p2p/nccl");
+    for (int i = 0; i < 9; i++)
+        printf("%10zu %10.2f %10.2f %8.2f\n", kb[i] * 1024, x.us[0][i], x.us[1][i],
+               x.us[1][i] / x.us[0][i]);
+    fflush(stdout);
+}
+
+TEST(tp_cuda, bench_decode) {
+    if (!getenv("AWQD_TP_BENCH")) TEST_SKIP("AWQD_TP_BENCH not set");
+    int ng = n_gpus();
+    if (ng < 1) TEST_SKIP("no GPU");
+    const char *ls = getenv("AWQD_TP_BENCH_LAYERS");
+    int layers = ls ? atoi(ls) : 8;
+    char dir[600], err[512];
+    if (make_model("qwen3-32b", layers, dir, sizeof dir)) TEST_SKIP("awqd mkmodel failed");
+    struct ckpt *ck = NULL;
+    ASSERT_MSG(ckpt_open(dir, &ck, err, sizeof err) == 0, "%s", err);
+    int V = ckpt_config(ck)->vocab;
+    float *logits = malloc((size_t)V * sizeof(float));
+    printf("decode step, batch 1, mkmodel qwen3-32b --layers %d (ms per step; x%.1f for 64 layers "
+           "is a rough full-model figure)\n",
+           layers, 64.0 / layers);
+    for (int tp = 1; tp <= 4 && tp <= ng; tp *= 2) {
+        struct model_group *g = NULL;
+        if (tp_group(ck, tp, 64, &g)) break;
+        int32_t blocks[32];
+        for (int i = 0; i < 32; i++) blocks[i] = i;
+        int32_t tok = 1;
+        double t0 = 0;
+        int steps = 64, warm = 8, rc = 0;
+        for (int i = 0; i < steps + warm && !rc; i++) {
+            if (i == warm) t0 = util_now_s();
+            struct batch_seq s = {&tok, 1, i, blocks, 32, MODEL_LOGITS_LAST};
+            struct batch b = {&s, 1};
+            rc = model_group_forward(g, &b, logits, err, sizeof err);
+        }
+        double ms = (util_now_s() - t0) * 1000.0 / steps;
+        model_group_free(g);
+        ASSERT_MSG(rc == 0, "decode: %s", err);
+        printf("  tp=%d: %.3f ms/step\n", tp, ms);
+        fflush(stdout);
+    }
+    free(logits);
+    ckpt_close(ck);
+}

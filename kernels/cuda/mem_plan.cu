@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cublas_v2.h>
@@ -65,6 +66,13 @@ extern "C" int cuda_mem_plan_make(const struct model_config *cfg, int tp, int de
     uint64_t tables_ws = (uint64_t)max_seqs * div_up(cfg->max_position, block_size) * 4 + T * 16;
     uint64_t logits = 32 * V * 4 + 32 * H * 2;
     p->workspace = act + tables_ws + logits + PLAN_RESERVE;
+    /* AWQD_W4A16_WS_ROWS >= 256 (ops_cuda.cu): the linear workspace may hold
+     * the largest layer dequantized for one call (+ its gate|up output) */
+    const char *wr = getenv("AWQD_W4A16_WS_ROWS");
+    if (wr && atoi(wr) >= 256) {
+        uint64_t rows = (uint64_t)atoi(wr) < T ? (uint64_t)atoi(wr) : T;
+        p->workspace += H * 2 * I * 2 + rows * 2 * I * 2;
+    }
 
     p->block_size = block_size;
     p->kv_block_bytes = 2 * L * (uint64_t)block_size * nkv * hd * 2;

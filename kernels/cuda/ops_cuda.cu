@@ -35,8 +35,16 @@ struct op_linear {
 };
 
 /* split-K workspace: enough for every call with up to this many rows to use
- * the kernels' preferred split */
+ * the kernels' preferred choice. The default (64) keeps every linear on the
+ * INT4 kernels; AWQD_W4A16_WS_ROWS=4096 also lets prefill-sized calls use
+ * w4a16's transient-dequantize + cuBLAS path (one layer's fp16 copy lives in
+ * the workspace during the call; nothing persists). */
 #define LIN_WS_ROWS 64
+extern "C" int ops_cuda_ws_rows(void) {
+    const char *e = getenv("AWQD_W4A16_WS_ROWS");
+    int r = e ? atoi(e) : 0;
+    return r > 0 ? r : LIN_WS_ROWS;
+}
 
 void ops_cuda__fail(struct cuda_ctx *c, int rc, const char *what, const char *detail) {
     log_error("cuda backend: %s: %s", what, detail);
@@ -290,7 +298,7 @@ static struct op_linear *cu_upload_linear(void *ctx, const struct awq_linear *l,
     o->k = l->k;
     o->n = l->n;
     o->has_bias = l->bias != NULL;
-    size_t ws = w4a16_workspace_bytes(o->w, LIN_WS_ROWS);
+    size_t ws = w4a16_workspace_bytes(o->w, ops_cuda_ws_rows());
     if (ws > c->lin_ws_bytes) {
         cudaStreamSynchronize(c->stream);
         cudaFree(c->lin_ws);

@@ -79,6 +79,9 @@ void ops_cuda__fail(struct cuda_ctx *c, int rc, const char *what, const char *de
         if (e_ != cudaSuccess) ops_cuda__fail((c), -EIO, (what), cudaGetErrorString(e_)); \
     } while (0)
 
+/* rows the shared w4a16 workspace is sized for (AWQD_W4A16_WS_ROWS, default 64) */
+extern "C" int ops_cuda_ws_rows(void);
+
 /* attn.cu */
 void ops_cuda__attention(struct cuda_ctx *c, struct buf *out, const struct buf *qkv, int nh,
                          int nkv, int hd, float scale, const struct attn_batch *ab,

@@ -363,7 +363,7 @@ TEST(http, expect_continue_stream_and_abort) {
 /* Random bytes on many connections: the server answers or closes, and still
  * serves a valid request afterwards. */
 TEST(http, random_garbage_survives) {
-    start(1, 1, 64);
+    start(1, 1, 1024);
     ASSERT_OK_SO_FAR();
     uint64_t x = 0x9e3779b97f4a7c15ull;
     for (int i = 0; i < 200; i++) {

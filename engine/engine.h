@@ -7,7 +7,7 @@
  *     o.model_dir = "models/tiny"; o.notify = wake_loop; o.notify_ud = async;
  *     struct engine *e;
  *     if (engine_init(&e, &o, err, sizeof err)) { ... }   // slow: loads the model
- *     engine_start(e);                                    // starts the scheduler thread
+ *     engine_start(e, err, sizeof err);                   // starts the scheduler thread
  *     struct engine_request r = {...};                    // prompt ids + params
  *     uint64_t id; engine_submit(e, &r, &id, err, sizeof err);
  *     ... notify() fires (scheduler thread) -> on the consumer thread:

@@ -234,6 +234,7 @@ static int cc_all_reduce(struct comm *c, struct buf *b, size_t n) {
     int p2p = g->p2p_ok && g->algo != COMM_CUDA_NCCL && bytes <= g->cap_bytes &&
               (g->algo == COMM_CUDA_P2P || bytes <= g->p2p_max);
     void *d = ops_cuda_buf_ptr(b);
+    if (((uintptr_t)d & 15) != 0) p2p = 0; /* the kernel moves 16-byte vectors */
     if (p2p) {
         unsigned long long per = ((n + P2P_BLOCKS - 1) / P2P_BLOCKS + 7) / 8 * 8;
         p2p_allreduce_kernel<<<P2P_BLOCKS, P2P_THREADS, 0, k->stream>>>(

@@ -183,21 +183,21 @@ static void *ar_rank(void *p) {
                 snprintf(x->err[r], sizeof x->err[r], "download after all_reduce(%zu): %d", n, rc);
                 break;
             }
-            for (size_t i = 0; i < n; i++) {
+            /* a wrong sum is recorded, but this rank keeps taking part in
+             * the collectives (leaving would hang the others) */
+            for (size_t i = 0; i < n && x->bad_at[r] < 0; i++) {
                 float want = 0;
                 for (int q = 0; q < x->tp; q++) want += ar_val(q, i, k);
                 if (got[i] != want) {
                     x->bad_at[r] = (long)i;
                     snprintf(x->err[r], sizeof x->err[r],
                              "n=%zu rep %d: element %zu is %g, host sum %g", n, k, i, got[i], want);
-                    rc = -EDOM;
-                    break;
                 }
             }
         }
     }
     if (exec) cudaGraphExecDestroy(exec);
-    x->rc[r] = rc;
+    x->rc[r] = rc ? rc : x->bad_at[r] >= 0 ? -EDOM : 0;
 out:
     if (ops) {
         ops->free(ops->ctx, b);
@@ -249,7 +249,7 @@ static const size_t ar_sizes[] = {1, 2, 7, 8, 9, 31, 255, 256, 1000, 2047, 4096,
 
 static void ar_check(int tp, int algo, int mode, int reps) {
     if (n_gpus() < tp) TEST_SKIP("fewer GPUs than ranks");
-    alarm(240);
+    alarm(90);
     struct ar_ctx x;
     memset(&x, 0, sizeof x);
     x.tp = tp;
@@ -259,7 +259,6 @@ static void ar_check(int tp, int algo, int mode, int reps) {
     x.n_sizes = (int)(sizeof ar_sizes / sizeof ar_sizes[0]);
     x.reps = reps;
     int rc = ar_run(&x);
-    alarm(0);
     if (rc == 1) TEST_SKIP("no peer access between the GPUs");
 }
 
@@ -287,7 +286,6 @@ TEST(tp_cuda, allreduce_p2p_many_calls) {
     x.n_sizes = 5;
     x.reps = 64;
     int rc = ar_run(&x);
-    alarm(0);
     if (rc == 1) TEST_SKIP("no peer access between the GPUs");
 }
 
@@ -453,9 +451,8 @@ static void check_fixture(const char *name, int tp) {
         for (int j = 0; j < pl[i]; j++) p[i][j] = cJSON_GetArrayItem(a, j)->valueint;
     }
     cJSON_Delete(root);
-    alarm(240);
+    alarm(120);
     check_ckpt_tp(ck, name, (const int32_t *const *)p, pl, np, tp, 24);
-    alarm(0);
     for (int i = 0; i < np; i++) free(p[i]);
     ckpt_close(ck);
 }
@@ -497,7 +494,6 @@ static void check_mkmodel(const char *preset, int tp) {
     const int pl[2] = {37, 5};
     alarm(280);
     check_ckpt_tp(ck, preset, ps, pl, 2, tp, 8);
-    alarm(0);
     ckpt_close(ck);
 }
 
@@ -519,7 +515,7 @@ static void check_fault(const char *algo) {
     setenv("AWQD_FAULT_RANK", "1", 1);
     setenv("AWQD_FAULT_CALL", "3", 1); /* layer 1's o_proj all-reduce of the first forward */
     setenv("AWQD_ALLREDUCE", algo, 1);
-    alarm(120); /* a hang is a failure */
+    alarm(60); /* a hang is a failure */
     struct model_group *g = NULL;
     int rc = tp_group(ck, 2, 64, &g);
     unsetenv("AWQD_FAULT_RANK");
@@ -544,7 +540,6 @@ static void check_fault(const char *algo) {
     rc = model_group_forward(g, &b, logits, err, sizeof err);
     ASSERT_MSG(rc < 0, "a forward after the fault succeeded");
     model_group_free(g); /* every worker must join */
-    alarm(0);
     free(logits);
     ckpt_close(ck);
 }
@@ -574,7 +569,6 @@ TEST(tp_cuda, generate_cli) {
              test_awqd_bin(), dir);
     alarm(120);
     int rc2 = test_run(cmd, &o2);
-    alarm(0);
     fprintf(stderr, "  tp1: %s  tp2: %s", o1 ? o1 : "", o2 ? o2 : "");
     int ok = rc1 == 0 && rc2 == 0 && o2 && strstr(o2, "\"output_ids\"");
     free(o1);
@@ -614,7 +608,6 @@ TEST(tp_cuda, bench_allreduce) {
     x.reps = 500;
     alarm(200);
     int rc = ar_run(&x);
-    alarm(0);
     if (rc == 1) TEST_SKIP("no peer access");
     if (rc) return;
     printf("all-reduce fp16, tp=%d, back-to-back on the stream (us per call, rank 0)\n", tp);

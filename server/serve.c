@@ -163,8 +163,10 @@ static void stream_start(struct job *j) {
     if (j->stream_started || !j->conn) return;
     j->stream_started = 1;
     metrics_count_status(&j->d->m, 200);
-    http_stream_begin(j->conn, 200, "text/event-stream",
-                      "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
+    char extra[160];
+    snprintf(extra, sizeof extra, "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\nX-Request-Id: %s\r\n",
+             j->id);
+    http_stream_begin(j->conn, 200, "text/event-stream", extra);
 }
 
 static void stream_send(struct job *j, char *chunk) {
@@ -386,7 +388,9 @@ static void job_complete(struct job *j) {
             char *s = api_format_completion(j->id, j->created, d->model_name, j->choices,
                                             j->n_choices, j->rq.logprobs, j->prompt_tokens,
                                             j->completion_tokens, token_text, d);
-            if (s) reply_json(d, j->conn, 200, s, NULL);
+            char extra[80];
+            snprintf(extra, sizeof extra, "X-Request-Id: %s\r\n", j->id);
+            if (s) reply_json(d, j->conn, 200, s, extra);
             else reply_err(d, j->conn, 500, "server_error", NULL, NULL, "out of memory");
             free(s);
         }

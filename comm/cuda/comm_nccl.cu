@@ -315,6 +315,46 @@ static long env_long(const char *name, long def) {
     return *end ? def : v;
 }
 
+/* One small and one large eager all-reduce on every rank, driven from this
+ * thread in an NCCL group, so that every protocol's connections and buffers
+ * exist before any rank's first collective (which may be captured). */
+static int nccl_warmup(struct cgroup *g, char *err, size_t errlen) {
+    enum { WARM_ELEMS = 1 << 19 }; /* 1 MiB of fp16 */
+    void *tmp[COMM_CUDA_MAX_RANKS * 4] = {0};
+    cudaStream_t st[COMM_CUDA_MAX_RANKS * 4] = {0};
+    int n = g->size < COMM_CUDA_MAX_RANKS * 4 ? g->size : 0, rc = 0;
+    if (!n) return 0; /* very large groups: lazy connection */
+    for (int r = 0; r < n && !rc; r++) {
+        if (cudaSetDevice(g->devices[r]) != cudaSuccess ||
+            cudaMalloc(&tmp[r], WARM_ELEMS * 2) != cudaSuccess ||
+            cudaMemset(tmp[r], 0, WARM_ELEMS * 2) != cudaSuccess ||
+            cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking) != cudaSuccess)
+            rc = util_err(err, errlen, -ENOMEM, "comm: warm-up buffers on device %d",
+                          g->devices[r]);
+    }
+    size_t sizes[2] = {1, WARM_ELEMS};
+    for (int i = 0; i < 2 && !rc; i++) {
+        ncclResult_t nr = ncclGroupStart();
+        for (int r = 0; r < n && nr == ncclSuccess; r++)
+            nr = ncclAllReduce(tmp[r], tmp[r], sizes[i], ncclFloat16, ncclSum, g->nccl[r], st[r]);
+        ncclResult_t ne = ncclGroupEnd();
+        if (nr == ncclSuccess) nr = ne;
+        if (nr != ncclSuccess)
+            rc = util_err(err, errlen, -EIO, "comm: NCCL warm-up all-reduce: %s",
+                          ncclGetErrorString(nr));
+        for (int r = 0; r < n && !rc; r++)
+            if (cudaStreamSynchronize(st[r]) != cudaSuccess)
+                rc = util_err(err, errlen, -EIO, "comm: NCCL warm-up on device %d failed",
+                              g->devices[r]);
+    }
+    for (int r = 0; r < n; r++) {
+        cudaSetDevice(g->devices[r]);
+        if (st[r]) cudaStreamDestroy(st[r]);
+        cudaFree(tmp[r]);
+    }
+    return rc;
+}
+
 #define CG_CUDA(call)                                                                  \
     do {                                                                               \
         cudaError_t e_ = (call);                                                       \
@@ -385,8 +425,12 @@ extern "C" int comm_cuda_group(int size, const int *devices, struct comm **out, 
         g->fault_rank = (int)env_long("AWQD_FAULT_RANK", -1);
         g->fault_call = env_long("AWQD_FAULT_CALL", 1);
     }
-    /* NVLink multicast (NVLS) stays off: see docs/TENSOR_PARALLEL.md */
+    /* NVLink multicast (NVLS) stays off: see docs/TENSOR_PARALLEL.md. All
+     * NCCL connections are made now, not lazily at the first collective,
+     * which may then be inside a CUDA graph capture (lazy connection there
+     * failed with "internal error" on 2x H200). Neither overrides the user. */
     setenv("NCCL_NVLS_ENABLE", "0", 0);
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
     if (size > 1) {
         ncclResult_t nr = ncclCommInitAll(g->nccl, size, g->devices);
         if (nr != ncclSuccess) {
@@ -395,6 +439,7 @@ extern "C" int comm_cuda_group(int size, const int *devices, struct comm **out, 
                           ncclGetErrorString(nr));
             goto fail;
         }
+        if ((rc = nccl_warmup(g, err, errlen))) goto fail;
     }
     {
         void *h = NULL;

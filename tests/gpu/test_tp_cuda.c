@@ -392,7 +392,7 @@ static void check_agree(const char *what, const struct run_out *a, const struct 
             }
             mx = fmaxf(mx, fabsf(lg[v]));
         }
-        if (top - second <= 2 * TPC_TOL * mx) break; /* past here fp16 may branch */
+        if (top - second <= TPC_TOL * mx) break; /* past here fp16 may branch */
         ASSERT_MSG(a->tok[t] == b->tok[t], "%s: greedy token %d: tp1 %d, tpN %d (margin %.4g)",
                    what, t, a->tok[t], b->tok[t], top - second);
         same++;

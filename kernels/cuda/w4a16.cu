@@ -46,6 +46,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
+
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -936,17 +938,30 @@ extern "C" size_t w4a16_workspace_bytes(const struct w4a16_weight *w, int max_m)
     return best;
 }
 
+/* Raises a kernel's dynamic shared-memory limit on the current device.
+ * cudaFuncSetAttribute is per device, and tensor-parallel ranks call from one
+ * thread per device, so each kernel remembers the devices (bit per id) that
+ * already have it. Setting it twice is harmless; the mask only saves calls. */
+static int smem_limit_once(std::atomic<unsigned long long> *done, const void *fn, int bytes,
+                           char *err, size_t errlen) {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev), err, errlen);
+    unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
+    if (bit && (done->load(std::memory_order_acquire) & bit)) return 0;
+    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), err,
+               errlen);
+    if (bit) done->fetch_or(bit, std::memory_order_release);
+    return 0;
+}
+
 template <int WN, int WM, int MW, int STAGES, int MINB>
 static int launch_tc(const struct w4a16_weight *w, const uint16_t *x, int m, epi_args ep,
                      int ksplit, float *part, cudaStream_t s, char *err, size_t errlen) {
     typedef tc_cfg<WN, WM, MW, STAGES> C;
-    static int attr_set = 0; /* per device would be stricter; one device per process here */
-    if (!attr_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(k_tc<WN, WM, MW, STAGES, MINB>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
-                   err, errlen);
-        attr_set = 1;
-    }
+    static std::atomic<unsigned long long> smem_set{0};
+    int rc = smem_limit_once(&smem_set, (const void *)k_tc<WN, WM, MW, STAGES, MINB>, C::SMEM, err,
+                             errlen);
+    if (rc) return rc;
     int cps = ceil_div(w->kc, ksplit);
     ksplit = ceil_div(w->kc, cps);
     dim3 grid(ceil_div(w->n16, C::BN16), ceil_div(m, C::BM), ksplit);
@@ -992,13 +1007,9 @@ static int launch_cublas(const struct w4a16_weight *w, const uint16_t *x, int m,
 template <int MT>
 static int launch_skinny(const struct w4a16_weight *w, const uint16_t *x, epi_args ep, int ksplit,
                          float *part, cudaStream_t s, char *err, size_t errlen) {
-    static int attr_set = 0;
-    if (!attr_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(k_skinny<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        160 * 1024),
-                   err, errlen);
-        attr_set = 1;
-    }
+    static std::atomic<unsigned long long> smem_set{0};
+    int rc = smem_limit_once(&smem_set, (const void *)k_skinny<MT>, 160 * 1024, err, errlen);
+    if (rc) return rc;
     int cps = ceil_div(w->kc, ksplit);
     if (cps > sk_max_cps(ep.m)) cps = sk_max_cps(ep.m);
     ksplit = ceil_div(w->kc, cps);

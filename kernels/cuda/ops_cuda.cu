@@ -383,6 +383,62 @@ static __global__ void add_rmsnorm_kernel(__half *resid, const __half *delta, __
     }
 }
 
+/* The same for dim % 8 == 0: 256 threads, each keeps VPT 16-byte chunks of
+ * the row in registers between the passes (dim <= 2048 * VPT). */
+template <int VPT>
+static __global__ void __launch_bounds__(256)
+add_rmsnorm_vec_kernel(__half *resid, const __half *delta, __half *out, const __half *w, int dim,
+                       float eps) {
+    __shared__ float red[32];
+    const int nc = dim / 8;
+    uint4 *r4 = (uint4 *)(resid + (size_t)blockIdx.x * dim);
+    const uint4 *d4 = delta ? (const uint4 *)(delta + (size_t)blockIdx.x * dim) : NULL;
+    float v[VPT][8];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPT; i++) {
+        int c = threadIdx.x + i * 256;
+        if (c >= nc) break;
+        uint4 a = r4[c];
+        __half2 *a2 = (__half2 *)&a;
+        if (d4) {
+            uint4 b = d4[c];
+            const __half2 *b2 = (const __half2 *)&b;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                float2 fa = __half22float2(a2[u]), fb = __half22float2(b2[u]);
+                a2[u] = __floats2half2_rn(fa.x + fb.x, fa.y + fb.y);
+            }
+            r4[c] = a;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            float2 f = __half22float2(a2[u]);
+            v[i][2 * u] = f.x;
+            v[i][2 * u + 1] = f.y;
+            ss += f.x * f.x + f.y * f.y;
+        }
+    }
+    float tot = block_sum(ss, red);
+    float rr = rsqrtf(tot / (float)dim + eps);
+    uint4 *o4 = (uint4 *)(out + (size_t)blockIdx.x * dim);
+    const uint4 *w4 = (const uint4 *)w;
+#pragma unroll
+    for (int i = 0; i < VPT; i++) {
+        int c = threadIdx.x + i * 256;
+        if (c >= nc) break;
+        uint4 wv = w4[c], ov;
+        const __half2 *w2 = (const __half2 *)&wv;
+        __half2 *o2 = (__half2 *)&ov;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            float2 wf = __half22float2(w2[u]);
+            o2[u] = __floats2half2_rn(wf.x * (v[i][2 * u] * rr), wf.y * (v[i][2 * u + 1] * rr));
+        }
+        o4[c] = ov;
+    }
+}
+
 /* Per-head RMSNorm (optional) + RoPE (rotate-half) of q and k, in place, and
  * the write of k, v into the paged cache. One warp per head: lane l holds
  * elements [l*E, (l+1)*E) (E = hd / 32), so element j's rotation partner
@@ -540,10 +596,19 @@ static void cu_add_rmsnorm(void *ctx, struct buf *resid, const struct buf *delta
     AWQD_ASSERT(resid->n >= (size_t)n * dim && out->n >= (size_t)n * dim && w->n >= (size_t)dim);
     AWQD_ASSERT(!delta || delta->n >= (size_t)n * dim);
     if (n <= 0) return;
-    int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
     PROF_BEGIN(c, "add_rmsnorm", 0, 0);
-    add_rmsnorm_kernel<<<n, threads, 0, c->stream>>>(H(resid), delta ? CH(delta) : NULL, H(out),
-                                                     CH(w), dim, eps);
+    const __half *dl = delta ? CH(delta) : NULL;
+    int vpt = (dim / 8 + 255) / 256;
+    if (dim % 8 == 0 && vpt <= 1)
+        add_rmsnorm_vec_kernel<1><<<n, 256, 0, c->stream>>>(H(resid), dl, H(out), CH(w), dim, eps);
+    else if (dim % 8 == 0 && vpt <= 2)
+        add_rmsnorm_vec_kernel<2><<<n, 256, 0, c->stream>>>(H(resid), dl, H(out), CH(w), dim, eps);
+    else if (dim % 8 == 0 && vpt <= 4)
+        add_rmsnorm_vec_kernel<4><<<n, 256, 0, c->stream>>>(H(resid), dl, H(out), CH(w), dim, eps);
+    else {
+        int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
+        add_rmsnorm_kernel<<<n, threads, 0, c->stream>>>(H(resid), dl, H(out), CH(w), dim, eps);
+    }
     OPS_CUDA_LAUNCHED(c, "add_rmsnorm");
     PROF_END(c);
 }

@@ -204,9 +204,10 @@ TEST(ops_cuda, embed_shapes) {
 
 TEST(ops_cuda, add_rmsnorm_shapes) {
     OPEN(p);
-    const int dims[] = {256, 1000, 4095, 4096, 5120};
+    /* vector kernel (dim % 8 == 0, up to 8192); scalar kernel (4095: dim % 8 != 0; 10000 > 8192) */
+    const int dims[] = {256, 1000, 4095, 4096, 5120, 8192, 10000};
     const int ns[] = {1, 5, 37};
-    for (int di = 0; di < 5 && !test_failed(); di++)
+    for (int di = 0; di < 7 && !test_failed(); di++)
         for (int ni = 0; ni < 3 && !test_failed(); ni++)
             for (int wd = 0; wd < 2 && !test_failed(); wd++) {
                 int dim = dims[di], n = ns[ni];

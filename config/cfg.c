@@ -40,7 +40,7 @@ static const struct setting SETTINGS[] = {
      "share of GPU memory for weights, workspace and KV cache"},
     {"kv_block_size", K_INT, F(kv_block_size), 1, 256, "tokens per KV-cache block"},
     {"kv_cache_tokens", K_INT, F(kv_cache_tokens), 0, 1 << 26,
-     "CPU backend: KV-cache capacity in tokens (0: auto)"},
+     "KV-cache capacity in tokens (0: auto; on GPUs what gpu_memory_fraction leaves)"},
     {"cpu_threads", K_INT, F(cpu_threads), 0, 1024, "CPU backend threads (0: all cores)"},
     {"api_key", K_STR, F(api_key), 0, 0, "require 'Authorization: Bearer KEY' on /v1/*"},
     {"api_key_file", K_STR, F(api_key_file), 0, 0, "read the API key from this file"},

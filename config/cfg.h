@@ -34,7 +34,7 @@ struct cfg {
     int max_waiting;                 /* waiting-queue bound; beyond it 429 */
     double gpu_memory_fraction;      /* share of GPU memory for weights + workspace + KV */
     int kv_block_size;               /* tokens per KV-cache block */
-    int kv_cache_tokens;             /* CPU backend: KV capacity in tokens; 0 = auto */
+    int kv_cache_tokens;             /* KV capacity in tokens; 0 = auto (GPU: memory plan) */
     int cpu_threads;                 /* CPU backend threads; 0 = all cores */
     char api_key[CFG_STR];           /* Bearer key for the /v1 routes; "" = none */
     char api_key_file[CFG_STR];      /* file holding the key (first line) */

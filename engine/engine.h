@@ -55,7 +55,7 @@ struct engine_opts {
     int max_num_seqs;           /* sequences running at once */
     int max_waiting;            /* waiting requests before -EAGAIN */
     int kv_block_size;          /* tokens per KV block */
-    int kv_cache_tokens;        /* CPU backend: KV capacity in tokens (0: auto) */
+    int kv_cache_tokens;        /* KV capacity in tokens (0: auto: CPU 8 full sequences, CUDA the memory plan) */
     double gpu_memory_fraction;
     int cpu_threads;
     void (*notify)(void *ud);   /* events are ready (scheduler thread) */

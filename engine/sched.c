@@ -32,6 +32,9 @@
 #include "engine/sched_text.h"
 #include "engine/tok.h"
 #include "engine/util.h"
+#ifdef AWQD_CUDA
+#include "kernels/cuda/mem_plan.h"
+#endif
 
 #include <errno.h>
 #include <math.h>
@@ -163,8 +166,9 @@ static void *sched_main(void *arg);
 static int load_group(struct engine *e, const struct model_config *cfg, const char *backend,
                       int mml, int bs, long *n_blocks_out, char *err, size_t errlen) {
     const struct engine_opts *o = &e->o;
-    /* KV blocks: kv_cache_tokens, else enough for 8 full-length sequences
-     * within 1 GiB (K and V of every layer; fp32 on the CPU, fp16 on CUDA). */
+    /* KV blocks: kv_cache_tokens when given; else on CUDA the memory plan
+     * (below), on the CPU enough for 8 full-length sequences within 1 GiB
+     * (K and V of every layer, fp32). */
     int blocks_per_seq = (mml + bs - 1) / bs;
     size_t block_bytes = (size_t)2 * cfg->n_layers * cfg->n_kv_heads * cfg->head_dim * bs *
                          (strcmp(backend, "cpu") == 0 ? 4 : 2);
@@ -177,6 +181,27 @@ static int load_group(struct engine *e, const struct model_config *cfg, const ch
         long cap = (long)((1ull << 30) / (block_bytes ? block_bytes : 1));
         if (n_blocks > cap) n_blocks = cap;
     }
+#ifdef AWQD_CUDA
+    /* On GPUs the KV cache takes what the memory plan leaves after weights and
+     * workspace within gpu_memory_fraction; with several ranks, the smallest. */
+    if (strcmp(backend, "cuda") == 0 && o->kv_cache_tokens <= 0) {
+        int tp = o->tp > 0 ? o->tp : 1;
+        long fewest = -1;
+        for (int r = 0; r < tp; r++) {
+            struct cuda_mem_plan plan;
+            int dev = o->n_devices ? o->devices[r] : r;
+            int rc = cuda_mem_plan_make(cfg, tp, dev, o->gpu_memory_fraction, bs, e->step_tokens,
+                                        o->max_num_seqs, &plan, err, errlen);
+            if (rc) return rc;
+            if (r == 0) {
+                log_info("engine: memory plan of GPU %d (rank 0 of %d):", dev, tp);
+                cuda_mem_plan_print(&plan, stderr);
+            }
+            if (fewest < 0 || plan.n_blocks < fewest) fewest = plan.n_blocks;
+        }
+        n_blocks = fewest;
+    }
+#endif
     if (n_blocks < 2) n_blocks = 2;
     if (n_blocks > (1L << 24)) n_blocks = 1L << 24;
     struct model_group_opts go;

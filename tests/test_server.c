@@ -420,14 +420,25 @@ static void loadtest(struct srv *s, const char *args, int n_requests) {
     ASSERT_EQ_INT(su_metric(s->port, "awqd:num_requests_waiting"), 0);
 }
 
+/* Under ASan the daemon runs several times slower and 1000 requests outlast
+ * the runner's per-test limit: the sanitizer build keeps the 64 clients and
+ * sends 250 requests; the plain build (what CI runs) sends all 1000. */
+#if defined(__SANITIZE_ADDRESS__)
+#define LOADTEST_REQUESTS 250
+#else
+#define LOADTEST_REQUESTS 1000
+#endif
+
 TEST(server, loadtest_64_clients_1000_requests) {
     struct srv s;
     memset(&s, 0, sizeof s);
     ASSERT(su_make_fixture_model(&s) == 0);
     ASSERT_MSG(su_start(&s, "--max-model-len 512") == 0, "daemon did not start (log %s)", s.log);
-    loadtest(&s, "-c 64 -n 1000 -p 16 -m 8 -I", 1000);
+    char args[64];
+    snprintf(args, sizeof args, "-c 64 -n %d -p 16 -m 8 -I", LOADTEST_REQUESTS);
+    loadtest(&s, args, LOADTEST_REQUESTS);
     ASSERT_OK_SO_FAR();
-    ASSERT(su_metric(s.port, "awqd:generation_tokens_total") >= 8000);
+    ASSERT(su_metric(s.port, "awqd:generation_tokens_total") >= 8 * LOADTEST_REQUESTS);
     ASSERT_EQ_INT(su_stop(&s, 20), 0);
 }
 

@@ -250,7 +250,12 @@ int engine_init(struct engine **out, const struct engine_opts *o, char *err, siz
     /* backend */
     const char *backend = "cpu";
 #ifdef AWQD_CUDA
-    if (o->backend == CFG_BACKEND_CUDA || o->backend == CFG_BACKEND_AUTO) backend = "cuda";
+    if (o->backend == CFG_BACKEND_CUDA) {
+        backend = "cuda";
+    } else if (o->backend == CFG_BACKEND_AUTO) {
+        if (cuda_device_count() > 0) backend = "cuda";
+        else log_info("engine: backend auto: no CUDA device found, using the CPU backend");
+    }
 #else
     if (o->backend == CFG_BACKEND_CUDA) {
         rc = util_err(err, errlen, -ENOTSUP, "backend cuda: this binary was built without CUDA");
@@ -263,7 +268,7 @@ int engine_init(struct engine **out, const struct engine_opts *o, char *err, siz
     long n_blocks = 0;
     rc = load_group(e, cfg, backend, mml, bs, &n_blocks, err, errlen);
 #ifdef AWQD_CUDA
-    if (rc && o->backend == CFG_BACKEND_AUTO) {
+    if (rc && o->backend == CFG_BACKEND_AUTO && strcmp(backend, "cuda") == 0) {
         log_warn("engine: the CUDA backend failed (%s); falling back to the CPU backend", err);
         backend = "cpu";
         e->info.backend = backend;

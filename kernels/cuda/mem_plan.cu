@@ -166,3 +166,12 @@ extern "C" int cuda_measure_rates(int device, double *copy_gbs, double *gemm_tfl
     cudaFree(buf);
     return rc;
 }
+
+extern "C" int cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}

@@ -59,6 +59,10 @@ void cuda_mem_plan_print(const struct cuda_mem_plan *p, FILE *f);
 int cuda_measure_rates(int device, double *copy_gbs, double *gemm_tflops, char *err,
                        size_t errlen);
 
+/* CUDA devices usable by this process: 0 when there is no GPU, no driver or a
+ * driver older than the runtime (the error is cleared, nothing is logged). */
+int cuda_device_count(void);
+
 /* Device memory in use (total - free) and total, bytes. */
 int cuda_mem_in_use(int device, uint64_t *used, uint64_t *total);
 

@@ -104,7 +104,8 @@ BIN      := $(BUILD)/awqd
 TEST_BIN := $(BUILD)/awqd-test
 GPU_TEST_BIN := $(BUILD)/awqd-test-gpu
 TEST_OBJ := $(call obj,$(TEST_SRC))
-GPU_TEST_OBJ := $(call obj,$(GPU_TEST_C) $(GPU_TEST_CU)) $(BUILD)/obj/tests/harness/runner.o
+HARNESS_OBJ := $(call obj,$(wildcard tests/harness/*.c))
+GPU_TEST_OBJ := $(call obj,$(GPU_TEST_C) $(GPU_TEST_CU)) $(HARNESS_OBJ)
 
 .PHONY: all test test-gpu bench install uninstall clean info serve
 all: $(BIN)
@@ -115,7 +116,7 @@ info:
 $(BIN): $(call obj,$(MAIN_SRC)) $(LIB_OBJ)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(TEST_BIN): $(TEST_OBJ) $(BUILD)/obj/tests/harness/runner.o $(LIB_OBJ)
+$(TEST_BIN): $(TEST_OBJ) $(HARNESS_OBJ) $(LIB_OBJ)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(GPU_TEST_BIN): $(GPU_TEST_OBJ) $(LIB_OBJ)

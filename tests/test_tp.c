@@ -5,8 +5,9 @@
  * |logit|, alone and batched. Shardings the AWQ groups do not allow (rows per
  * rank not a multiple of 128) are refused with a message, not run.
  *
- * Uses the mt_* helpers of tests/test_model.c. */
+ * Uses the mt_* fixture helpers (tests/harness/model_fixture.h). */
 #include "tests/harness/test.h"
+#include "tests/harness/model_fixture.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -14,41 +15,13 @@
 #include "engine/ckpt.h"
 #include "engine/model.h"
 
-#define MT_GREEDY 24
-#define MT_PROMPTS 4
-
-struct safetensors;
-struct mt_fixture {
-    const char *name;
-    struct ckpt *ck;
-    struct safetensors *ref;
-    int vocab;
-    int n;
-    int32_t *prompt[MT_PROMPTS];
-    int plen[MT_PROMPTS];
-    const float *logits[MT_PROMPTS];
-    const int32_t *greedy[MT_PROMPTS];
-};
-struct mt_result {
-    float *logits[MT_PROMPTS];
-    int32_t tokens[MT_PROMPTS][MT_GREEDY];
-};
-void mt_fixture_close(struct mt_fixture *f);
-int mt_fixture_open(const char *name, struct mt_fixture *f);
-void mt_run(struct model_group *g, struct mt_fixture *f, int chunk, const int *start,
-            int max_tokens, struct mt_result *r);
-void mt_result_free(struct mt_result *r);
-void mt_check_reference(struct mt_fixture *f, struct mt_result *r);
-void mt_check_same(struct mt_fixture *f, struct mt_result *a, struct mt_result *b, double tol);
-int mt_group(struct mt_fixture *f, int tp, int n_blocks, int max_tokens, struct model_group **g);
-
 static void check_tp(const char *name, int tp) {
     struct mt_fixture f;
     int rc = mt_fixture_open(name, &f);
     if (rc == 1) TEST_SKIP("fixture not installed");
     ASSERT_OK_SO_FAR();
     struct model_group *g1 = NULL, *gt = NULL;
-    if (mt_group(&f, 1, 64, 256, &g1) || mt_group(&f, tp, 64, 256, &gt)) return;
+    if (mt_group(&f, "cpu", 1, 64, 256, &g1) || mt_group(&f, "cpu", tp, 64, 256, &gt)) return;
     ASSERT_EQ_INT(model_group_tp(gt), tp);
     struct mt_result a, b;
     mt_run(g1, &f, 64, NULL, 256, &a);
@@ -126,7 +99,7 @@ TEST(tp, mkmodel_tiny_tp4_matches_tp1) {
         for (int j = 0; j < lens[i]; j++) f.prompt[i][j] = rand_r(&seed) % f.vocab;
     }
     struct model_group *g1 = NULL, *g4 = NULL;
-    if (mt_group(&f, 1, 64, 64, &g1) || mt_group(&f, 4, 64, 64, &g4)) return;
+    if (mt_group(&f, "cpu", 1, 64, 64, &g1) || mt_group(&f, "cpu", 4, 64, 64, &g4)) return;
     const int stagger[3] = {0, 1, 3};
     struct mt_result a, b;
     mt_run(g1, &f, 8, stagger, 64, &a);

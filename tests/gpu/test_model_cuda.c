@@ -29,118 +29,21 @@
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "engine/util.h"
+#include "tests/harness/model_fixture.h"
 #include "tests/harness/test.h"
 
-#define MC_GREEDY 24
-#define MC_PROMPTS 4
 #define MC_TOL 2e-2
 
-struct mc_fixture {
-    const char *name;
-    struct ckpt *ck;
-    struct safetensors *ref;
-    int vocab, n;
-    int32_t *prompt[MC_PROMPTS];
-    int plen[MC_PROMPTS];
-    const float *logits[MC_PROMPTS];   /* [plen, vocab] */
-    const int32_t *greedy[MC_PROMPTS]; /* [24] */
-    /* from the CPU backend, teacher-forced on prompt + greedy */
-    float margin[MC_PROMPTS][MC_GREEDY];   /* top1 - top2 before greedy token t */
-    float maxabs[MC_PROMPTS][MC_GREEDY];   /* max |logit| there */
-};
-
-struct mc_result {
-    float *logits[MC_PROMPTS];    /* [plen, vocab] */
-    int32_t tokens[MC_PROMPTS][MC_GREEDY];
+/* From the CPU backend, teacher-forced on prompt + greedy: per prompt and
+ * greedy step t, the top-2 margin before token t and the largest |logit|. */
+struct mc_margins {
+    float margin[MT_PROMPTS][MT_GREEDY];
+    float maxabs[MT_PROMPTS][MT_GREEDY];
 };
 
 static int gpu_present(void) {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-static void mc_fixture_close(struct mc_fixture *f) {
-    if (f->ck) ckpt_close(f->ck);
-    if (f->ref) safetensors_close(f->ref);
-    for (int i = 0; i < MC_PROMPTS; i++) free(f->prompt[i]);
-    memset(f, 0, sizeof *f);
-}
-
-/* 0 ok, 1 missing (skip), -1 failed */
-static int mc_fixture_open(const char *name, struct mc_fixture *f) {
-    memset(f, 0, sizeof *f);
-    f->name = name;
-    char rel[256], err[512];
-    snprintf(rel, sizeof rel, "%s/config.json", name);
-    FILE *fp = fopen(test_fixture(rel), "r");
-    if (!fp) return 1;
-    fclose(fp);
-    if (ckpt_open(test_fixture(name), &f->ck, err, sizeof err)) {
-        test_fail(__FILE__, __LINE__, "ckpt_open %s: %s", name, err);
-        return -1;
-    }
-    f->vocab = ckpt_config(f->ck)->vocab;
-    snprintf(rel, sizeof rel, "%s/reference/reference.safetensors", name);
-    if (safetensors_open(test_fixture(rel), &f->ref, err, sizeof err)) {
-        test_fail(__FILE__, __LINE__, "%s", err);
-        return -1;
-    }
-    snprintf(rel, sizeof rel, "%s/reference/reference.json", name);
-    char *js;
-    size_t len;
-    if (util_read_file(test_fixture(rel), 0, &js, &len, err, sizeof err)) {
-        test_fail(__FILE__, __LINE__, "%s", err);
-        return -1;
-    }
-    cJSON *root = cJSON_Parse(js);
-    free(js);
-    cJSON *prompts = cJSON_GetObjectItem(root, "prompts");
-    f->n = cJSON_GetArraySize(prompts);
-    if (f->n > MC_PROMPTS) f->n = MC_PROMPTS;
-    for (int i = 0; i < f->n; i++) {
-        cJSON *p = cJSON_GetArrayItem(prompts, i);
-        f->plen[i] = cJSON_GetArraySize(p);
-        f->prompt[i] = malloc((size_t)f->plen[i] * sizeof(int32_t));
-        for (int j = 0; j < f->plen[i]; j++) f->prompt[i][j] = cJSON_GetArrayItem(p, j)->valueint;
-        char nm[32];
-        snprintf(nm, sizeof nm, "logits_%d", i);
-        const struct st_tensor *t = safetensors_find(f->ref, nm);
-        snprintf(nm, sizeof nm, "greedy_%d", i);
-        const struct st_tensor *gt = safetensors_find(f->ref, nm);
-        if (!t || !gt || t->dtype != ST_F32 || t->shape[0] != f->plen[i] || t->shape[1] != f->vocab ||
-            gt->dtype != ST_I32 || gt->numel != MC_GREEDY) {
-            cJSON_Delete(root);
-            test_fail(__FILE__, __LINE__, "%s: reference tensors of prompt %d malformed", name, i);
-            return -1;
-        }
-        f->logits[i] = t->data;
-        f->greedy[i] = gt->data;
-    }
-    cJSON_Delete(root);
-    return 0;
-}
-
-static int mc_group(struct mc_fixture *f, const char *backend, struct model_group **g) {
-    struct model_group_opts o;
-    model_group_opts_default(&o);
-    o.backend = backend;
-    o.cpu_threads = 2;
-    o.model.n_blocks = 64;
-    o.model.block_size = 16;
-    o.model.max_tokens = 256;
-    o.model.max_seqs = 8;
-    o.model.max_blocks_per_seq = 16;
-    char err[512];
-    int rc = model_group_init(f->ck, &o, g, err, sizeof err);
-    if (rc) test_fail(__FILE__, __LINE__, "model_group_init %s %s: %s", f->name, backend, err);
-    return rc;
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
 }
 
 static void top2(const float *x, int n, float *margin, float *mx) {
@@ -180,95 +83,13 @@ static void forward_all(struct model_group *g, const int32_t *ids, int n, int V,
 }
 
 /* prompt + greedy[0..22] teacher-forced: rows plen-1+t predict greedy[t]. */
-static void teacher_forced(struct model_group *g, struct mc_fixture *f, int i, float *out) {
-    int n = f->plen[i] + MC_GREEDY - 1;
+static void teacher_forced(struct model_group *g, struct mt_fixture *f, int i, float *out) {
+    int n = f->plen[i] + MT_GREEDY - 1;
     int32_t *ids = malloc((size_t)n * sizeof *ids);
     memcpy(ids, f->prompt[i], (size_t)f->plen[i] * sizeof *ids);
-    memcpy(ids + f->plen[i], f->greedy[i], (MC_GREEDY - 1) * sizeof *ids);
+    memcpy(ids + f->plen[i], f->greedy[i], (MT_GREEDY - 1) * sizeof *ids);
     forward_all(g, ids, n, f->vocab, 64, out);
     free(ids);
-}
-
-/* Runs the prompts as a scheduler would (see tests/test_model.c mt_run):
- * prompt i joins at step start[i] (NULL: one after another), prefills in
- * chunks with logits for all rows, then decodes greedily; at most max_tokens
- * rows per step. Checks that every KV block is free afterwards. */
-static void mc_run(struct model_group *g, struct mc_fixture *f, int chunk, const int *start,
-                   int max_tokens, struct mc_result *r) {
-    memset(r, 0, sizeof *r);
-    int V = f->vocab;
-    const struct model_opts *mo = model_opts(model_group_rank0(g));
-    struct kv kv;
-    ASSERT_EQ_INT(kv_init(&kv, mo->n_blocks, mo->block_size), 0);
-    struct kv_seq seq[MC_PROMPTS] = {{0}};
-    int done_pos[MC_PROMPTS] = {0}, n_out[MC_PROMPTS] = {0};
-    int32_t last_tok[MC_PROMPTS];
-    for (int i = 0; i < f->n; i++) r->logits[i] = malloc((size_t)f->plen[i] * V * sizeof(float));
-    float *lg = malloc((size_t)max_tokens * V * sizeof(float));
-    char err[512];
-    int finished = 0, alone_next = 0;
-    for (int step = 0; finished < f->n && step < 10000; step++) {
-        struct batch_seq bs[MC_PROMPTS];
-        int who[MC_PROMPTS], nb = 0, rows = 0;
-        for (int i = 0; i < f->n; i++) {
-            if (start ? step < start[i] : i != alone_next) continue;
-            if (n_out[i] == MC_GREEDY) continue;
-            struct batch_seq *s = &bs[nb];
-            if (done_pos[i] < f->plen[i]) {
-                int n = f->plen[i] - done_pos[i];
-                if (n > chunk) n = chunk;
-                if (n > max_tokens - rows) n = max_tokens - rows;
-                if (n <= 0) continue;
-                *s = (struct batch_seq){f->prompt[i] + done_pos[i], n, done_pos[i], NULL, 0,
-                                        MODEL_LOGITS_ALL};
-            } else {
-                if (rows + 1 > max_tokens) continue;
-                *s = (struct batch_seq){&last_tok[i], 1, f->plen[i] + n_out[i] - 1, NULL, 0,
-                                        MODEL_LOGITS_LAST};
-            }
-            ASSERT_EQ_INT(kv_seq_reserve(&kv, &seq[i], s->past + s->n_tokens), 0);
-            s->blocks = seq[i].blocks;
-            s->n_blocks = seq[i].n_blocks;
-            rows += s->n_tokens;
-            who[nb++] = i;
-        }
-        if (nb == 0) continue;
-        struct batch b = {bs, nb};
-        int rc = model_group_forward(g, &b, lg, err, sizeof err);
-        ASSERT_MSG(rc == 0, "forward: %s", err);
-        int row = 0;
-        for (int k = 0; k < nb; k++) {
-            int i = who[k];
-            const float *last;
-            if (bs[k].logits == MODEL_LOGITS_ALL) {
-                memcpy(r->logits[i] + (size_t)done_pos[i] * V, lg + (size_t)row * V,
-                       (size_t)bs[k].n_tokens * V * sizeof(float));
-                done_pos[i] += bs[k].n_tokens;
-                row += bs[k].n_tokens;
-                last = lg + (size_t)(row - 1) * V;
-                if (done_pos[i] < f->plen[i]) continue;
-            } else {
-                last = lg + (size_t)row * V;
-                row++;
-            }
-            last_tok[i] = argmax(last, V);
-            r->tokens[i][n_out[i]++] = last_tok[i];
-            if (n_out[i] == MC_GREEDY) {
-                finished++;
-                kv_seq_free(&kv, &seq[i]);
-                alone_next++;
-            }
-        }
-    }
-    ASSERT_EQ_INT(finished, f->n);
-    ASSERT_EQ_INT(kv_free_blocks(&kv), mo->n_blocks); /* nothing leaked */
-    kv_free(&kv);
-    free(lg);
-}
-
-static void mc_result_free(struct mc_result *r) {
-    for (int i = 0; i < MC_PROMPTS; i++) free(r->logits[i]);
-    memset(r, 0, sizeof *r);
 }
 
 /* Logits vs a reference at TOL; returns the worst |diff| / max|ref|. */
@@ -292,52 +113,55 @@ static double check_logits(const char *what, int i, const float *a, const float 
 }
 
 /* Tokens equal up to the first low-margin step; returns steps compared. */
-static int check_tokens(const char *what, struct mc_fixture *f, int i, const int32_t *tok) {
-    for (int t = 0; t < MC_GREEDY; t++) {
-        if (f->margin[i][t] <= MC_TOL * f->maxabs[i][t]) return t;
+static int check_tokens(const char *what, const struct mt_fixture *f, const struct mc_margins *m,
+                        int i, const int32_t *tok) {
+    for (int t = 0; t < MT_GREEDY; t++) {
+        if (m->margin[i][t] <= MC_TOL * m->maxabs[i][t]) return t;
         if (tok[t] != f->greedy[i][t]) {
             test_fail(__FILE__, __LINE__, "%s prompt %d greedy token %d: %d != %d (margin %g)", what,
-                      i, t, tok[t], f->greedy[i][t], f->margin[i][t]);
+                      i, t, tok[t], f->greedy[i][t], m->margin[i][t]);
             return t;
         }
     }
-    return MC_GREEDY;
+    return MT_GREEDY;
 }
 
 static const char *fixtures[3] = {"qwen3-tiny-awq", "qwen2-tiny-awq", "llama-tiny-awq"};
 
 static void check_fixture(const char *name) {
     if (!gpu_present()) TEST_SKIP("no CUDA device");
-    struct mc_fixture f;
-    int rc = mc_fixture_open(name, &f);
+    struct mt_fixture f;
+    int rc = mt_fixture_open(name, &f);
     if (rc == 1) TEST_SKIP("fixture not installed");
     if (rc) return;
     int V = f.vocab;
     struct model_group *cpu = NULL, *gpu = NULL;
-    if (mc_group(&f, "cpu", &cpu) || mc_group(&f, "cuda", &gpu)) goto out;
+    if (mt_group(&f, "cpu", 1, 64, 256, &cpu) || mt_group(&f, "cuda", 1, 64, 256, &gpu)) goto out;
+    struct mc_margins mg;
+    memset(&mg, 0, sizeof mg);
     /* margins from the CPU backend, teacher-forced; CPU greedy = reference */
     for (int i = 0; i < f.n && !test_failed(); i++) {
-        int n = f.plen[i] + MC_GREEDY - 1;
+        int n = f.plen[i] + MT_GREEDY - 1;
         float *lc = malloc((size_t)n * V * sizeof(float)), *lg = malloc((size_t)n * V * sizeof(float));
         teacher_forced(cpu, &f, i, lc);
         if (!test_failed()) teacher_forced(gpu, &f, i, lg);
         int low = 0, agree = 0;
-        for (int t = 0; t < MC_GREEDY && !test_failed(); t++) {
+        for (int t = 0; t < MT_GREEDY && !test_failed(); t++) {
             const float *c = lc + (size_t)(f.plen[i] - 1 + t) * V;
             const float *g = lg + (size_t)(f.plen[i] - 1 + t) * V;
-            top2(c, V, &f.margin[i][t], &f.maxabs[i][t]);
-            if (argmax(c, V) != f.greedy[i][t]) {
+            top2(c, V, &mg.margin[i][t], &mg.maxabs[i][t]);
+            if (mt_argmax(c, V) != f.greedy[i][t]) {
                 test_fail(__FILE__, __LINE__, "%s prompt %d: CPU greedy token %d differs from the reference",
                           name, i, t);
                 break;
             }
-            if (f.margin[i][t] <= MC_TOL * f.maxabs[i][t]) {
+            if (mg.margin[i][t] <= MC_TOL * mg.maxabs[i][t]) {
                 low++;
                 continue;
             }
-            if (argmax(g, V) != f.greedy[i][t]) {
+            if (mt_argmax(g, V) != f.greedy[i][t]) {
                 test_fail(__FILE__, __LINE__, "%s prompt %d teacher-forced step %d: cuda %d, ref %d (margin %g)",
-                          name, i, t, argmax(g, V), f.greedy[i][t], f.margin[i][t]);
+                          name, i, t, mt_argmax(g, V), f.greedy[i][t], mg.margin[i][t]);
                 break;
             }
             agree++;
@@ -349,44 +173,44 @@ static void check_fixture(const char *name) {
             double q = check_logits(w, i, lg, lc, n, V);
             fprintf(stderr, "  %s prompt %d (len %d): teacher-forced max|diff|/max|logit| %.2e, argmax agrees on %d/%d "
                    "steps (%d below the margin)\n",
-                   name, i, f.plen[i], q, agree, MC_GREEDY - low, low);
+                   name, i, f.plen[i], q, agree, MT_GREEDY - low, low);
         }
         free(lc);
         free(lg);
     }
     if (test_failed()) goto out;
     /* alone: prompt logits vs the reference, free-running greedy */
-    struct mc_result alone, r;
-    mc_run(gpu, &f, 64, NULL, 256, &alone);
+    struct mt_result alone, r;
+    mt_run(gpu, &f, 64, NULL, 256, &alone);
     if (test_failed()) goto out;
     for (int i = 0; i < f.n && !test_failed(); i++) {
         double q = check_logits(name, i, alone.logits[i], f.logits[i], f.plen[i], V);
-        int k = check_tokens(name, &f, i, alone.tokens[i]);
+        int k = check_tokens(name, &f, &mg, i, alone.tokens[i]);
         fprintf(stderr, "  %s prompt %d: prompt logits max|diff|/max|logit| %.2e; greedy equal for %d/%d steps "
                "(compared up to the first low-margin step)\n",
-               name, i, q, k, MC_GREEDY);
+               name, i, q, k, MT_GREEDY);
     }
     if (test_failed()) {
-        mc_result_free(&alone);
+        mt_result_free(&alone);
         goto out;
     }
     /* all at once, and staggered with chunks of 16 riding along decodes */
     const int together[4] = {0, 0, 0, 0}, stagger[4] = {3, 0, 1, 5};
     for (int mode = 0; mode < 2 && !test_failed(); mode++) {
-        mc_run(gpu, &f, mode ? 16 : 256, mode ? stagger : together, mode ? 40 : 256, &r);
+        mt_run(gpu, &f, mode ? 16 : 256, mode ? stagger : together, mode ? 40 : 256, &r);
         for (int i = 0; i < f.n && !test_failed(); i++) {
             char w[96];
             snprintf(w, sizeof w, "%s %s", name, mode ? "staggered" : "batched");
             check_logits(w, i, r.logits[i], f.logits[i], f.plen[i], V);
-            if (!test_failed()) check_tokens(w, &f, i, r.tokens[i]);
+            if (!test_failed()) check_tokens(w, &f, &mg, i, r.tokens[i]);
         }
-        mc_result_free(&r);
+        mt_result_free(&r);
     }
-    mc_result_free(&alone);
+    mt_result_free(&alone);
 out:
     model_group_free(gpu);
     model_group_free(cpu);
-    mc_fixture_close(&f);
+    mt_fixture_close(&f);
 }
 
 TEST(model_cuda, qwen3_fixture) { check_fixture(fixtures[0]); }
@@ -398,8 +222,8 @@ TEST(model_cuda, generate_cli) {
     if (!gpu_present()) TEST_SKIP("no CUDA device");
     int ran = 0;
     for (int fi = 0; fi < 3 && !test_failed(); fi++) {
-        struct mc_fixture f;
-        int rc = mc_fixture_open(fixtures[fi], &f);
+        struct mt_fixture f;
+        int rc = mt_fixture_open(fixtures[fi], &f);
         if (rc == 1) continue;
         if (rc) return;
         for (int i = 0; i < f.n && !test_failed(); i++) {
@@ -445,7 +269,7 @@ TEST(model_cuda, generate_cli) {
             free(out);
             ran++;
         }
-        mc_fixture_close(&f);
+        mt_fixture_close(&f);
     }
     if (!ran && !test_failed()) TEST_SKIP("fixtures not installed");
 }
@@ -483,7 +307,7 @@ static void sb_run(struct model_group *g, int V, int32_t *const *prompts, const 
         for (int k = 0; k < cnt; k++) {
             const float *l = lg + (size_t)k * V;
             int i = idx[k];
-            last[k] = argmax(l, V);
+            last[k] = mt_argmax(l, V);
             tok[i][step] = last[k];
             top2(l, V, &margin[i][step], &maxabs[i][step]);
         }

@@ -128,3 +128,106 @@ int util_parse_int_list(const char *s, int *out, int max) {
         while (*p == ' ') p++;
     }
 }
+
+/* ---- one string member of a one-line JSON object, NUL-safe ---------------- */
+
+
+static int json_hex4(const char *p, unsigned *out) {
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9') v |= (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f') v |= (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') v |= (unsigned)(c - 'A' + 10);
+        else return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Decodes the JSON string at *pp (on its opening quote) into out (room for
+ * as many bytes as the source has); *pp moves past the closing quote. A lone
+ * surrogate becomes U+FFFD, as cJSON would reject it anyway. */
+static int json_str(const char **pp, const char *end, char *out, size_t *olen) {
+    const char *p = *pp;
+    size_t o = 0;
+    if (p >= end || *p != '"') return -1;
+    for (p++; p < end && *p != '"'; p++) {
+        if (*p != '\\') { if (out) out[o] = *p; o++; continue; }
+        if (++p >= end) return -1;
+        unsigned cp;
+        switch (*p) {
+        case 'b': cp = '\b'; break;
+        case 'f': cp = '\f'; break;
+        case 'n': cp = '\n'; break;
+        case 'r': cp = '\r'; break;
+        case 't': cp = '\t'; break;
+        case 'u': {
+            unsigned lo;
+            if (end - p < 5 || json_hex4(p + 1, &cp)) return -1;
+            p += 4;
+            if (cp >= 0xD800 && cp <= 0xDBFF && end - p >= 7 && p[1] == '\\' && p[2] == 'u' && !json_hex4(p + 3, &lo) &&
+                lo >= 0xDC00 && lo <= 0xDFFF) {
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                p += 6;
+            } else if (cp >= 0xD800 && cp <= 0xDFFF) cp = 0xFFFD;
+            break;
+        }
+        default: cp = (unsigned char)*p; break; /* \" \\ \/ */
+        }
+        char b[4];
+        size_t k = cp < 0x80 ? (b[0] = (char)cp, 1)
+                 : cp < 0x800 ? (b[0] = (char)(0xC0 | (cp >> 6)), b[1] = (char)(0x80 | (cp & 0x3F)), 2)
+                 : cp < 0x10000 ? (b[0] = (char)(0xE0 | (cp >> 12)), b[1] = (char)(0x80 | ((cp >> 6) & 0x3F)),
+                                   b[2] = (char)(0x80 | (cp & 0x3F)), 3)
+                 : (b[0] = (char)(0xF0 | (cp >> 18)), b[1] = (char)(0x80 | ((cp >> 12) & 0x3F)),
+                    b[2] = (char)(0x80 | ((cp >> 6) & 0x3F)), b[3] = (char)(0x80 | (cp & 0x3F)), 4);
+        if (out) memcpy(out + o, b, k);
+        o += k;
+    }
+    if (p >= end) return -1;
+    *pp = p + 1;
+    *olen = o;
+    return 0;
+}
+
+int util_json_string_member(const char *line, size_t len, const char *key, char **out,
+                            size_t *olen) {
+    size_t keylen = strlen(key);
+    const char *p = line, *end = line + len;
+    while (p < end && *p != '{') p++;
+    p++;
+    while (p < end) {
+        while (p < end && (*p == ' ' || *p == '\t' || *p == ',')) p++;
+        if (p >= end || *p == '}') return -1;
+        const char *k = p;
+        size_t kl;
+        if (json_str(&p, end, NULL, &kl)) return -1;
+        int is_key = (size_t)(p - k) == keylen + 2 && memcmp(k + 1, key, keylen) == 0;
+        while (p < end && (*p == ' ' || *p == '\t' || *p == ':')) p++;
+        if (p < end && *p == '"') {
+            const char *v = p;
+            size_t vl;
+            if (json_str(&p, end, NULL, &vl)) return -1;
+            if (is_key) {
+                char *b = malloc(vl + 1);
+                if (!b) return -1;
+                json_str(&v, end, b, &vl);
+                b[vl] = 0;
+                *out = b;
+                *olen = vl;
+                return 0;
+            }
+        } else { /* skip a nested value, minding strings inside it */
+            int depth = 0;
+            while (p < end && !(depth == 0 && (*p == ',' || *p == '}'))) {
+                if (*p == '"') { size_t d; if (json_str(&p, end, NULL, &d)) return -1; continue; }
+                if (*p == '[' || *p == '{') depth++;
+                if (*p == ']' || *p == '}') depth--;
+                p++;
+            }
+        }
+    }
+    return -1;
+}

@@ -44,4 +44,12 @@ void util_assert_fail(const char *expr, const char *file, int line) __attribute_
 /* Parses "1,2,3" into ints; returns the count or -EINVAL / -E2BIG. */
 int util_parse_int_list(const char *s, int *out, int max);
 
+/* Finds the top-level member `key` of a one-line JSON object (already
+ * validated, e.g. by cJSON) whose value is a string, and decodes it into a
+ * malloc'd, NUL-terminated buffer (*olen bytes, which may include NULs from
+ * \u0000, where cJSON would stop). Lone surrogates become U+FFFD. 0, or -1
+ * when the key is absent, not a string, or the line malformed. */
+int util_json_string_member(const char *line, size_t len, const char *key, char **out,
+                            size_t *olen);
+
 #endif

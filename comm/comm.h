@@ -32,6 +32,10 @@ struct comm {
     void (*barrier)(struct comm *c);
     void (*destroy)(struct comm *c);
     void *priv;
+    /* 1 when all_reduce_sum may be recorded into a CUDA graph of this rank's
+     * stream (between ops->graph_begin and graph_end) and replayed; 0 when
+     * it must run eagerly (the model then runs that step without a graph). */
+    int graph_safe;
 };
 
 /* One rank, no-op collectives. */

@@ -14,13 +14,13 @@
 #include "engine/ckpt.h"
 #include "engine/mkmodel.h"
 #include "engine/safetensors.h"
+#include "engine/shard_writer.h"
 #include "engine/util.h"
 #include "server/cmd.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,14 +45,11 @@ struct otensor {
     const void *src;              /* OUT_COPY / OUT_QWEIGHT: source data */
     enum st_dtype src_dtype;
     int k, n, qz, sc;             /* OUT_QWEIGHT */
-    int shard, local;
 };
 
 struct oplan {
     struct otensor *t;
     int n, cap;
-    int n_shards;
-    uint64_t total;
 };
 
 static int oadd(struct oplan *p, const char *name, enum st_dtype dt, int ndim, int64_t d0,
@@ -84,46 +81,13 @@ static void oplan_free(struct oplan *p) {
     memset(p, 0, sizeof *p);
 }
 
-static uint64_t obytes(const struct otensor *o) {
-    uint64_t nb = st_dtype_size(o->d.dtype);
-    for (int i = 0; i < o->d.ndim; i++) nb *= (uint64_t)o->d.shape[i];
-    return nb;
-}
-
 /* ======================================================================== */
-/* running the plan                                                          */
-
-struct unit { int t; int64_t a, b; };
+/* running the plan (engine/shard_writer.h does the files and the threads)   */
 
 struct qctx {
-    struct oplan *p;
-    struct st_writer **w;
+    const struct oplan *p;
     int group;
-    struct unit *u;
-    int n_units;
-    int next, failed, done_threads;   /* atomics */
-    uint64_t done;                    /* atomic */
-    char err[512];
-    pthread_mutex_t lock;
 };
-
-static void qfail(struct qctx *c, const char *m) {
-    pthread_mutex_lock(&c->lock);
-    if (!c->failed) snprintf(c->err, sizeof c->err, "%s", m);
-    __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
-    pthread_mutex_unlock(&c->lock);
-}
-
-static int qput(struct qctx *c, int t, size_t off, const void *d, size_t len) {
-    char e[512];
-    const struct otensor *o = &c->p->t[t];
-    if (st_writer_put(c->w[o->shard], o->local, off, d, len, e, sizeof e)) {
-        qfail(c, e);
-        return -1;
-    }
-    __atomic_fetch_add(&c->done, (uint64_t)len, __ATOMIC_RELAXED);
-    return 0;
-}
 
 static uint16_t to_fp16(const void *src, enum st_dtype dt, size_t i) {
     if (dt == ST_F16) {
@@ -141,18 +105,19 @@ static uint16_t to_fp16(const void *src, enum st_dtype dt, size_t i) {
     return f32_to_fp16(f);
 }
 
-static int run_qunit(struct qctx *c, const struct unit *u) {
+static int run_qunit(void *ctx, struct shard_writer *w, const struct sw_unit *u) {
+    const struct qctx *c = ctx;
     const struct otensor *o = &c->p->t[u->t];
     if (o->kind == OUT_COPY) {
         size_t esz = st_dtype_size(o->d.dtype);
         size_t cnt = (size_t)(u->b - u->a);
         if (o->d.dtype != ST_F16 || o->src_dtype == ST_F16)
-            return qput(c, u->t, (size_t)u->a * esz, (const char *)o->src + (size_t)u->a * esz,
-                        cnt * esz);
+            return sw_put(w, u->t, (size_t)u->a * esz, (const char *)o->src + (size_t)u->a * esz,
+                          cnt * esz);
         uint16_t *buf = malloc(cnt * 2);
-        if (!buf) { qfail(c, "out of memory"); return -1; }
+        if (!buf) return -ENOMEM;
         for (size_t i = 0; i < cnt; i++) buf[i] = to_fp16(o->src, o->src_dtype, (size_t)u->a + i);
-        int rc = qput(c, u->t, (size_t)u->a * 2, buf, cnt * 2);
+        int rc = sw_put(w, u->t, (size_t)u->a * 2, buf, cnt * 2);
         free(buf);
         return rc;
     }
@@ -165,8 +130,8 @@ static int run_qunit(struct qctx *c, const struct unit *u) {
     uint16_t *sc = malloc((size_t)N * 2);      /* fp16 [N] */
     uint8_t *zc = malloc((size_t)N);           /* [N] */
     uint32_t *qz = malloc((size_t)N / 2);      /* int32 [N/8] */
-    int rc = -1;
-    if (!wf || !codes || !qw || !sc || !zc || !qz) { qfail(c, "out of memory"); goto out; }
+    int rc = -ENOMEM;
+    if (!wf || !codes || !qw || !sc || !zc || !qz) goto out;
     for (int n = 0; n < N; n++)
         for (int r = 0; r < G; r++)
             wf[(size_t)n * G + r] =
@@ -174,11 +139,10 @@ static int run_qunit(struct qctx *c, const struct unit *u) {
     awq_rtn_group_f32(wf, G, N, sc, zc, codes);
     awq_pack(codes, G, N, qw);
     awq_pack(zc, 1, N, qz);
-    if (qput(c, u->t, (size_t)k0 * (size_t)(N / 8) * 4, qw, (size_t)G * N / 2) ||
-        qput(c, o->qz, (size_t)g * (size_t)(N / 8) * 4, qz, (size_t)N / 2) ||
-        qput(c, o->sc, (size_t)g * (size_t)N * 2, sc, (size_t)N * 2))
+    if ((rc = sw_put(w, u->t, (size_t)k0 * (size_t)(N / 8) * 4, qw, (size_t)G * N / 2)) ||
+        (rc = sw_put(w, o->qz, (size_t)g * (size_t)(N / 8) * 4, qz, (size_t)N / 2)) ||
+        (rc = sw_put(w, o->sc, (size_t)g * (size_t)N * 2, sc, (size_t)N * 2)))
         goto out;
-    rc = 0;
 out:
     free(wf);
     free(codes);
@@ -187,23 +151,6 @@ out:
     free(zc);
     free(qz);
     return rc;
-}
-
-static void *qworker(void *arg) {
-    struct qctx *c = arg;
-    for (;;) {
-        if (__atomic_load_n(&c->failed, __ATOMIC_RELAXED)) break;
-        int i = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED);
-        if (i >= c->n_units) break;
-        if (run_qunit(c, &c->u[i])) break;
-    }
-    __atomic_fetch_add(&c->done_threads, 1, __ATOMIC_RELEASE);
-    return NULL;
-}
-
-static void shard_name(int n_shards, int s, char *buf, size_t len) {
-    if (n_shards == 1) snprintf(buf, len, "model.safetensors");
-    else snprintf(buf, len, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
 }
 
 static int write_text(const char *dir, const char *name, const char *text, char *err,
@@ -220,112 +167,35 @@ static int write_text(const char *dir, const char *name, const char *text, char 
 /* Writes the planned tensors into outdir (shards + index) with `threads`. */
 static int write_plan(struct oplan *p, const char *outdir, int group, int threads, char *err,
                       size_t errlen) {
-    /* shards */
-    uint64_t in_shard = 0;
-    int shard = 0;
-    p->total = 0;
-    for (int i = 0; i < p->n; i++) {
-        uint64_t nb = obytes(&p->t[i]);
-        if (in_shard && in_shard + nb > SHARD_BYTES) { shard++; in_shard = 0; }
-        in_shard += nb;
-        p->t[i].shard = shard;
-        p->total += nb;
-    }
-    p->n_shards = shard + 1;
-    struct qctx c;
-    memset(&c, 0, sizeof c);
-    pthread_mutex_init(&c.lock, NULL);
-    c.p = p;
-    c.group = group;
-    c.w = calloc((size_t)p->n_shards, sizeof *c.w);
     struct st_desc *sd = calloc((size_t)p->n + 1, sizeof *sd);
-    int rc = 0, cap = 1024;
-    c.u = malloc((size_t)cap * sizeof *c.u);
-    if (!c.w || !sd || !c.u) { rc = util_err(err, errlen, -ENOMEM, "out of memory"); goto out; }
-    char path[4096], name[64];
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", outdir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/model.safetensors", outdir);
-    unlink(path);
-    for (int s = 0; s < p->n_shards; s++) {
-        int n = 0;
-        for (int i = 0; i < p->n; i++)
-            if (p->t[i].shard == s) { p->t[i].local = n; sd[n++] = p->t[i].d; }
-        shard_name(p->n_shards, s, name, sizeof name);
-        snprintf(path, sizeof path, "%s/%s", outdir, name);
-        if ((rc = st_writer_open(path, sd, n, &c.w[s], err, errlen))) goto out;
-    }
-    if (p->n_shards > 1) {
-        cJSON *ix = cJSON_CreateObject();
-        cJSON_AddNumberToObject(cJSON_AddObjectToObject(ix, "metadata"), "total_size", (double)p->total);
-        cJSON *wm = cJSON_AddObjectToObject(ix, "weight_map");
-        for (int i = 0; i < p->n; i++) {
-            shard_name(p->n_shards, p->t[i].shard, name, sizeof name);
-            cJSON_AddStringToObject(wm, p->t[i].d.name, name);
-        }
-        char *t = cJSON_Print(ix);
-        cJSON_Delete(ix);
-        rc = t ? write_text(outdir, "model.safetensors.index.json", t, err, errlen)
-               : util_err(err, errlen, -ENOMEM, "out of memory");
-        free(t);
-        if (rc) goto out;
-    }
-    for (int i = 0; i < p->n; i++) {
+    int *shard = calloc((size_t)p->n + 1, sizeof *shard);
+    struct shard_writer *w = NULL;
+    int rc = 0;
+    if (!sd || !shard) { rc = util_err(err, errlen, -ENOMEM, "out of memory"); goto out; }
+    for (int i = 0; i < p->n; i++) sd[i] = p->t[i].d;
+    int n_shards = sw_plan_shards(sd, p->n, SHARD_BYTES, shard, NULL);
+    if ((rc = sw_open(outdir, sd, p->n, shard, n_shards, &w, err, errlen))) goto out;
+    /* units: one AWQ group of a quantized weight, or 1M elements of a copy */
+    for (int i = 0; i < p->n && !rc; i++) {
         const struct otensor *o = &p->t[i];
-        int64_t rows, step;
+        int64_t rows = 1, step = 1 << 20;
         if (o->kind == OUT_QAUX) continue;
         if (o->kind == OUT_QWEIGHT) {
             rows = o->k / group;
             step = 1;
         } else {
-            rows = 1;
             for (int d = 0; d < o->d.ndim; d++) rows *= o->d.shape[d];
-            step = 1 << 20;
         }
-        for (int64_t a = 0; a < rows; a += step) {
-            if (c.n_units == cap) {
-                cap *= 2;
-                struct unit *nu = realloc(c.u, (size_t)cap * sizeof *nu);
-                if (!nu) { rc = util_err(err, errlen, -ENOMEM, "out of memory"); goto out; }
-                c.u = nu;
-            }
-            c.u[c.n_units++] = (struct unit){i, a, a + step < rows ? a + step : rows};
-        }
+        for (int64_t a = 0; a < rows && !rc; a += step)
+            if (sw_add_unit(w, (struct sw_unit){i, 0, a, a + step < rows ? a + step : rows}))
+                rc = util_err(err, errlen, -ENOMEM, "out of memory");
     }
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int nth = threads > 0 ? threads : (int)(ncpu > 0 ? ncpu : 1);
-    if (nth > 64) nth = 64;
-    pthread_t th[64];
-    int started = 0;
-    double t0 = util_now_s(), last = t0;
-    int progress = p->total >= (1ull << 30);
-    for (int i = 0; i < nth; i++)
-        if (pthread_create(&th[i], NULL, qworker, &c) == 0) started++;
-    if (!started) qworker(&c);
-    while (started && __atomic_load_n(&c.done_threads, __ATOMIC_ACQUIRE) < started) {
-        usleep(100000);
-        double now = util_now_s();
-        if (progress && now - last >= 2.0) {
-            last = now;
-            uint64_t d = __atomic_load_n(&c.done, __ATOMIC_RELAXED);
-            fprintf(stderr, "quantize: %5.1f%% (%.2f of %.2f GB written, %.0f MB/s)\n",
-                    100.0 * (double)d / (double)p->total, d / 1e9, p->total / 1e9,
-                    d / 1e6 / (now - t0));
-        }
-    }
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-    if (c.failed) rc = util_err(err, errlen, -EIO, "%s", c.err);
+    struct qctx c = {.p = p, .group = group};
+    if (!rc) rc = sw_run(w, threads, run_qunit, &c, "quantize", err, errlen);
 out:
-    if (c.w)
-        for (int s = 0; s < p->n_shards; s++) {
-            char e2[512];
-            if (c.w[s] && st_writer_close(c.w[s], e2, sizeof e2) && !rc)
-                rc = util_err(err, errlen, -EIO, "%s", e2);
-        }
-    pthread_mutex_destroy(&c.lock);
-    free(c.w);
-    free(c.u);
+    rc = sw_close(w, rc, err, errlen);
     free(sd);
+    free(shard);
     return rc;
 }
 

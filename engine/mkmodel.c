@@ -2,13 +2,13 @@
 #include "engine/mkmodel.h"
 
 #include "engine/awq_pack.h"
+#include "engine/shard_writer.h"
 #include "engine/util.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -378,47 +378,17 @@ static void gen_fp16(uint64_t key, enum gen_kind kind, uint64_t e0, size_t count
 
 enum unit_kind { UNIT_ROWS, UNIT_GROUP };
 
-struct unit {
-    enum unit_kind kind;
-    int t;                        /* tensor index */
-    int64_t a, b;                 /* rows [a, b) (UNIT_ROWS) or group a (UNIT_GROUP) */
-};
-
+/* A sw_unit's kind is an enum unit_kind; [a, b) rows (UNIT_ROWS) or group a
+ * (UNIT_GROUP). */
 struct writer_ctx {
     const struct mkmodel_plan *p;
     const struct tinfo *info;
-    struct st_writer **w;         /* [n_shards] */
-    int *local;                   /* [n] index of the tensor inside its shard */
     int group;
     uint64_t seed;
-    struct unit *u;
-    int n_units;
-    int next;                     /* atomic */
-    uint64_t done;                /* atomic: bytes written */
-    int failed;                   /* atomic */
-    int done_threads;             /* atomic */
-    char err[512];
-    pthread_mutex_t err_lock;
 };
 
-static void set_err(struct writer_ctx *c, const char *msg) {
-    pthread_mutex_lock(&c->err_lock);
-    if (!c->failed) snprintf(c->err, sizeof c->err, "%s", msg);
-    __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
-    pthread_mutex_unlock(&c->err_lock);
-}
-
-static int put(struct writer_ctx *c, int t, size_t off, const void *data, size_t len) {
-    char e[512];
-    if (st_writer_put(c->w[c->p->shard[t]], c->local[t], off, data, len, e, sizeof e)) {
-        set_err(c, e);
-        return -1;
-    }
-    __atomic_fetch_add(&c->done, (uint64_t)len, __ATOMIC_RELAXED);
-    return 0;
-}
-
-static int run_unit(struct writer_ctx *c, const struct unit *u) {
+static int run_unit(void *ctx, struct shard_writer *w, const struct sw_unit *u) {
+    const struct writer_ctx *c = ctx;
     const struct st_desc *d = &c->p->t[u->t];
     const struct tinfo *ti = &c->info[u->t];
     uint64_t key = mix64(c->seed ^ ti->key);
@@ -426,9 +396,9 @@ static int run_unit(struct writer_ctx *c, const struct unit *u) {
         int64_t cols = d->ndim == 2 ? d->shape[1] : d->shape[0];
         size_t count = (size_t)(u->b - u->a) * (size_t)cols;
         uint16_t *buf = malloc(count * 2);
-        if (!buf) { set_err(c, "out of memory"); return -1; }
+        if (!buf) return -ENOMEM;
         gen_fp16(key, ti->kind, (uint64_t)u->a * (uint64_t)cols, count, buf);
-        int rc = put(c, u->t, (size_t)u->a * (size_t)cols * 2, buf, count * 2);
+        int rc = sw_put(w, u->t, (size_t)u->a * (size_t)cols * 2, buf, count * 2);
         free(buf);
         return rc;
     }
@@ -441,8 +411,8 @@ static int run_unit(struct writer_ctx *c, const struct unit *u) {
     uint16_t *sc = malloc((size_t)N * 2);       /* fp16 [N] */
     uint8_t *zc = malloc((size_t)N);            /* [N] */
     uint32_t *qz = malloc((size_t)N / 2);       /* int32 [N/8] */
-    int rc = -1;
-    if (!wf || !codes || !qw || !sc || !zc || !qz) { set_err(c, "out of memory"); goto out; }
+    int rc = -ENOMEM;
+    if (!wf || !codes || !qw || !sc || !zc || !qz) goto out;
     for (int n = 0; n < N; n++) {
         uint64_t e0 = (uint64_t)n * (uint64_t)K + (uint64_t)k0;
         float *col = wf + (size_t)n * G;
@@ -456,11 +426,10 @@ static int run_unit(struct writer_ctx *c, const struct unit *u) {
     awq_rtn_group_f32(wf, G, N, sc, zc, codes);
     awq_pack(codes, G, N, qw);
     awq_pack(zc, 1, N, qz);
-    if (put(c, u->t, (size_t)k0 * (size_t)(N / 8) * 4, qw, (size_t)G * N / 2) ||
-        put(c, ti->qz, (size_t)g * (size_t)(N / 8) * 4, qz, (size_t)N / 2) ||
-        put(c, ti->sc, (size_t)g * (size_t)N * 2, sc, (size_t)N * 2))
+    if ((rc = sw_put(w, u->t, (size_t)k0 * (size_t)(N / 8) * 4, qw, (size_t)G * N / 2)) ||
+        (rc = sw_put(w, ti->qz, (size_t)g * (size_t)(N / 8) * 4, qz, (size_t)N / 2)) ||
+        (rc = sw_put(w, ti->sc, (size_t)g * (size_t)N * 2, sc, (size_t)N * 2)))
         goto out;
-    rc = 0;
 out:
     free(wf);
     free(codes);
@@ -469,18 +438,6 @@ out:
     free(zc);
     free(qz);
     return rc;
-}
-
-static void *write_worker(void *arg) {
-    struct writer_ctx *c = arg;
-    for (;;) {
-        if (__atomic_load_n(&c->failed, __ATOMIC_RELAXED)) break;
-        int i = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED);
-        if (i >= c->n_units) break;
-        if (run_unit(c, &c->u[i])) break;
-    }
-    __atomic_fetch_add(&c->done_threads, 1, __ATOMIC_RELEASE);
-    return NULL;
 }
 
 static int mkdir_p(const char *dir, char *err, size_t errlen) {
@@ -621,28 +578,13 @@ static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
     return ok ? 0 : util_err(err, errlen, -EIO, "%s: write failed", dst);
 }
 
-static void shard_name(const struct mkmodel_plan *p, int s, char *buf, size_t len) {
-    if (p->n_shards == 1) snprintf(buf, len, "model.safetensors");
-    else snprintf(buf, len, "model-%05d-of-%05d.safetensors", s + 1, p->n_shards);
-}
-
 int mkmodel_write(const struct mkmodel_spec *s, const char *outdir, uint64_t seed, int threads,
                   const char *tokenizer_dir, char *err, size_t errlen) {
     struct mkmodel_plan p;
     int rc = mkmodel_plan(s, &p, err, errlen);
     if (rc) return rc;
     struct plan_priv *pp = p.priv;
-    struct writer_ctx c;
-    memset(&c, 0, sizeof c);
-    pthread_mutex_init(&c.err_lock, NULL);
-    c.p = &p;
-    c.info = pp->info;
-    c.group = s->group;
-    c.seed = mix64(seed + 0x5eed);
-    c.w = calloc((size_t)p.n_shards, sizeof *c.w);
-    c.local = calloc((size_t)p.n, sizeof *c.local);
-    struct st_desc *sd = calloc((size_t)p.n, sizeof *sd);
-    if (!c.w || !c.local || !sd) { rc = util_err(err, errlen, -ENOMEM, "out of memory"); goto out; }
+    struct shard_writer *w = NULL;
     if ((rc = mkdir_p(outdir, err, errlen))) goto out;
     if ((rc = write_configs(s, outdir, err, errlen))) goto out;
     if (tokenizer_dir) {
@@ -654,45 +596,10 @@ int mkmodel_write(const struct mkmodel_spec *s, const char *outdir, uint64_t see
             if ((rc = copy_file(src, dst, err, errlen))) goto out;
         }
     }
-    /* one writer per shard; a stale single file or index from an earlier run goes */
-    {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/model.safetensors.index.json", outdir);
-        unlink(path);
-        snprintf(path, sizeof path, "%s/model.safetensors", outdir);
-        unlink(path);
-    }
-    for (int sh = 0; sh < p.n_shards; sh++) {
-        int n = 0;
-        for (int i = 0; i < p.n; i++)
-            if (p.shard[i] == sh) {
-                c.local[i] = n;
-                sd[n++] = p.t[i];
-            }
-        char name[64], path[4096];
-        shard_name(&p, sh, name, sizeof name);
-        snprintf(path, sizeof path, "%s/%s", outdir, name);
-        if ((rc = st_writer_open(path, sd, n, &c.w[sh], err, errlen))) goto out;
-    }
-    if (p.n_shards > 1) {
-        cJSON *ix = cJSON_CreateObject();
-        cJSON *md = cJSON_AddObjectToObject(ix, "metadata");
-        cJSON_AddNumberToObject(md, "total_size", (double)p.total_bytes);
-        cJSON *wm = cJSON_AddObjectToObject(ix, "weight_map");
-        for (int i = 0; i < p.n; i++) {
-            char name[64];
-            shard_name(&p, p.shard[i], name, sizeof name);
-            cJSON_AddStringToObject(wm, p.t[i].name, name);
-        }
-        rc = write_json(outdir, "model.safetensors.index.json", ix, err, errlen);
-        cJSON_Delete(ix);
-        if (rc) goto out;
-    }
+    if ((rc = sw_open(outdir, p.t, p.n, p.shard, p.n_shards, &w, err, errlen))) goto out;
     if (!s->header_only) {
         /* units of work: ~1 MB of rows, or one AWQ group */
-        int cap = 1024;
-        c.u = malloc((size_t)cap * sizeof *c.u);
-        for (int i = 0; i < p.n && c.u; i++) {
+        for (int i = 0; i < p.n && !rc; i++) {
             const struct st_desc *d = &p.t[i];
             enum gen_kind k = pp->info[i].kind;
             if (k == GEN_AWQ_OTHER) continue;
@@ -709,58 +616,20 @@ int mkmodel_write(const struct mkmodel_spec *s, const char *outdir, uint64_t see
                 if (step < 1) step = 1;
                 uk = UNIT_ROWS;
             }
-            for (int64_t a = 0; a < rows; a += step) {
-                if (c.n_units == cap) {
-                    cap *= 2;
-                    struct unit *nu = realloc(c.u, (size_t)cap * sizeof *nu);
-                    if (!nu) { free(c.u); c.u = NULL; break; }
-                    c.u = nu;
-                }
-                c.u[c.n_units++] = (struct unit){uk, i, a, a + step < rows ? a + step : rows};
-            }
+            for (int64_t a = 0; a < rows && !rc; a += step)
+                if (sw_add_unit(w, (struct sw_unit){i, uk, a, a + step < rows ? a + step : rows}))
+                    rc = util_err(err, errlen, -ENOMEM, "out of memory");
         }
-        if (!c.u) { rc = util_err(err, errlen, -ENOMEM, "out of memory"); goto out; }
-        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        int nth = threads > 0 ? threads : (int)(ncpu > 0 ? ncpu : 1);
-        if (nth > 64) nth = 64;
-        if (p.total_bytes < (8u << 20)) nth = 1;
-        pthread_t th[64];
-        int started = 0;
-        double t0 = util_now_s(), last = t0;
-        int progress = p.total_bytes >= (1ull << 30);
-        for (int i = 0; i < nth; i++)
-            if (pthread_create(&th[i], NULL, write_worker, &c) == 0) started++;
-        if (!started) write_worker(&c);
-        while (started && __atomic_load_n(&c.done_threads, __ATOMIC_ACQUIRE) < started) {
-            usleep(100000);
-            double now = util_now_s();
-            if (progress && now - last >= 2.0) {
-                last = now;
-                uint64_t d = __atomic_load_n(&c.done, __ATOMIC_RELAXED);
-                fprintf(stderr, "mkmodel %s: %5.1f%% (%.2f of %.2f GB, %.0f MB/s)\n", s->name,
-                        100.0 * (double)d / (double)p.total_bytes, d / 1e9, p.total_bytes / 1e9,
-                        d / 1e6 / (now - t0));
-            }
-        }
-        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-        if (progress)
-            fprintf(stderr, "mkmodel %s: wrote %.2f GB in %.1f s with %d threads\n", s->name,
-                    p.total_bytes / 1e9, util_now_s() - t0, nth);
-        if (c.failed) { rc = util_err(err, errlen, -EIO, "%s", c.err); goto out; }
+        struct writer_ctx c = {.p = &p, .info = pp->info, .group = s->group,
+                               .seed = mix64(seed + 0x5eed)};
+        char label[64];
+        snprintf(label, sizeof label, "mkmodel %s", s->name);
+        if (!rc)
+            rc = sw_run(w, p.total_bytes < (8u << 20) ? 1 : threads, run_unit, &c, label, err,
+                        errlen);
     }
-    rc = 0;
 out:
-    if (c.w)
-        for (int sh = 0; sh < p.n_shards; sh++) {
-            char e2[512];
-            if (c.w[sh] && st_writer_close(c.w[sh], e2, sizeof e2) && !rc)
-                rc = util_err(err, errlen, -EIO, "%s", e2);
-        }
-    pthread_mutex_destroy(&c.err_lock);
-    free(c.w);
-    free(c.local);
-    free(c.u);
-    free(sd);
+    rc = sw_close(w, rc, err, errlen);
     mkmodel_plan_free(&p);
     return rc;
 }

@@ -26,6 +26,7 @@ int comm_cpu_single(struct comm **out) {
     if (!c) return -ENOMEM;
     c->rank = 0;
     c->size = 1;
+    c->graph_safe = 1;            /* a no-op: nothing to record */
     c->all_reduce_sum = single_all_reduce;
     c->barrier = single_barrier;
     c->destroy = single_destroy;

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# bench_allreduce.sh — NCCL vs the one-shot P2P all-reduce per message size
-# (4 KB .. 1 MB fp16) at tp=2 and tp=4 (as many GPUs as there are), then the
-# batch-1 decode step time of a synthetic qwen3-32b (mkmodel --layers L) at
-# tp=1/2/4. GPU machine only; see docs/TENSOR_PARALLEL.md.
+# bench_allreduce.sh — NCCL vs the one-shot P2P all-reduces (the "push"
+# kernel, the default, and the older "flags" kernel) per message size (4 KB ..
+# 1 MB fp16) at tp=2 and tp=4 (as many GPUs as there are), each timed eagerly
+# (back-to-back calls, launch included) and inside a CUDA graph (32 calls
+# captured, replayed: the GPU-side cost); then the batch-1 decode step time of
+# a synthetic qwen3-32b (mkmodel --layers L) at tp=1/2/4 (for the full model
+# and the all-reduce share use `awqd bench e2e --tp N --comm-off`, as
+# scripts/tp_check.sh does). GPU machine only; see docs/TENSOR_PARALLEL.md.
 #
 #   scripts/bench_allreduce.sh [BUILD_DIR]        (default build)
 #   env: LAYERS=8 (decode model depth), AWQD_TOKENIZER_DIR (for mkmodel),

@@ -3,15 +3,21 @@
  *
  * all_reduce_sum (struct comm, comm/comm.h) sums a BUF_ACT (fp16) buffer of
  * the CUDA backend in place, asynchronously on the rank's backend stream, with
- * no host synchronisation, so it may be captured in a CUDA graph. Two paths:
- *   p2p   one-shot peer-to-peer kernel for messages <= p2p_max_bytes: each
- *         rank copies its input into its own staging buffer, signals every
- *         peer through a flag in the peer's memory (per-call epoch held on the
- *         device), waits for the peers' flags, then reads all ranks' staging
- *         buffers and sums them in rank order (fp32 accumulation): the result
- *         is bit-identical on every rank.
+ * no host synchronisation, so it may be captured in a CUDA graph and
+ * replayed (comm->graph_safe is 1). Paths:
+ *   p2p   one-shot "push" kernel for messages <= p2p_max_bytes: each rank
+ *         stores its input straight into every peer's receive area over
+ *         NVLink; the receive areas hold -0.0 while idle, so the data is its
+ *         own flag (no fences, no flag round trip); each rank polls its area,
+ *         sums all ranks in rank order (fp32) and resets the slots. The
+ *         parity of the per-call epoch (held on the device) picks one of two
+ *         areas. Results are bit-identical on every rank.
+ *   p2p_flags  the older one-shot kernel (own staging buffer, a flag per
+ *         peer and block, peers pull), kept for comparison;
  *   nccl  ncclAllReduce(fp16, sum) for larger messages, or when peer access is
- *         not possible between every pair of devices.
+ *         not possible between every pair of devices. Inside a graph capture
+ *         auto takes p2p up to the receive-area capacity (2 MiB by default),
+ *         NCCL above it (connected eagerly at group creation, so capturable).
  *
  * Usage (model_group does this; one thread per rank):
  *     struct comm *c[2];
@@ -30,9 +36,14 @@
  * aborted: free the model group and build a new one.
  *
  * Environment (read at comm_cuda_group):
- *   AWQD_ALLREDUCE=auto|nccl|p2p   path choice (default auto: p2p up to the
- *                                  threshold, nccl above)
+ *   AWQD_ALLREDUCE=auto|nccl|p2p|p2p_flags|off
+ *                                  path choice (default auto: p2p up to the
+ *                                  threshold, nccl above); off = no
+ *                                  communication at all (wrong sums; only to
+ *                                  time a step without its all-reduces)
  *   AWQD_P2P_MAX_BYTES=N           the threshold (default COMM_CUDA_P2P_MAX_DEFAULT)
+ *   AWQD_P2P_CAP_BYTES=N           largest p2p message (buffer size; default
+ *                                  2 MiB, at least the threshold)
  *   AWQD_COMM_TIMEOUT_MS=N         p2p wait limit (default 60000; 0: none)
  *   AWQD_FAULT_RANK=r              testing: rank r's all-reduce number
  *   AWQD_FAULT_CALL=k              k (0-based, default 1) fails with -EIO
@@ -53,7 +64,13 @@ struct ops;
 #define COMM_CUDA_MAX_RANKS 8                  /* p2p path; nccl has no limit */
 #define COMM_CUDA_P2P_MAX_DEFAULT (256 * 1024) /* bytes; see docs/TENSOR_PARALLEL.md */
 
-enum comm_cuda_algo { COMM_CUDA_AUTO = 0, COMM_CUDA_NCCL = 1, COMM_CUDA_P2P = 2 };
+enum comm_cuda_algo {
+    COMM_CUDA_AUTO = 0,
+    COMM_CUDA_NCCL = 1,
+    COMM_CUDA_P2P = 2,            /* the push kernel (up to the capacity; NCCL above) */
+    COMM_CUDA_P2P_FLAGS = 3,      /* the flag-barrier kernel (likewise) */
+    COMM_CUDA_OFF = 4             /* no communication: benchmarks only */
+};
 
 /* `size` ranks on CUDA devices devices[0..size) (NULL: 0..size-1), all in
  * this process: creates the NCCL communicators (ncclCommInitAll), enables
@@ -72,6 +89,13 @@ void comm_cuda_set_algo(struct comm *c, enum comm_cuda_algo algo);
 /* p2p threshold in bytes, clamped to the staging capacity. */
 void comm_cuda_set_p2p_max(struct comm *c, size_t bytes);
 size_t comm_cuda_p2p_max(const struct comm *c);
+/* Largest message the p2p kernels take (bytes). */
+size_t comm_cuda_p2p_cap(const struct comm *c);
+/* Benchmarks: every group of the process uses `algo` (enum comm_cuda_algo)
+ * from now on, -1 restores each group's own choice. Call between forwards,
+ * when no collective is in flight; graphs captured before keep the path they
+ * recorded. */
+void comm_cuda_force_algo(int algo);
 /* 1 when peer access works between every pair (the p2p path exists). */
 int comm_cuda_p2p_available(const struct comm *c);
 

@@ -1,7 +1,10 @@
 /* comm_nccl.cu — all-reduce between CUDA tensor-parallel ranks that are
- * threads of one process: NCCL, and a one-shot peer-to-peer kernel for small
- * (decode-sized) messages. See comm_cuda.h for the contract and
- * docs/TENSOR_PARALLEL.md for the protocol. */
+ * threads of one process: NCCL, and one-shot peer-to-peer kernels for small
+ * (decode-sized) messages: the default "push" kernel (data written straight
+ * into every peer's receive area, the data itself being the flag) and the
+ * older "flags" kernel (own staging + a flag barrier, peers pull). See
+ * comm_cuda.h for the contract and docs/TENSOR_PARALLEL.md for the
+ * protocols. */
 #include "comm/cuda/comm_cuda.h"
 
 #include <errno.h>
@@ -23,8 +26,13 @@ extern "C" {
 
 #define P2P_THREADS 256
 #define P2P_BLOCKS 32                     /* every call uses all of them (see the kernel) */
-#define P2P_CAP_MIN (4u << 10)
-#define P2P_CAP_MAX (8u << 20)
+#define P2P_CAP_DEFAULT (2u << 20)       /* bytes per message the p2p buffers hold */
+#define P2P_CAP_MAX (16u << 20)
+
+#define LP_THREADS 256
+#define LP_BLOCKS 64                      /* every call uses all of them (epochs) */
+#define LP_NEG0 0x8000u                   /* fp16 -0.0: "not yet written" */
+#define LP_EMPTY2 0x80008000u             /* two of them */
 
 /* ------------------------------------------------------------------------ */
 /* The one-shot kernel                                                      */
@@ -152,6 +160,221 @@ p2p_allreduce_kernel(struct p2p_args a, __half *buf, unsigned long long n, unsig
 }
 
 /* ------------------------------------------------------------------------ */
+/* The push kernel (default p2p path)                                       */
+/* ------------------------------------------------------------------------ */
+
+/* Fixed after attach, like p2p_args. */
+struct lp_args {
+    __half *recv[COMM_CUDA_MAX_RANKS];    /* each rank's receive area: fp16 [2][size][cap_elems]
+                                           * (device r), every element -0.0 when idle */
+    __half *mine;                         /* recv[rank] */
+    unsigned *epoch;                      /* this rank's calls so far, per block: [LP_BLOCKS] */
+    volatile int *ctl;                    /* mapped host [2]: abort, timed-out rank + 1 */
+    int rank, size;
+    unsigned long long cap_elems;
+    unsigned long long timeout_ns;
+};
+
+static __device__ __forceinline__ uint4 lp_ld(const void *p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+static __device__ __forceinline__ void lp_st(void *p, uint4 v) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+static __device__ __forceinline__ unsigned short lp_ld16(const void *p) {
+    unsigned short v;
+    asm volatile("ld.volatile.global.u16 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
+    return v;
+}
+
+static __device__ __forceinline__ void lp_st16(void *p, unsigned short v) {
+    asm volatile("st.volatile.global.u16 [%0], %1;" ::"l"(p), "h"(v) : "memory");
+}
+
+/* -0.0 -> +0.0 in both halves of a word: -0.0 marks "not written". */
+static __device__ __forceinline__ unsigned lp_fix(unsigned w) {
+    if ((w & 0xffffu) == LP_NEG0) w &= 0xffff0000u;
+    if ((w >> 16) == LP_NEG0) w &= 0x0000ffffu;
+    return w;
+}
+
+static __device__ __forceinline__ uint4 lp_fix4(uint4 v) {
+    v.x = lp_fix(v.x);
+    v.y = lp_fix(v.y);
+    v.z = lp_fix(v.z);
+    v.w = lp_fix(v.w);
+    return v;
+}
+
+static __device__ __forceinline__ int lp_empty(unsigned w) {
+    return (w & 0xffffu) == LP_NEG0 || (w >> 16) == LP_NEG0;
+}
+
+static __device__ __forceinline__ void lp_acc(float *acc, uint4 v) {
+    const __half2 *h = (const __half2 *)&v;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float2 f = __half22float2(h[j]);
+        acc[2 * j] += f.x;
+        acc[2 * j + 1] += f.y;
+    }
+}
+
+/* Called while a wait goes on: 1 when it must give up (the group was
+ * aborted, or this wait passed the timeout, which aborts the group). */
+static __device__ __noinline__ int lp_give_up(volatile int *ctl, unsigned long long timeout_ns,
+                                               int rank, unsigned long long *t0) {
+    if (ctl[0]) return 1;
+    if (!timeout_ns) return 0;
+    unsigned long long now = p2p_now();
+    if (!*t0) {
+        *t0 = now;
+    } else if (now - *t0 > timeout_ns) {
+        ctl[1] = rank + 1;
+        __threadfence_system();
+        ctl[0] = 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* One-shot all-reduce, push style, with no flags and no fences: the data is
+ * its own flag. Every rank's receive area holds -0.0 (0x8000) in every
+ * element while idle; senders never send -0.0 (it becomes +0.0, which sums
+ * the same).
+ * Block b of every rank owns the 8-element vectors [b * per, (b + 1) * per);
+ * thread t handles vectors b * per + t + k * LP_THREADS; the n % 8 tail
+ * elements go to the last block's first threads. Call e (the block's epoch:
+ * the same on every rank, since every call runs all LP_BLOCKS blocks on every
+ * rank) uses parity p = e & 1:
+ *   1. send: each vector of buf (16-byte load), -0.0 made +0.0, is stored
+ *      (16-byte volatile store over NVLink) into every peer q's
+ *      recv[p][rank][v];
+ *   2. receive: for q = 0..size-1 in order, take this rank's own vector or
+ *      poll this rank's recv[p][q][v] (volatile 16-byte loads) until none of
+ *      its 8 halves is -0.0, store -0.0 back (the slot is idle again), and
+ *      add in fp32; write the fp16 sum into buf.
+ * Every rank adds the same values in the same order: bit-identical results.
+ * A 2-byte store is never torn and each half is checked, so a 16-byte store
+ * seen in parts is simply polled again.
+ * Reusing parity p at call e + 2 is safe: a sender starts call e + 2 only
+ * after its call e + 1 kernel received data from every peer, which each peer
+ * sent after its call e kernel (and so its clearing of recv[p]) had ended.
+ * Waits leave on the group's abort word or after timeout_ns. */
+__global__ void __launch_bounds__(LP_THREADS)
+lp_allreduce_kernel(struct lp_args a, __half *buf, unsigned long long n, unsigned long long per) {
+    __shared__ unsigned s_e;
+    const int b = blockIdx.x, t = threadIdx.x;
+    const unsigned long long nvec = n / 8;
+    unsigned long long lo = (unsigned long long)b * per, hi = lo + per;
+    if (hi > nvec) hi = nvec;
+    if (lo > hi) lo = hi;
+    const unsigned long long v0 = lo + (unsigned long long)t;
+    uint4 first = make_uint4(0, 0, 0, 0);
+    if (v0 < hi) first = *(const uint4 *)(buf + v0 * 8); /* overlaps the epoch load */
+    if (t == 0) {
+        unsigned e = a.epoch[b] + 1;
+        a.epoch[b] = e;
+        s_e = e;
+    }
+    __syncthreads();
+    const unsigned long long par = s_e & 1;
+    const unsigned long long cap = a.cap_elems;
+    const int rank = a.rank, size = a.size;
+    /* tail: elements nvec * 8 + t of the last block's threads t < n % 8 */
+    const int tail = b == LP_BLOCKS - 1 && (unsigned long long)t < n - nvec * 8;
+    const unsigned long long ti = nvec * 8 + (unsigned long long)t;
+
+    const unsigned long long my_slot = (par * size + rank) * cap; /* in every peer's area */
+    __half *const mine = a.mine;
+
+    /* 1. send (the q loop unrolled so that a.recv[q] stays in parameter space) */
+    for (unsigned long long v = v0; v < hi; v += LP_THREADS) {
+        uint4 x = lp_fix4(v == v0 ? first : *(const uint4 *)(buf + v * 8));
+#pragma unroll
+        for (int q = 0; q < COMM_CUDA_MAX_RANKS; q++)
+            if (q < size && q != rank) lp_st(a.recv[q] + my_slot + v * 8, x);
+    }
+    unsigned short tv = 0;
+    if (tail) {
+        tv = __half_as_ushort(buf[ti]);
+        if (tv == LP_NEG0) tv = 0;
+#pragma unroll
+        for (int q = 0; q < COMM_CUDA_MAX_RANKS; q++)
+            if (q < size && q != rank) lp_st16(a.recv[q] + my_slot + ti, tv);
+    }
+
+    /* 2. receive, sum in rank order */
+    const uint4 empty = make_uint4(LP_EMPTY2, LP_EMPTY2, LP_EMPTY2, LP_EMPTY2);
+    for (unsigned long long v = v0; v < hi; v += LP_THREADS) {
+        float acc[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[j] = 0.f;
+        for (int q = 0; q < size; q++) {
+            uint4 y;
+            if (q == rank) {
+                y = lp_fix4(v == v0 ? first : *(const uint4 *)(buf + v * 8));
+            } else {
+                __half *src = mine + (par * size + q) * cap + v * 8;
+                unsigned spins = 0;
+                unsigned long long t0 = 0;
+                for (;;) {
+                    y = lp_ld(src);
+                    if (!(lp_empty(y.x) | lp_empty(y.y) | lp_empty(y.z) | lp_empty(y.w))) break;
+                    if ((++spins & 511) == 0 && lp_give_up(a.ctl, a.timeout_ns, rank, &t0))
+                        return;
+                }
+                lp_st(src, empty);
+            }
+            lp_acc(acc, y);
+        }
+        uint4 o;
+        __half2 *oh = (__half2 *)&o;
+#pragma unroll
+        for (int j = 0; j < 4; j++) oh[j] = __floats2half2_rn(acc[2 * j], acc[2 * j + 1]);
+        *(uint4 *)(buf + v * 8) = o;
+    }
+    if (tail) {
+        float acc = 0.f;
+        for (int q = 0; q < size; q++) {
+            unsigned short y;
+            if (q == rank) {
+                y = tv;
+            } else {
+                __half *src = mine + (par * size + q) * cap + ti;
+                unsigned spins = 0;
+                unsigned long long t0 = 0;
+                for (;;) {
+                    y = lp_ld16(src);
+                    if (y != LP_NEG0) break;
+                    if ((++spins & 511) == 0 && lp_give_up(a.ctl, a.timeout_ns, rank, &t0))
+                        return;
+                }
+                lp_st16(src, (unsigned short)LP_NEG0);
+            }
+            acc += __half2float(__ushort_as_half(y));
+        }
+        buf[ti] = __float2half_rn(acc);
+    }
+}
+
+/* Fills n 32-bit words with v (the receive areas' idle state). */
+__global__ void lp_fill_kernel(unsigned *p, unsigned long long n, unsigned v) {
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x)
+        p[i] = v;
+}
+
+/* ------------------------------------------------------------------------ */
 /* The group                                                                */
 /* ------------------------------------------------------------------------ */
 
@@ -168,11 +391,16 @@ struct cgroup {
     char msg[256];
     volatile int *ctl;            /* mapped pinned host [2]: abort, timed-out rank + 1 */
     int p2p_ok;
+    int nccl_warm;                /* NCCL connected eagerly (capture-safe) */
     int algo;                     /* enum comm_cuda_algo */
-    size_t p2p_max, cap_bytes;    /* threshold; staging half capacity */
-    __half *stage[COMM_CUDA_MAX_RANKS];
-    unsigned *flags[COMM_CUDA_MAX_RANKS];
-    unsigned *epoch[COMM_CUDA_MAX_RANKS];
+    size_t p2p_max, cap_bytes;    /* threshold; largest p2p message */
+    /* "flags" kernel */
+    __half *stage[COMM_CUDA_MAX_RANKS];   /* fp16 [2][cap] on device r */
+    unsigned *flags[COMM_CUDA_MAX_RANKS]; /* u32 [MAX_RANKS][P2P_BLOCKS] on device r */
+    unsigned *epoch[COMM_CUDA_MAX_RANKS]; /* u32 [P2P_BLOCKS] on device r */
+    /* "push" kernel */
+    __half *recv[COMM_CUDA_MAX_RANKS];    /* fp16 [2][size][cap] on device r */
+    unsigned *lepoch[COMM_CUDA_MAX_RANKS];/* u32 [LP_BLOCKS] on device r */
     unsigned long long timeout_ns;
     int fault_rank;
     long fault_call;
@@ -183,8 +411,12 @@ struct crank {
     void *ctx;                    /* ops ctx (CUDA backend) */
     cudaStream_t stream;
     long calls;
-    struct p2p_args args;
+    struct p2p_args args;         /* "flags" kernel */
+    struct lp_args largs;         /* "push" kernel */
 };
+
+/* comm_cuda_force_algo: -1, or the algorithm every group uses */
+static int g_force_algo = -1;
 
 static void cg_abort(struct cgroup *g, int rank, int rc, const char *what) {
     pthread_rwlock_wrlock(&g->lock);
@@ -229,16 +461,34 @@ static int cc_all_reduce(struct comm *c, struct buf *b, size_t n) {
         return -EIO;
     }
     if (n == 0 || g->size == 1) return 0;
+    int algo = __atomic_load_n(&g_force_algo, __ATOMIC_RELAXED);
+    if (algo < 0) algo = g->algo;
+    if (algo == COMM_CUDA_OFF) return 0; /* benchmarks only: the sum is not made */
     cudaSetDevice(g->devices[c->rank]);
     size_t bytes = n * 2;
-    int p2p = g->p2p_ok && g->algo != COMM_CUDA_NCCL && bytes <= g->cap_bytes &&
-              (g->algo == COMM_CUDA_P2P || bytes <= g->p2p_max);
     void *d = ops_cuda_buf_ptr(b);
-    if (((uintptr_t)d & 15) != 0) p2p = 0; /* the kernel moves 16-byte vectors */
-    if (p2p) {
+    /* the kernels move 16-byte vectors; every rank's buffer is a cudaMalloc
+     * of the same workspace layout, so all ranks decide alike */
+    int p2p = g->p2p_ok && algo != COMM_CUDA_NCCL && bytes <= g->cap_bytes &&
+              ((uintptr_t)d & 15) == 0;
+    if (p2p && algo == COMM_CUDA_AUTO && bytes > g->p2p_max) {
+        /* above the threshold NCCL is faster, but inside a graph capture the
+         * p2p kernel is the path known to replay: take it there */
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(k->stream, &cs) != cudaSuccess) cudaGetLastError();
+        p2p = cs == cudaStreamCaptureStatusActive;
+    }
+    if (p2p && algo == COMM_CUDA_P2P_FLAGS) {
         unsigned long long per = ((n + P2P_BLOCKS - 1) / P2P_BLOCKS + 7) / 8 * 8;
         p2p_allreduce_kernel<<<P2P_BLOCKS, P2P_THREADS, 0, k->stream>>>(
             k->args, (__half *)d, (unsigned long long)n, per);
+    } else if (p2p) {
+        unsigned long long nvec = (unsigned long long)n / 8;
+        unsigned long long per = (nvec + LP_BLOCKS - 1) / LP_BLOCKS;
+        lp_allreduce_kernel<<<LP_BLOCKS, LP_THREADS, 0, k->stream>>>(
+            k->largs, (__half *)d, (unsigned long long)n, per);
+    }
+    if (p2p) {
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) {
             char what[160];
@@ -279,12 +529,15 @@ static void cg_free(struct cgroup *g) {
         for (int r = 0; r < g->size; r++)
             if (g->nccl[r]) ncclCommDestroy(g->nccl[r]);
     for (int r = 0; r < g->size && r < COMM_CUDA_MAX_RANKS; r++) {
-        if (!g->stage[r] && !g->flags[r] && !g->epoch[r]) continue;
+        if (!g->stage[r] && !g->flags[r] && !g->epoch[r] && !g->recv[r] && !g->lepoch[r])
+            continue;
         cudaSetDevice(g->devices[r]);
         cudaDeviceSynchronize();
         cudaFree(g->stage[r]);
         cudaFree(g->flags[r]);
         cudaFree(g->epoch[r]);
+        cudaFree(g->recv[r]);
+        cudaFree(g->lepoch[r]);
     }
     if (g->ctl) cudaFreeHost((void *)g->ctl);
     cudaSetDevice(prev);
@@ -405,9 +658,12 @@ extern "C" int comm_cuda_group(int size, const int *devices, struct comm **out, 
         g->algo = !a || !*a || !strcmp(a, "auto") ? COMM_CUDA_AUTO
                   : !strcmp(a, "nccl")            ? COMM_CUDA_NCCL
                   : !strcmp(a, "p2p")             ? COMM_CUDA_P2P
+                  : !strcmp(a, "p2p_flags")       ? COMM_CUDA_P2P_FLAGS
+                  : !strcmp(a, "off")             ? COMM_CUDA_OFF
                                                   : -1;
         if (g->algo < 0) {
-            rc = util_err(err, errlen, -EINVAL, "comm: AWQD_ALLREDUCE=%s (auto, nccl, p2p)", a);
+            rc = util_err(err, errlen, -EINVAL,
+                          "comm: AWQD_ALLREDUCE=%s (auto, nccl, p2p, p2p_flags, off)", a);
             goto fail;
         }
     }
@@ -415,8 +671,12 @@ extern "C" int comm_cuda_group(int size, const int *devices, struct comm **out, 
         long m = env_long("AWQD_P2P_MAX_BYTES", COMM_CUDA_P2P_MAX_DEFAULT);
         if (m < 0) m = 0;
         g->p2p_max = (size_t)m;
-        size_t cap = g->p2p_max < P2P_CAP_MIN ? P2P_CAP_MIN : g->p2p_max;
-        if (cap < (1u << 20)) cap = 1u << 20; /* room for forcing p2p up to 1 MiB (bench) */
+        /* the buffers hold batch-decode messages (captured graphs take p2p
+         * up to here) and forced p2p in benchmarks */
+        long capl = env_long("AWQD_P2P_CAP_BYTES", P2P_CAP_DEFAULT);
+        size_t cap = capl > 0 ? (size_t)capl : P2P_CAP_DEFAULT;
+        if (cap < g->p2p_max) cap = g->p2p_max;
+        if (cap < 4096) cap = 4096;
         if (cap > P2P_CAP_MAX) cap = P2P_CAP_MAX;
         g->cap_bytes = (cap + 255) / 256 * 256;
         if (g->p2p_max > g->cap_bytes) g->p2p_max = g->cap_bytes;
@@ -440,6 +700,7 @@ extern "C" int comm_cuda_group(int size, const int *devices, struct comm **out, 
             goto fail;
         }
         if ((rc = nccl_warmup(g, err, errlen))) goto fail;
+        g->nccl_warm = 1;
     }
     {
         void *h = NULL;
@@ -481,6 +742,12 @@ extern "C" int comm_cuda_group(int size, const int *devices, struct comm **out, 
         CG_CUDA(cudaMalloc((void **)&g->epoch[r], sizeof(unsigned) * P2P_BLOCKS));
         CG_CUDA(cudaMemset(g->flags[r], 0, sizeof(unsigned) * COMM_CUDA_MAX_RANKS * P2P_BLOCKS));
         CG_CUDA(cudaMemset(g->epoch[r], 0, sizeof(unsigned) * P2P_BLOCKS));
+        size_t recv_elems = 2 * (size_t)size * (g->cap_bytes / 2);
+        CG_CUDA(cudaMalloc((void **)&g->recv[r], recv_elems * 2));
+        CG_CUDA(cudaMalloc((void **)&g->lepoch[r], sizeof(unsigned) * LP_BLOCKS));
+        CG_CUDA(cudaMemset(g->lepoch[r], 0, sizeof(unsigned) * LP_BLOCKS));
+        lp_fill_kernel<<<256, 256>>>((unsigned *)g->recv[r], recv_elems / 2, LP_EMPTY2);
+        CG_CUDA(cudaGetLastError());
         CG_CUDA(cudaDeviceSynchronize());
     }
     cudaSetDevice(prev);
@@ -505,6 +772,10 @@ extern "C" int comm_cuda_group(int size, const int *devices, struct comm **out, 
         c->barrier = cc_barrier;
         c->destroy = cc_destroy;
         c->priv = k;
+        /* captured all-reduces replay: the p2p kernels keep their epochs on
+         * the device and read fixed buffers; NCCL was connected eagerly
+         * (NCCL_RUNTIME_CONNECT=0 + warm-up), so its capture is safe too */
+        c->graph_safe = size == 1 || g->p2p_ok || g->nccl_warm;
         out[r] = c;
     }
     g->refs = size;
@@ -539,6 +810,15 @@ extern "C" int comm_cuda_attach(struct comm *c, struct ops *ops, char *err, size
     k->args.size = g->size;
     k->args.cap_elems = g->cap_bytes / 2;
     k->args.timeout_ns = g->timeout_ns;
+    memset(&k->largs, 0, sizeof k->largs);
+    for (int r = 0; r < g->size && r < COMM_CUDA_MAX_RANKS; r++) k->largs.recv[r] = g->recv[r];
+    k->largs.mine = c->rank < COMM_CUDA_MAX_RANKS ? g->recv[c->rank] : NULL;
+    k->largs.epoch = c->rank < COMM_CUDA_MAX_RANKS ? g->lepoch[c->rank] : NULL;
+    k->largs.ctl = g->ctl;
+    k->largs.rank = c->rank;
+    k->largs.size = g->size;
+    k->largs.cap_elems = g->cap_bytes / 2;
+    k->largs.timeout_ns = g->timeout_ns;
     return 0;
 }
 
@@ -554,6 +834,12 @@ extern "C" void comm_cuda_set_p2p_max(struct comm *c, size_t bytes) {
 }
 
 extern "C" size_t comm_cuda_p2p_max(const struct comm *c) { return group_of(c)->p2p_max; }
+
+extern "C" size_t comm_cuda_p2p_cap(const struct comm *c) { return group_of(c)->cap_bytes; }
+
+extern "C" void comm_cuda_force_algo(int algo) {
+    __atomic_store_n(&g_force_algo, algo, __ATOMIC_RELAXED);
+}
 
 extern "C" int comm_cuda_p2p_available(const struct comm *c) { return group_of(c)->p2p_ok; }
 

@@ -1,27 +1,36 @@
 /* test_tp_cuda.c — tensor parallelism on CUDA (comm/cuda/comm_cuda.h): needs
  * at least 2 GPUs (tests skip with fewer).
  *
- *   tp_cuda.allreduce_*        the all-reduce (NCCL and the one-shot P2P
- *                              kernel, forced and auto) against the host sum for
- *                              many sizes, odd ones included, repeated so the
- *                              epoch/parity protocol turns over many times;
- *                              inputs are multiples of 1/64 so fp16 sums are
- *                              exact and every rank must equal the host sum;
- *   tp_cuda.allreduce_graph    the same inside a captured CUDA graph, replayed;
+ *   tp_cuda.allreduce_*        the all-reduce (NCCL, the one-shot "push" P2P
+ *                              kernel and the older "flags" one, forced and
+ *                              auto) against the host sum for many sizes, odd
+ *                              ones included, repeated so the epoch/parity
+ *                              protocol turns over many times; inputs are
+ *                              multiples of 1/64 so fp16 sums are exact and
+ *                              every rank must equal the host sum; -0.0 (the
+ *                              push kernel's "empty" mark) appears among the
+ *                              inputs, and a whole rank of it in repetition 1;
+ *   tp_cuda.allreduce_graph_*  the same inside a captured CUDA graph, replayed
+ *                              (comm->graph_safe must be 1);
  *   tp_cuda.fixture_*          qwen3/qwen2 fixtures at tp=2 vs tp=1 on CUDA:
  *                              prefill logits within 2e-2 x max|logit|, same
  *                              greedy tokens while tp=1's top-2 margin is clear;
  *   tp_cuda.mkmodel_*          synthetic `awqd mkmodel qwen3-32b|llama3-70b
  *                              --layers L` (real widths, few layers, made in the
  *                              test's tmpdir) at tp=2 and tp=4 vs tp=1;
+ *   tp_cuda.model_dir          AWQD_TP_MODEL=DIR only (scripts/tp_check.sh): a
+ *                              full checkpoint at tp in AWQD_TP_SIZES (default
+ *                              2,4) vs tp=1, as the mkmodel tests;
  *   tp_cuda.fault_*            AWQD_FAULT_RANK=1 makes rank 1's forward fail
  *                              mid-way: the error names rank 1, the other ranks
  *                              return (no hang, SIGALRM guards), the next
- *                              forward fails at once, and the group frees;
+ *                              forward fails at once, and the group frees; at
+ *                              tp=4 (mkmodel qwen3-32b --layers 2) rank 2;
  *   tp_cuda.generate_cli       `awqd generate --backend cuda --tp 2 --devices`;
  *   tp_cuda.bench_allreduce    AWQD_TP_BENCH=1 only: a table of NCCL vs P2P
- *                              time per message (scripts/bench_allreduce.sh),
- *                              AWQD_TP_BENCH_TP ranks (default 2).
+ *                              (push and flags) time per message
+ *                              (scripts/bench_allreduce.sh), eager and inside
+ *                              a CUDA graph, AWQD_TP_BENCH_TP ranks (default 2).
  *   tp_cuda.bench_decode       AWQD_TP_BENCH=1 only: batch-1 decode step time of
  *                              mkmodel qwen3-32b --layers $AWQD_TP_BENCH_LAYERS
  *                              (default 8) at tp=1/2/4 (as many as there are GPUs).
@@ -73,7 +82,9 @@ struct ar_ctx {
     int rc[TPC_MAXR];
     char err[TPC_MAXR][256];
     long bad_at[TPC_MAXR];        /* first wrong element, or -1 */
-    double us[2][64];             /* bench: [nccl, p2p][size] microseconds per call (rank 0) */
+    double us[3][2][64];          /* bench: [nccl, p2p, p2p_flags][eager, graph][size]
+                                   * microseconds per call (rank 0) */
+    int graph_safe[TPC_MAXR];
 };
 
 struct ar_arg {
@@ -83,11 +94,14 @@ struct ar_arg {
 
 /* Rank r's element i at repetition k: a multiple of 1/64 in [-2, 2). */
 static float ar_val(int r, size_t i, int k) {
+    if (k == 1 && r == 0) return -0.0f; /* a whole rank of the push kernel's empty mark */
     uint32_t h = (uint32_t)(i * 2654435761u) ^ (uint32_t)(r * 40503u + k * 977u + 17u);
     h ^= h >> 13;
     h *= 0x5bd1e995u;
     h ^= h >> 15;
-    return (float)((int)(h % 256u) - 128) / 64.0f;
+    int v = (int)(h % 256u) - 128;
+    if (v == 0 && (h & 0x100u)) return -0.0f; /* scattered -0.0 */
+    return (float)v / 64.0f;
 }
 
 static void *ar_rank(void *p) {
@@ -119,11 +133,14 @@ static void *ar_rank(void *p) {
     pthread_barrier_wait(&x->bar);
     cudaStream_t st = (cudaStream_t)ops_cuda_stream(ops->ctx);
 
+    x->graph_safe[r] = c->graph_safe;
     if (x->mode == AR_BENCH) {
+        static const int algos[3] = {COMM_CUDA_NCCL, COMM_CUDA_P2P, COMM_CUDA_P2P_FLAGS};
+        enum { PER_GRAPH = 32 };
         for (int s = 0; s < x->n_sizes; s++) {
             size_t n = x->sizes[s];
-            for (int algo = 0; algo < 2; algo++) {
-                if (r == 0) comm_cuda_set_algo(c, algo ? COMM_CUDA_P2P : COMM_CUDA_NCCL);
+            for (int ai = 0; ai < 3; ai++) {
+                if (r == 0) comm_cuda_set_algo(c, (enum comm_cuda_algo)algos[ai]);
                 pthread_barrier_wait(&x->bar);
                 for (int k = 0; k < 20; k++) c->all_reduce_sum(c, b, n);
                 cudaStreamSynchronize(st);
@@ -131,6 +148,7 @@ static void *ar_rank(void *p) {
                 cudaEvent_t e0, e1;
                 cudaEventCreate(&e0);
                 cudaEventCreate(&e1);
+                /* eager: back-to-back calls, launch cost included */
                 cudaEventRecord(e0, st);
                 int iters = x->reps;
                 for (int k = 0; k < iters; k++) c->all_reduce_sum(c, b, n);
@@ -138,7 +156,37 @@ static void *ar_rank(void *p) {
                 cudaEventSynchronize(e1);
                 float ms = 0;
                 cudaEventElapsedTime(&ms, e0, e1);
-                if (r == 0) x->us[algo][s] = ms * 1000.0 / iters;
+                if (r == 0) x->us[ai][0][s] = ms * 1000.0 / iters;
+                /* graph: PER_GRAPH calls captured once, replayed */
+                cudaGraph_t graph = NULL;
+                cudaGraphExec_t exec = NULL;
+                int grc = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess;
+                for (int k = 0; k < PER_GRAPH && !grc; k++) grc = c->all_reduce_sum(c, b, n) != 0;
+                if (cudaStreamEndCapture(st, &graph) != cudaSuccess) grc = 1;
+                if (!grc && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) grc = 1;
+                if (graph) cudaGraphDestroy(graph);
+                cudaGetLastError();
+                x->rc[r] = grc;
+                pthread_barrier_wait(&x->bar);
+                int all = 1;
+                for (int q = 0; q < x->tp; q++) all &= x->rc[q] == 0;
+                pthread_barrier_wait(&x->bar);
+                if (all) {
+                    int reps = iters / PER_GRAPH + 1;
+                    cudaGraphLaunch(exec, st);
+                    cudaStreamSynchronize(st);
+                    pthread_barrier_wait(&x->bar);
+                    cudaEventRecord(e0, st);
+                    for (int k = 0; k < reps; k++) cudaGraphLaunch(exec, st);
+                    cudaEventRecord(e1, st);
+                    cudaEventSynchronize(e1);
+                    cudaEventElapsedTime(&ms, e0, e1);
+                    if (r == 0) x->us[ai][1][s] = ms * 1000.0 / (reps * PER_GRAPH);
+                } else if (r == 0) {
+                    x->us[ai][1][s] = -1; /* capture failed */
+                }
+                if (exec) cudaGraphExecDestroy(exec);
+                x->rc[r] = 0;
                 cudaEventDestroy(e0);
                 cudaEventDestroy(e1);
                 pthread_barrier_wait(&x->bar);
@@ -241,6 +289,12 @@ static int ar_run(struct ar_ctx *x) {
         test_fail(__FILE__, __LINE__, "group aborted: %s", st);
         return -1;
     }
+    for (int r = 0; r < x->tp; r++)
+        if (x->graph_safe[r] != 1) {
+            test_fail(__FILE__, __LINE__, "tp=%d rank %d: comm->graph_safe is %d", x->tp, r,
+                      x->graph_safe[r]);
+            return -1;
+        }
     return 0;
 }
 
@@ -268,18 +322,23 @@ TEST(tp_cuda, allreduce_auto_tp2) { ar_check(2, COMM_CUDA_AUTO, AR_PLAIN, 2); }
 TEST(tp_cuda, allreduce_nccl_tp4) { ar_check(4, COMM_CUDA_NCCL, AR_PLAIN, 2); }
 TEST(tp_cuda, allreduce_p2p_tp4) { ar_check(4, COMM_CUDA_P2P, AR_PLAIN, 2); }
 TEST(tp_cuda, allreduce_p2p_tp3) { ar_check(3, COMM_CUDA_P2P, AR_PLAIN, 2); }
+TEST(tp_cuda, allreduce_p2pflags_tp2) { ar_check(2, COMM_CUDA_P2P_FLAGS, AR_PLAIN, 3); }
+TEST(tp_cuda, allreduce_p2pflags_tp4) { ar_check(4, COMM_CUDA_P2P_FLAGS, AR_PLAIN, 2); }
 TEST(tp_cuda, allreduce_graph_p2p_tp2) { ar_check(2, COMM_CUDA_P2P, AR_GRAPH, 3); }
+TEST(tp_cuda, allreduce_graph_p2p_tp4) { ar_check(4, COMM_CUDA_P2P, AR_GRAPH, 3); }
+TEST(tp_cuda, allreduce_graph_auto_tp2) { ar_check(2, COMM_CUDA_AUTO, AR_GRAPH, 2); }
+TEST(tp_cuda, allreduce_graph_p2pflags_tp2) { ar_check(2, COMM_CUDA_P2P_FLAGS, AR_GRAPH, 3); }
 TEST(tp_cuda, allreduce_graph_nccl_tp2) { ar_check(2, COMM_CUDA_NCCL, AR_GRAPH, 2); }
 
 /* Many back-to-back small p2p calls without a host sync in between (the
  * decode pattern: 2 per layer), then one check: the epochs must not slip. */
-TEST(tp_cuda, allreduce_p2p_many_calls) {
-    if (n_gpus() < 2) TEST_SKIP("needs 2 GPUs");
+static void many_calls(int tp) {
+    if (n_gpus() < tp) TEST_SKIP("fewer GPUs than ranks");
     static const size_t sz[] = {4096, 5120, 8192, 16, 4096};
     alarm(120);
     struct ar_ctx x;
     memset(&x, 0, sizeof x);
-    x.tp = 2;
+    x.tp = tp;
     x.algo = COMM_CUDA_P2P;
     x.mode = AR_PLAIN;
     x.sizes = sz;
@@ -288,6 +347,9 @@ TEST(tp_cuda, allreduce_p2p_many_calls) {
     int rc = ar_run(&x);
     if (rc == 1) TEST_SKIP("no peer access between the GPUs");
 }
+
+TEST(tp_cuda, allreduce_p2p_many_calls) { many_calls(2); }
+TEST(tp_cuda, allreduce_p2p_many_calls_tp4) { many_calls(4); }
 
 /* ======================================================================== */
 /* models: tp = N on CUDA vs tp = 1 on CUDA                                  */
@@ -502,22 +564,73 @@ TEST(tp_cuda, mkmodel_qwen3_32b_tp4) { check_mkmodel("qwen3-32b", 4); }
 TEST(tp_cuda, mkmodel_llama3_70b_tp2) { check_mkmodel("llama3-70b", 2); }
 TEST(tp_cuda, mkmodel_llama3_70b_tp4) { check_mkmodel("llama3-70b", 4); }
 
+/* A whole checkpoint (scripts/tp_check.sh: full-size mkmodel qwen3-32b and
+ * llama3-70b): tp=1 once, then each tp of AWQD_TP_SIZES against it. */
+TEST(tp_cuda, model_dir) {
+    const char *dir = getenv("AWQD_TP_MODEL");
+    if (!dir || !*dir) TEST_SKIP("AWQD_TP_MODEL not set");
+    const char *sz = getenv("AWQD_TP_SIZES");
+    int tps[8], ntp = util_parse_int_list(sz && *sz ? sz : "2,4", tps, 8);
+    ASSERT_MSG(ntp > 0, "AWQD_TP_SIZES=%s", sz);
+    char err[512];
+    struct ckpt *ck = NULL;
+    ASSERT_MSG(ckpt_open(dir, &ck, err, sizeof err) == 0, "%s", err);
+    int V = ckpt_config(ck)->vocab;
+    int32_t p0[37], p1[5];
+    unsigned seed = 11;
+    for (int i = 0; i < 37; i++) p0[i] = rand_r(&seed) % V;
+    for (int i = 0; i < 5; i++) p1[i] = rand_r(&seed) % V;
+    const int32_t *ps[2] = {p0, p1};
+    const int pl[2] = {37, 5};
+    alarm(400);
+    struct model_group *g1 = NULL;
+    if (tp_group(ck, 1, 64, &g1)) {
+        ckpt_close(ck);
+        return;
+    }
+    struct run_out a[2];
+    memset(a, 0, sizeof a);
+    for (int i = 0; i < 2 && !test_failed(); i++) run_greedy(g1, ps[i], pl[i], V, 64, 8, &a[i]);
+    model_group_free(g1);
+    for (int t = 0; t < ntp && !test_failed(); t++) {
+        if (n_gpus() < tps[t]) {
+            fprintf(stderr, "  tp=%d skipped: %d GPUs\n", tps[t], n_gpus());
+            continue;
+        }
+        struct model_group *gt = NULL;
+        if (tp_group(ck, tps[t], 64, &gt)) break;
+        for (int i = 0; i < 2 && !test_failed(); i++) {
+            struct run_out b;
+            char what[700];
+            snprintf(what, sizeof what, "%s tp=%d prompt %d", dir, tps[t], i);
+            if (!run_greedy(gt, ps[i], pl[i], V, 64, 8, &b)) check_agree(what, &a[i], &b, pl[i], V);
+            run_out_free(&b);
+        }
+        model_group_free(gt);
+    }
+    for (int i = 0; i < 2; i++) run_out_free(&a[i]);
+    ckpt_close(ck);
+}
+
 /* ======================================================================== */
 /* fault injection                                                          */
 /* ======================================================================== */
 
-static void check_fault(const char *algo) {
-    if (n_gpus() < 2) TEST_SKIP("needs 2 GPUs");
-    char err[512];
+/* tp ranks on the checkpoint at dir (NULL: the qwen3 fixture); rank `bad`
+ * fails at its 4th all-reduce. */
+static void check_fault(const char *algo, int tp, int bad, const char *dir) {
+    if (n_gpus() < tp) TEST_SKIP("fewer GPUs than ranks");
+    char err[512], rs[16];
     struct ckpt *ck = NULL;
-    if (ckpt_open(test_fixture("qwen3-tiny-awq"), &ck, err, sizeof err))
+    if (ckpt_open(dir ? dir : test_fixture("qwen3-tiny-awq"), &ck, err, sizeof err))
         TEST_SKIP("fixture not installed");
-    setenv("AWQD_FAULT_RANK", "1", 1);
+    snprintf(rs, sizeof rs, "%d", bad);
+    setenv("AWQD_FAULT_RANK", rs, 1);
     setenv("AWQD_FAULT_CALL", "3", 1); /* layer 1's o_proj all-reduce of the first forward */
     setenv("AWQD_ALLREDUCE", algo, 1);
-    alarm(60); /* a hang is a failure */
+    alarm(90); /* a hang is a failure */
     struct model_group *g = NULL;
-    int rc = tp_group(ck, 2, 64, &g);
+    int rc = tp_group(ck, tp, 64, &g);
     unsetenv("AWQD_FAULT_RANK");
     unsetenv("AWQD_FAULT_CALL");
     unsetenv("AWQD_ALLREDUCE");
@@ -535,7 +648,9 @@ static void check_fault(const char *algo) {
     rc = model_group_forward(g, &b, logits, err, sizeof err);
     ASSERT_MSG(rc < 0, "the injected fault was not reported");
     fprintf(stderr, "  reported: %s (%d)\n", err, rc);
-    ASSERT_CONTAINS(err, "rank 1");
+    char want[32];
+    snprintf(want, sizeof want, "rank %d", bad);
+    ASSERT_CONTAINS(err, want);
     /* the group stays failed, and says so at once */
     rc = model_group_forward(g, &b, logits, err, sizeof err);
     ASSERT_MSG(rc < 0, "a forward after the fault succeeded");
@@ -544,8 +659,20 @@ static void check_fault(const char *algo) {
     ckpt_close(ck);
 }
 
-TEST(tp_cuda, fault_rank1_p2p) { check_fault("p2p"); }
-TEST(tp_cuda, fault_rank1_nccl) { check_fault("nccl"); }
+TEST(tp_cuda, fault_rank1_p2p) { check_fault("p2p", 2, 1, NULL); }
+TEST(tp_cuda, fault_rank1_p2pflags) { check_fault("p2p_flags", 2, 1, NULL); }
+TEST(tp_cuda, fault_rank1_nccl) { check_fault("nccl", 2, 1, NULL); }
+
+static void fault_tp4(const char *algo) {
+    if (n_gpus() < 4) TEST_SKIP("needs 4 GPUs");
+    char dir[600];
+    if (make_model("qwen3-32b", 2, dir, sizeof dir))
+        TEST_SKIP("awqd mkmodel failed (tokenizer not installed? set AWQD_TOKENIZER_DIR)");
+    check_fault(algo, 4, 2, dir);
+}
+
+TEST(tp_cuda, fault_rank2_tp4_p2p) { fault_tp4("p2p"); }
+TEST(tp_cuda, fault_rank2_tp4_nccl) { fault_tp4("nccl"); }
 
 /* ======================================================================== */
 /* command line                                                             */
@@ -610,11 +737,16 @@ TEST(tp_cuda, bench_allreduce) {
     int rc = ar_run(&x);
     if (rc == 1) TEST_SKIP("no peer access");
     if (rc) return;
-    printf("all-reduce fp16, tp=%d, back-to-back on the stream (us per call, rank 0)\n", tp);
-    printf("%10s %10s %10s %8s\n", "bytes", "nccl_us", "p2p_us", "p2p/nccl");
+    printf("all-reduce fp16, tp=%d, us per call on rank 0's stream: eager = %d calls back to "
+           "back (launch included), graph = 32 calls captured in one CUDA graph, replayed; "
+           "p2p = push kernel, flags = the older flag-barrier kernel; -1 = capture failed\n",
+           tp, x.reps);
+    printf("| bytes | nccl eager | p2p eager | flags eager | nccl graph | p2p graph | flags graph "
+           "| p2p/nccl graph |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < 9; i++)
-        printf("%10zu %10.2f %10.2f %8.2f\n", kb[i] * 1024, x.us[0][i], x.us[1][i],
-               x.us[1][i] / x.us[0][i]);
+        printf("| %zu | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", kb[i] * 1024,
+               x.us[0][0][i], x.us[1][0][i], x.us[2][0][i], x.us[0][1][i], x.us[1][1][i],
+               x.us[2][1][i], x.us[0][1][i] > 0 ? x.us[1][1][i] / x.us[0][1][i] : 0.0);
     fflush(stdout);
 }
 

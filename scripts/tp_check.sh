@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# tp_check.sh — issue #7 on a multi-GPU host (4x H200 here): build, the tensor-
+# parallel GPU tests, full-size synthetic checkpoints checked at tp=2/4 against
+# tp=1, a fault injected at tp=4, and the benchmarks (all-reduce per message
+# size, decode step at batch 1 and 32 with the all-reduce share).
+#
+#   source .deps/env.sh && scripts/tp_check.sh          (on the GPU machine)
+#
+# env: OUT (logs; default /tmp/tp_check), BUILD (default build-gpu),
+#      MODELS (checkpoint dir; default /dev/shm/awqd-tp when it has room, else
+#      /tmp/awqd-tp), LIMIT (seconds this script may take, default 540: later
+#      phases are skipped when less than they need is left),
+#      PHASES (default "build tests bench_ar e2e check fault graphs"),
+#      AWQD_TOKENIZER_DIR (default .device/tp/tok).
+# Logs under $OUT: build.log mkmodel.log test.log bench_ar.log e2e.log
+# check.log summary.txt.
+set -u
+OUT=${OUT:-/tmp/tp_check}
+BUILD=${BUILD:-build-gpu}
+LIMIT=${LIMIT:-540}
+PHASES=${PHASES:-build tests bench_ar e2e check fault graphs}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 # never NVLink multicast on shared hosts
+export AWQD_TOKENIZER_DIR=${AWQD_TOKENIZER_DIR:-$PWD/.device/tp/tok}
+export AWQD_FIXTURES=${AWQD_FIXTURES:-$PWD/.device/tp/fixtures}
+export AWQD_BIN=$PWD/$BUILD/awqd
+NCPU=$(nproc)
+T0=$(date +%s)
+SUM=$OUT/summary.txt
+: >"$SUM"
+say() { echo "[$(($(date +%s) - T0))s] $*" | tee -a "$SUM"; }
+left() { echo $((LIMIT - ($(date +%s) - T0))); }
+has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
+# run NAME NEED_S LOG CMD...: runs CMD with a timeout of what is left (minus a
+# margin) when at least NEED_S seconds are left, appending to LOG
+run() {
+    local name=$1 need=$2 log=$3
+    shift 3
+    local l
+    l=$(left)
+    if [ "$l" -lt "$need" ]; then
+        say "SKIP $name (${l}s left, needs ${need}s)"
+        return 99
+    fi
+    echo "=== $name: $*" >>"$log"
+    timeout $((l - 8)) "$@" >>"$log" 2>&1
+    local rc=$?
+    say "$name rc=$rc"
+    return $rc
+}
+
+say "host: $(nvidia-smi -L 2>/dev/null | wc -l) GPUs, $NCPU CPUs; commit $(git rev-parse --short HEAD 2>/dev/null) + working tree"
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader >>"$SUM" 2>&1
+nvidia-smi topo -m 2>/dev/null | head -6 >>"$SUM"
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+
+if [ -z "${MODELS:-}" ]; then
+    shm=$(df -B1G --output=avail /dev/shm 2>/dev/null | tail -1 | tr -d ' ')
+    if [ "${shm:-0}" -gt 80 ]; then MODELS=/dev/shm/awqd-tp; else MODELS=/tmp/awqd-tp; fi
+fi
+mkdir -p "$MODELS"
+Q=$MODELS/qwen3-32b
+L=$MODELS/llama3-70b
+
+# 1. synthetic checkpoints, made in the background by a CPU-only build while
+#    the CUDA build runs (mkmodel needs no GPU)
+MK_PID=
+if has e2e || has check || has fault; then
+    (
+        make -j16 BUILD=build-tpcpu CUDA=0 build-tpcpu/awqd >"$OUT/mkmodel.log" 2>&1 || exit 3
+        th=$((NCPU * 3 / 4 / 2))
+        [ "$th" -lt 2 ] && th=2
+        s=$(date +%s)
+        [ -f "$Q/config.json" ] || ./build-tpcpu/awqd mkmodel qwen3-32b "$Q" --threads "$th" >>"$OUT/mkmodel.log" 2>&1 &
+        p1=$!
+        [ -f "$L/config.json" ] || ./build-tpcpu/awqd mkmodel llama3-70b "$L" --threads "$th" >>"$OUT/mkmodel.log" 2>&1 &
+        p2=$!
+        wait $p1
+        r1=$?
+        echo "qwen3-32b done rc=$r1 at $(($(date +%s) - s))s ($th threads)" >>"$OUT/mkmodel.log"
+        wait $p2
+        r2=$?
+        echo "llama3-70b done rc=$r2 at $(($(date +%s) - s))s ($th threads)" >>"$OUT/mkmodel.log"
+        du -sh "$Q" "$L" >>"$OUT/mkmodel.log" 2>&1
+        [ $r1 -eq 0 ] && [ $r2 -eq 0 ]
+    ) &
+    MK_PID=$!
+fi
+
+# 2. the CUDA build
+if has build; then
+    run build 60 "$OUT/build.log" make -j"$NCPU" BUILD="$BUILD" CUDA=1 CUDA_ARCHS=90a \
+        "$BUILD/awqd" "$BUILD/awqd-test-gpu" || { say "BUILD FAILED"; tail -30 "$OUT/build.log"; exit 3; }
+fi
+TBIN=$BUILD/awqd-test-gpu
+
+# 3. GPU tests: all-reduce (all paths, eager and graphs, tp 2/3/4), faults
+#    (tp=2 and tp=4), fixtures at tp=2, the CLI
+if has tests; then
+    AWQD_TEST_TIMEOUT=120 run tests 60 "$OUT/test.log" "$TBIN" tp_cuda.allreduce \
+        tp_cuda.fault_rank1 tp_cuda.fault_rank2_tp4_p2p tp_cuda.fixture tp_cuda.generate
+    grep -E "^tp_cuda.* (ok|FAIL|skip) |passed|reported:|prefill max diff|\.c:[0-9]+:" "$OUT/test.log" |
+        grep -v " \.\.\.$" >>"$SUM"
+fi
+
+# 4. all-reduce per message size, NCCL vs P2P, tp=2 and tp=4
+if has bench_ar; then
+    for tp in 2 4; do
+        [ "$NGPU" -ge $tp ] || continue
+        AWQD_TP_BENCH=1 AWQD_TP_BENCH_TP=$tp run "bench_allreduce tp=$tp" 30 "$OUT/bench_ar.log" \
+            "$TBIN" tp_cuda.bench_allreduce
+    done
+    grep -E "^\||^all-reduce" "$OUT/bench_ar.log" >>"$SUM"
+fi
+
+wait_models() {
+    if [ -n "$MK_PID" ]; then
+        say "waiting for mkmodel"
+        wait "$MK_PID"
+        local rc=$?
+        MK_PID=
+        say "mkmodel rc=$rc: $(grep -E 'done rc' "$OUT/mkmodel.log" | tr '\n' ' ')"
+        tail -3 "$OUT/mkmodel.log" >>"$SUM"
+    fi
+}
+
+# 5. decode step at batch 1 and 32 (context 512), qwen3-32b tp=1/2/4 and
+#    llama3-70b tp=2/4; --comm-off gives the all-reduce time per step
+E2E="--batches 1,32 --contexts 512 --prompts none --steps 32"
+e2e() { # name need model tp [extra...]
+    local name=$1 need=$2 m=$3 tp=$4
+    shift 4
+    [ "$NGPU" -ge "$tp" ] || return 0
+    run "$name" "$need" "$OUT/e2e.log" ./"$BUILD"/awqd bench e2e --model "$m" $E2E --tp "$tp" "$@"
+}
+if has e2e; then
+    wait_models
+    e2e "e2e qwen3-32b tp=1" 40 "$Q" 1
+    e2e "e2e qwen3-32b tp=2" 50 "$Q" 2 --comm-off
+    e2e "e2e qwen3-32b tp=4" 50 "$Q" 4 --comm-off
+    e2e "e2e llama3-70b tp=2" 50 "$L" 2 --comm-off
+    e2e "e2e llama3-70b tp=4" 50 "$L" 4 --comm-off
+fi
+
+# 6. full checkpoints at tp=2/4 against tp=1 (logits to fp16 tolerance,
+#    greedy tokens where the margin is clear)
+if has check; then
+    wait_models
+    for m in "$Q" "$L"; do
+        AWQD_TP_MODEL=$m AWQD_TP_SIZES=2,4 AWQD_TEST_TIMEOUT=300 run "check $(basename "$m") tp=2,4 vs tp=1" 45 \
+            "$OUT/check.log" "$TBIN" tp_cuda.model_dir
+    done
+    grep -E "prefill max diff|FAIL|\.c:[0-9]+:|passed" "$OUT/check.log" >>"$SUM"
+fi
+
+# 7. a fault injected on rank 2 of 4 through the CLI: reported with the rank,
+#    no hang (the timeout would say 124), a clean non-zero exit
+if has fault && [ "$NGPU" -ge 4 ]; then
+    wait_models
+    for algo in p2p nccl; do
+        echo "=== fault: AWQD_FAULT_RANK=2 AWQD_ALLREDUCE=$algo generate --tp 4" >>"$OUT/check.log"
+        s=$(date +%s)
+        AWQD_FAULT_RANK=2 AWQD_FAULT_CALL=5 AWQD_ALLREDUCE=$algo timeout 90 ./"$BUILD"/awqd generate \
+            --model "$Q" --backend cuda --tp 4 --prompt-ids 1,2,3,4,5 --max-tokens 4 --ignore-eos \
+            >>"$OUT/check.log" 2>&1
+        rc=$?
+        msg=$(grep -E "rank 2" "$OUT/check.log" | tail -1)
+        say "fault tp=4 rank 2 ($algo): exit $rc after $(($(date +%s) - s))s (124 = hang); message: $msg"
+    done
+fi
+
+# 8. CUDA graphs off vs on (the default), qwen3-32b tp=1 and tp=2
+if has graphs; then
+    AWQD_CUDA_GRAPHS=0 e2e "e2e qwen3-32b tp=1 graphs off" 40 "$Q" 1
+    AWQD_CUDA_GRAPHS=0 e2e "e2e qwen3-32b tp=2 graphs off" 40 "$Q" 2
+fi
+
+# the e2e tables into the summary
+if [ -f "$OUT/e2e.log" ]; then
+    grep -E "^===|^\| [0-9]|^all-reduce time|^model " "$OUT/e2e.log" >>"$SUM"
+fi
+say "done"
+echo "----- summary -----"
+cat "$SUM"

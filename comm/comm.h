@@ -36,6 +36,13 @@ struct comm {
      * stream (between ops->graph_begin and graph_end) and replayed; 0 when
      * it must run eagerly (the model then runs that step without a graph). */
     int graph_safe;
+    /* 0 while the group is healthy, else the negative errno of its first
+     * failure on any rank: an abort (a rank's error at an all-reduce, an
+     * injected fault) or a peer that never arrived in a p2p wait — which a
+     * replayed graph cannot report itself (its kernels leave the wait and the
+     * step's sums are garbage). Host-only and cheap: call it before a graph
+     * replay and after the step's sync. NULL: nothing to check (CPU comms). */
+    int (*status)(struct comm *c);
 };
 
 /* One rank, no-op collectives. */

@@ -11,7 +11,10 @@
 #      /tmp/awqd-tp), LIMIT (seconds this script may take, default 540: later
 #      phases are skipped when less than they need is left),
 #      PHASES (default "build tests bench_ar e2e check fault graphs"),
-#      AWQD_TOKENIZER_DIR (default .device/tp/tok).
+#      AWQD_TOKENIZER_DIR (default .device/tp/tok); for dry runs: QP / LP (the
+#      two presets, default qwen3-32b / llama3-70b), MKARGS (extra mkmodel
+#      arguments, e.g. --layers 2), MKBIN (an awqd to run mkmodel with instead
+#      of a CPU-only build made here).
 # Logs under $OUT: build.log mkmodel.log test.log bench_ar.log e2e.log
 # check.log summary.txt.
 set -u
@@ -24,6 +27,7 @@ export NCCL_NVLS_ENABLE=0 # never NVLink multicast on shared hosts
 export AWQD_TOKENIZER_DIR=${AWQD_TOKENIZER_DIR:-$PWD/.device/tp/tok}
 export AWQD_FIXTURES=${AWQD_FIXTURES:-$PWD/.device/tp/fixtures}
 export AWQD_BIN=$PWD/$BUILD/awqd
+export AWQD_COMM_TIMEOUT_MS=${AWQD_COMM_TIMEOUT_MS:-15000} # a broken p2p wait ends soon
 NCPU=$(nproc)
 T0=$(date +%s)
 SUM=$OUT/summary.txt
@@ -59,28 +63,37 @@ if [ -z "${MODELS:-}" ]; then
     if [ "${shm:-0}" -gt 80 ]; then MODELS=/dev/shm/awqd-tp; else MODELS=/tmp/awqd-tp; fi
 fi
 mkdir -p "$MODELS"
-Q=$MODELS/qwen3-32b
-L=$MODELS/llama3-70b
+QP=${QP:-qwen3-32b}
+LP=${LP:-llama3-70b}
+MKARGS=${MKARGS:-}
+Q=$MODELS/$QP
+L=$MODELS/$LP
 
 # 1. synthetic checkpoints, made in the background by a CPU-only build while
 #    the CUDA build runs (mkmodel needs no GPU)
 MK_PID=
 if has e2e || has check || has fault; then
     (
-        make -j16 BUILD=build-tpcpu CUDA=0 build-tpcpu/awqd >"$OUT/mkmodel.log" 2>&1 || exit 3
-        th=$((NCPU * 3 / 4 / 2))
-        [ "$th" -lt 2 ] && th=2
+        mk=${MKBIN:-./build-tpcpu/awqd}
+        if [ -z "${MKBIN:-}" ]; then
+            make -j16 BUILD=build-tpcpu CUDA=0 build-tpcpu/awqd >"$OUT/mkmodel.log" 2>&1 || exit 3
+        fi
+        # ~40 CPU-s per GB written: split the cores ~1:2 (19 GB vs 37 GB)
+        th1=$((NCPU * 3 / 8))
+        th2=$((NCPU * 5 / 8))
+        [ "$th1" -lt 1 ] && th1=1
+        [ "$th2" -lt 1 ] && th2=1
         s=$(date +%s)
-        [ -f "$Q/config.json" ] || ./build-tpcpu/awqd mkmodel qwen3-32b "$Q" --threads "$th" >>"$OUT/mkmodel.log" 2>&1 &
+        [ -f "$Q/config.json" ] || "$mk" mkmodel "$QP" "$Q" --threads "$th1" $MKARGS >>"$OUT/mkmodel.log" 2>&1 &
         p1=$!
-        [ -f "$L/config.json" ] || ./build-tpcpu/awqd mkmodel llama3-70b "$L" --threads "$th" >>"$OUT/mkmodel.log" 2>&1 &
+        [ -f "$L/config.json" ] || "$mk" mkmodel "$LP" "$L" --threads "$th2" $MKARGS >>"$OUT/mkmodel.log" 2>&1 &
         p2=$!
         wait $p1
         r1=$?
-        echo "qwen3-32b done rc=$r1 at $(($(date +%s) - s))s ($th threads)" >>"$OUT/mkmodel.log"
+        echo "$QP done rc=$r1 at $(($(date +%s) - s))s ($th1 threads)" >>"$OUT/mkmodel.log"
         wait $p2
         r2=$?
-        echo "llama3-70b done rc=$r2 at $(($(date +%s) - s))s ($th threads)" >>"$OUT/mkmodel.log"
+        echo "$LP done rc=$r2 at $(($(date +%s) - s))s ($th2 threads)" >>"$OUT/mkmodel.log"
         du -sh "$Q" "$L" >>"$OUT/mkmodel.log" 2>&1
         [ $r1 -eq 0 ] && [ $r2 -eq 0 ]
     ) &
@@ -96,9 +109,22 @@ TBIN=$BUILD/awqd-test-gpu
 
 # 3. GPU tests: all-reduce (all paths, eager and graphs, tp 2/3/4), faults
 #    (tp=2 and tp=4), fixtures at tp=2, the CLI
+T=tp_cuda
 if has tests; then
-    AWQD_TEST_TIMEOUT=120 run tests 60 "$OUT/test.log" "$TBIN" tp_cuda.allreduce \
-        tp_cuda.fault_rank1 tp_cuda.fault_rank2_tp4_p2p tp_cuda.fixture tp_cuda.generate
+    # the push kernel first: if it fails, the rest of the run uses the older
+    # flags kernel (so that the benchmarks still mean something)
+    AWQD_TEST_TIMEOUT=60 run "tests push" 40 "$OUT/test.log" "$TBIN" $T.allreduce_p2p_tp2 \
+        $T.allreduce_p2p_tp4 $T.allreduce_graph_p2p_tp2 $T.allreduce_graph_p2p_tp4 \
+        $T.allreduce_p2p_many_calls
+    if grep -q "FAIL" "$OUT/test.log"; then
+        export AWQD_ALLREDUCE=p2p_flags
+        say "PUSH KERNEL FAILED: the rest runs with AWQD_ALLREDUCE=p2p_flags"
+    fi
+    AWQD_TEST_TIMEOUT=90 run "tests rest" 60 "$OUT/test.log" "$TBIN" $T.allreduce_nccl_tp2 \
+        $T.allreduce_auto_tp2 $T.allreduce_nccl_tp4 $T.allreduce_p2p_tp3 $T.allreduce_p2pflags_tp2 \
+        $T.allreduce_graph_auto_tp2 $T.allreduce_graph_nccl_tp2 $T.fault_rank1_p2p \
+        $T.fault_rank1_nccl $T.fault_rank2_tp4_p2p $T.p2p_timeout_in_graph $T.fixture_qwen3_tp2 \
+        $T.generate_cli
     grep -E "^tp_cuda.* (ok|FAIL|skip) |passed|reported:|prefill max diff|\.c:[0-9]+:" "$OUT/test.log" |
         grep -v " \.\.\.$" >>"$SUM"
 fi

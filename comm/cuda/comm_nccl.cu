@@ -514,6 +514,23 @@ static int cc_all_reduce(struct comm *c, struct buf *b, size_t n) {
     return 0;
 }
 
+/* comm->status: the group's first failure; a p2p timeout recorded by a
+ * kernel (perhaps of a replayed graph) aborts the group here. */
+static int cc_status(struct comm *c) {
+    struct cgroup *g = ((struct crank *)c->priv)->g;
+    if (__atomic_load_n(&g->aborted, __ATOMIC_ACQUIRE)) return g->abort_rc ? g->abort_rc : -EIO;
+    if (g->ctl[1]) {
+        cg_abort(g, g->ctl[1] - 1, -ETIMEDOUT,
+                 "p2p all-reduce waited past AWQD_COMM_TIMEOUT_MS for a peer");
+        return -ETIMEDOUT;
+    }
+    if (g->ctl[0]) { /* set by a kernel (or cg_free) without a host-side abort */
+        cg_abort(g, c->rank, -EIO, "p2p all-reduce: abort word set");
+        return -EIO;
+    }
+    return 0;
+}
+
 /* Host-side: waits for this rank's stream, then for every rank's thread. */
 static void cc_barrier(struct comm *c) {
     struct crank *k = (struct crank *)c->priv;
@@ -770,6 +787,7 @@ extern "C" int comm_cuda_group(int size, const int *devices, struct comm **out, 
         c->size = size;
         c->all_reduce_sum = cc_all_reduce;
         c->barrier = cc_barrier;
+        c->status = cc_status;
         c->destroy = cc_destroy;
         c->priv = k;
         /* captured all-reduces replay: the p2p kernels keep their epochs on

@@ -351,6 +351,96 @@ static void many_calls(int tp) {
 TEST(tp_cuda, allreduce_p2p_many_calls) { many_calls(2); }
 TEST(tp_cuda, allreduce_p2p_many_calls_tp4) { many_calls(4); }
 
+/* A captured p2p all-reduce replayed on rank 0 only: its wait must end at
+ * AWQD_COMM_TIMEOUT_MS (no hang), and comm->status must then report the
+ * timeout, which the replayed graph itself cannot. */
+struct to_ctx {
+    struct comm *comm[2];
+    pthread_barrier_t bar;
+    int rc[2], status;
+    double waited;
+};
+
+struct to_arg {
+    struct to_ctx *x;
+    int rank;
+};
+
+static void *to_rank(void *p) {
+    struct to_arg *a = p;
+    struct to_ctx *x = a->x;
+    int r = a->rank;
+    struct comm *c = x->comm[r];
+    struct ops *ops = NULL;
+    struct buf *b = NULL;
+    char err[256];
+    cudaGraphExec_t exec = NULL;
+    int rc = ops_cuda_create(r, &ops, err, sizeof err);
+    if (!rc) rc = comm_cuda_attach(c, ops, err, sizeof err);
+    if (!rc && !(b = ops->alloc(ops->ctx, BUF_ACT, 4096))) rc = -ENOMEM;
+    if (!rc) {
+        cudaStream_t st = (cudaStream_t)ops_cuda_stream(ops->ctx);
+        cudaGraph_t graph = NULL;
+        if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) rc = -EIO;
+        if (!rc) rc = c->all_reduce_sum(c, b, 4096);
+        if (cudaStreamEndCapture(st, &graph) != cudaSuccess) rc = rc ? rc : -EIO;
+        if (!rc && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) rc = -EIO;
+        if (graph) cudaGraphDestroy(graph);
+    }
+    x->rc[r] = rc;
+    pthread_barrier_wait(&x->bar);
+    if (r == 0 && !x->rc[0] && !x->rc[1]) {
+        cudaStream_t st = (cudaStream_t)ops_cuda_stream(ops->ctx);
+        double t0 = util_now_s();
+        cudaGraphLaunch(exec, st);
+        cudaStreamSynchronize(st);
+        x->waited = util_now_s() - t0;
+        x->status = c->status ? c->status(c) : 0;
+    }
+    pthread_barrier_wait(&x->bar);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (ops) {
+        ops->free(ops->ctx, b);
+        ops_destroy(ops);
+    }
+    return NULL;
+}
+
+TEST(tp_cuda, p2p_timeout_in_graph) {
+    if (n_gpus() < 2) TEST_SKIP("needs 2 GPUs");
+    alarm(60);
+    struct to_ctx x;
+    memset(&x, 0, sizeof x);
+    char err[512];
+    setenv("AWQD_COMM_TIMEOUT_MS", "300", 1);
+    setenv("AWQD_ALLREDUCE", "p2p", 1);
+    int rc = comm_cuda_group(2, NULL, x.comm, err, sizeof err);
+    unsetenv("AWQD_COMM_TIMEOUT_MS");
+    unsetenv("AWQD_ALLREDUCE");
+    ASSERT_MSG(rc == 0, "comm_cuda_group: %s", err);
+    if (!comm_cuda_p2p_available(x.comm[0])) {
+        comm_free(x.comm[0]);
+        comm_free(x.comm[1]);
+        TEST_SKIP("no peer access");
+    }
+    pthread_barrier_init(&x.bar, NULL, 2);
+    pthread_t th[2];
+    struct to_arg args[2] = {{&x, 0}, {&x, 1}};
+    for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, to_rank, &args[r]);
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&x.bar);
+    char st[256];
+    int status = comm_cuda_status(x.comm[0], st, sizeof st);
+    comm_free(x.comm[0]);
+    comm_free(x.comm[1]);
+    ASSERT_MSG(x.rc[0] == 0 && x.rc[1] == 0, "capture failed: %d %d", x.rc[0], x.rc[1]);
+    fprintf(stderr, "  rank 0 waited %.3f s; status %d: %s\n", x.waited, x.status, st);
+    ASSERT_MSG(x.status == -ETIMEDOUT, "comm->status after the timed-out replay: %d", x.status);
+    ASSERT_MSG(status == -ETIMEDOUT, "comm_cuda_status: %d", status);
+    ASSERT_MSG(x.waited >= 0.25 && x.waited < 10, "waited %.3f s for a 0.3 s timeout", x.waited);
+    ASSERT_CONTAINS(st, "rank 0");
+}
+
 /* ======================================================================== */
 /* models: tp = N on CUDA vs tp = 1 on CUDA                                  */
 /* ======================================================================== */

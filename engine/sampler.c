@@ -43,8 +43,8 @@ int sampler_init(struct sampler *s, int vocab) {
     s->cand = malloc((size_t)vocab * sizeof *s->cand);
     s->counts = calloc((size_t)vocab, sizeof *s->counts);
     s->seen = calloc((size_t)vocab, 1);
-    s->proc = malloc((size_t)vocab * sizeof *s->proc);
-    if (!s->proc || !s->work || !s->cand || !s->counts || !s->seen) {
+    s->prob = malloc((size_t)vocab * sizeof *s->prob);
+    if (!s->prob || !s->work || !s->cand || !s->counts || !s->seen) {
         sampler_free(s);
         return -ENOMEM;
     }
@@ -56,7 +56,7 @@ void sampler_free(struct sampler *s) {
     free(s->cand);
     free(s->counts);
     free(s->seen);
-    free(s->proc);
+    free(s->prob);
     memset(s, 0, sizeof *s);
 }
 
@@ -144,11 +144,51 @@ void sampler_logprobs(const float *logits, int vocab, int32_t token, int n_top,
     for (int i = 0; i < n; i++) res->top_logprobs[i] = (float)((double)logits[res->top_ids[i]] - lse);
 }
 
+float sampler_inv_t(const struct sampling_params *p) {
+    return p->temperature > 0.0f ? 1.0f / p->temperature : 1.0f;
+}
+
+/* The k best of c[0..n) (cmp_desc_r's order) sorted into c[0..k). */
+static void sorted_prefix(int32_t *c, int n, int k, const float *w) {
+    if (k >= n) {
+        sort_cands(c, n, w);
+        return;
+    }
+    select_top(c, n, k, w);
+    sort_cands(c, k, w);
+}
+
+/* Processed logprobs: (w - mx) * inv_t - log(sum), top n_top by w. */
+static void processed_logprobs(const float *w, int V, float mx, float inv_t, double sum,
+                               int32_t token, int n_top, struct sample_result *res) {
+    if (n_top > SAMPLER_MAX_LOGPROBS) n_top = SAMPLER_MAX_LOGPROBS;
+    if (n_top < 0) n_top = 0;
+    double ls = log(sum);
+#define PLP(v) (mx > -INFINITY ? (float)((double)(((v) - mx) * inv_t) - ls) : -INFINITY)
+    res->token = token;
+    res->logprob = PLP(w[token]);
+    res->n_top = n_top;
+    int n = 0;
+    for (int i = 0; i < V && n_top > 0; i++) {
+        float v = w[i];
+        if (n == n_top && !(v > w[res->top_ids[n - 1]])) continue;
+        int j = n < n_top ? n++ : n - 1;
+        while (j > 0 && v > w[res->top_ids[j - 1]]) {
+            res->top_ids[j] = res->top_ids[j - 1];
+            j--;
+        }
+        res->top_ids[j] = i;
+    }
+    for (int i = 0; i < n; i++) res->top_logprobs[i] = PLP(w[res->top_ids[i]]);
+#undef PLP
+}
+
 int sampler_sample(struct sampler *s, const struct sampling_params *p, const float *logits,
                    const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
                    struct sample_result *res) {
     int V = s->vocab;
-    float *w = s->work;
+    float *w = s->work, *prob = s->prob;
+    int32_t *cand = s->cand;
     memset(res, 0, sizeof *res);
     memcpy(w, logits, (size_t)V * sizeof *w);
 
@@ -186,94 +226,409 @@ int sampler_sample(struct sampler *s, const struct sampling_params *p, const flo
         }
     }
 
-    /* processed logprobs: log_softmax of the processed logits at T (T = 1
-     * for greedy), before any mask */
-    if (p->logprobs_processed && p->n_logprobs >= 0) {
-        float t = p->temperature > 0.0f ? p->temperature : 1.0f;
-        for (int i = 0; i < V; i++) s->proc[i] = w[i] / t;
-    }
-
+    float inv_t = sampler_inv_t(p);
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if (w[i] > mx) mx = w[i];
+    double total = 0; /* sum of prob over the vocabulary, id order */
+    int have_total = 0;
     int32_t token;
     if (p->temperature <= 0.0f) {
         /* greedy: argmax, lowest id on ties */
         token = 0;
         for (int i = 1; i < V; i++)
             if (w[i] > w[token]) token = i;
+    } else if (mx == -INFINITY) {
+        /* everything banned: fall back to the raw argmax */
+        token = 0;
+        for (int i = 1; i < V; i++)
+            if (logits[i] > logits[token]) token = i;
     } else {
-        /* probabilities at temperature T */
-        float mx = -INFINITY;
-        for (int i = 0; i < V; i++)
-            if (w[i] > mx) mx = w[i];
-        if (mx == -INFINITY) { /* everything banned: fall back to the raw argmax */
-            token = 0;
-            for (int i = 1; i < V; i++)
-                if (logits[i] > logits[token]) token = i;
-            goto done;
-        }
-        float inv_t = 1.0f / p->temperature;
-        double total = 0;
         for (int i = 0; i < V; i++) {
-            w[i] = expf((w[i] - mx) * inv_t);
-            total += w[i];
+            prob[i] = expf((w[i] - mx) * inv_t);
+            total += prob[i];
         }
-        /* min_p relative to the most likely token (whose unnormalised p is 1) */
+        have_total = 1;
+        /* min_p relative to the most likely token (whose unnormalised p is 1);
+         * candidates: every token above it with nonzero probability */
         float thresh = p->min_p > 0 ? p->min_p : 0.0f;
-        /* candidates: all tokens above thresh with nonzero probability */
         int n = 0;
-        double kept = 0;
         for (int i = 0; i < V; i++)
-            if (w[i] > 0 && w[i] >= thresh) s->cand[n++] = i, kept += w[i];
-        int need_sort = p->top_k > 0 && p->top_k < n;
-        need_sort |= p->top_p < 1.0f;
-        if (need_sort) {
-            /* top_p only needs the tokens above a small cut when they already
-             * hold top_p of the mass (they come first in sorted order) */
-            if (p->top_p < 1.0f && !(p->top_k > 0 && p->top_k < n)) {
-                float cut = (float)(1e-4 * total);
-                int m = 0;
-                double mass = 0;
-                for (int i = 0; i < n; i++)
-                    if (w[s->cand[i]] >= cut) mass += w[s->cand[i]], m++;
-                if (mass >= p->top_p * kept && m > 0) {
-                    int k = 0;
-                    for (int i = 0; i < n; i++)
-                        if (w[s->cand[i]] >= cut) s->cand[k++] = s->cand[i];
-                    n = k; /* `kept` stays the full mass for the top_p test */
-                }
+            if (prob[i] > 0 && prob[i] >= thresh) cand[n++] = i;
+        int restricted = p->min_p > 0; /* sums over the kept set, in order */
+        int sorted = 0;                /* cand[0..sorted) = the best, in order */
+        if (p->top_k > 0 && p->top_k <= n) { /* (== n: the same set, summed in order) */
+            sorted_prefix(cand, n, p->top_k, w);
+            n = sorted = p->top_k;
+            restricted = 1;
+        }
+        if (restricted && sorted < n) {
+            sort_cands(cand, n, w);
+            sorted = n;
+        }
+/* grows the sorted prefix until it covers index i */
+#define COVER(i)                                                                   \
+    do {                                                                           \
+        if ((i) >= sorted) {                                                       \
+            int L_ = sorted ? sorted * 4 : 256;                                    \
+            if (L_ < (i) + 1) L_ = (i) + 1;                                        \
+            if (L_ > n) L_ = n;                                                    \
+            sorted_prefix(cand, n, L_, w);                                         \
+            sorted = L_;                                                           \
+        }                                                                          \
+    } while (0)
+        double kept = 0;
+        if (restricted)
+            for (int i = 0; i < n; i++) kept += prob[cand[i]];
+        else
+            kept = total;
+        if (p->top_p < 1.0f) {
+            double cum = 0, target = p->top_p * kept;
+            int k = 0;
+            while (k < n) {
+                COVER(k);
+                cum += prob[cand[k++]];
+                if (cum >= target) break;
             }
-            if (p->top_k > 0 && p->top_k < n) {
-                n = select_top(s->cand, n, p->top_k, w);
-                kept = 0;
-                for (int i = 0; i < n; i++) kept += w[s->cand[i]];
-            }
-            sort_cands(s->cand, n, w);
-            if (p->top_p < 1.0f) {
-                double cum = 0, target = p->top_p * kept;
-                int k = 0;
-                while (k < n) {
-                    cum += w[s->cand[k++]];
-                    if (cum >= target) break;
-                }
-                n = k;
-            }
+            n = k;
+            restricted = 1;
         }
         double mass = 0;
-        for (int i = 0; i < n; i++) mass += w[s->cand[i]];
+        if (restricted)
+            for (int i = 0; i < n; i++) mass += prob[cand[i]];
+        else
+            mass = total;
         double u = sampler_uniform(p->seed, (uint64_t)n_output) * mass, cum = 0;
-        token = s->cand[n - 1];
+        token = -1;
         for (int i = 0; i < n; i++) {
-            cum += w[s->cand[i]];
+            COVER(i);
+            cum += prob[cand[i]];
             if (u < cum) {
-                token = s->cand[i];
+                token = cand[i];
                 break;
             }
         }
+        if (token < 0) {
+            COVER(n - 1);
+            token = cand[n - 1];
+        }
+#undef COVER
     }
-done:
     res->token = token;
-    if (p->n_logprobs >= 0)
-        sampler_logprobs(p->logprobs_processed ? s->proc : logits, V, token, p->n_logprobs, res);
-    else
+    if (p->n_logprobs < 0) {
         res->logprob = NAN;
+    } else if (p->logprobs_processed) {
+        if (!have_total && mx > -INFINITY)
+            for (int i = 0; i < V; i++) total += expf((w[i] - mx) * inv_t);
+        processed_logprobs(w, V, mx, inv_t, total, token, p->n_logprobs, res);
+    } else {
+        sampler_logprobs(logits, V, token, p->n_logprobs, res);
+    }
     return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Candidates                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* kernels/ops.h's order as one integer (as kernels/cpu/sample_cpu.c). */
+static uint64_t cand_key(float v, int32_t id) {
+    uint32_t u;
+    if (v == 0.0f) v = 0.0f;
+    memcpy(&u, &v, sizeof u);
+    if (v != v) u = 0;
+    else u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((uint64_t)u << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)id);
+}
+
+static double get_double(const float *src) {
+    double d;
+    memcpy(&d, src, sizeof d);
+    return d;
+}
+
+void sampler_cands_merge(struct sample_cands *c, const float *const *rows, int tp, int k,
+                         int vocab, float inv_t) {
+    c->n = 0;
+    c->complete = 0;
+    c->adj = NULL;
+    c->adj_raw = NULL;
+    c->n_adj = 0;
+    float mw = -INFINITY, mr = -INFINITY;
+    for (int r = 0; r < tp; r++) {
+        if (rows[r][0] > mw) mw = rows[r][0];
+        if (rows[r][3] > mr) mr = rows[r][3];
+    }
+    double sw = 0, sr = 0;
+    for (int r = 0; r < tp; r++) {
+        if (rows[r][0] > -INFINITY) sw += get_double(rows[r] + 1) * (double)expf((rows[r][0] - mw) * inv_t);
+        if (rows[r][3] > -INFINITY) sr += get_double(rows[r] + 4) * (double)expf(rows[r][3] - mr);
+    }
+    c->max_w = mw;
+    c->max_raw = mr;
+    c->sum_w = sw;
+    c->sum_raw = sr;
+    int pos[64] = {0}, nv[64], total = 0;
+    AWQD_ASSERT(tp >= 1 && tp <= 64 && k >= 1 && k <= SAMPLE_MAX_K);
+    for (int r = 0; r < tp; r++) {
+        memcpy(&nv[r], rows[r] + 6, sizeof nv[r]);
+        AWQD_ASSERT(nv[r] >= 0 && nv[r] <= k);
+        total += nv[r];
+    }
+    int want = total < k ? total : k;
+    for (int i = 0; i < want; i++) {
+        int best = -1;
+        uint64_t bk = 0;
+        for (int r = 0; r < tp; r++) {
+            if (pos[r] >= nv[r]) continue;
+            int32_t id;
+            memcpy(&id, rows[r] + SAMPLE_HDR + 2 * k + pos[r], sizeof id);
+            uint64_t key = cand_key(rows[r][SAMPLE_HDR + pos[r]], id);
+            if (best < 0 || key > bk) best = r, bk = key;
+        }
+        const float *rr = rows[best];
+        c->w[i] = rr[SAMPLE_HDR + pos[best]];
+        c->raw[i] = rr[SAMPLE_HDR + k + pos[best]];
+        memcpy(&c->ids[i], rr + SAMPLE_HDR + 2 * k + pos[best], sizeof c->ids[i]);
+        pos[best]++;
+    }
+    c->n = want;
+    c->complete = want == vocab;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* a before b in the logprobs order: value desc, then id asc */
+static int lp_before(float va, int32_t ia, float vb, int32_t ib) {
+    return va > vb || (va == vb && ia < ib);
+}
+
+int sampler_finish(const struct sampling_params *p, const struct sample_cands *c, int n_output,
+                   struct sample_result *res) {
+    int n = c->n;
+    if (n < 1) return SAMPLER_NEED_FULL;
+    float inv_t = sampler_inv_t(p);
+    float prob[SAMPLE_MAX_K];
+    int tj;
+    if (p->temperature <= 0.0f) {
+        tj = 0;
+    } else {
+        if (!(c->max_w > -INFINITY)) return SAMPLER_NEED_FULL; /* all banned: raw argmax */
+        float thresh = p->min_p > 0 ? p->min_p : 0.0f;
+        for (int j = 0; j < n; j++) prob[j] = expf((c->w[j] - c->max_w) * inv_t);
+        int nc = 0; /* the kept set C is a prefix: prob falls along the list */
+        while (nc < n && prob[nc] > 0 && prob[nc] >= thresh) nc++;
+        int known = nc < n || c->complete; /* all of C is here */
+        int restricted = p->min_p > 0, nset = nc;
+        if (p->top_k > 0) {
+            if (nc >= p->top_k) {
+                nset = p->top_k;
+                restricted = known = 1;
+            } else if (!known) {
+                return SAMPLER_NEED_FULL; /* |C| vs top_k unknown */
+            }
+        }
+        if (restricted && !known) return SAMPLER_NEED_FULL;
+        double total = c->sum_w;
+        if (known && !restricted) { /* C = every token with p > 0: the id-order sum */
+            int32_t ord[SAMPLE_MAX_K];
+            memcpy(ord, c->ids, sizeof(int32_t) * (size_t)nc);
+            qsort(ord, (size_t)nc, sizeof *ord, cmp_i32);
+            total = 0;
+            for (int i = 0; i < nc; i++)
+                for (int j = 0; j < nc; j++)
+                    if (c->ids[j] == ord[i]) {
+                        total += prob[j];
+                        break;
+                    }
+        }
+        double kept = 0;
+        if (restricted)
+            for (int j = 0; j < nset; j++) kept += prob[j];
+        else
+            kept = total;
+        if (p->top_p < 1.0f) {
+            double cum = 0, target = p->top_p * kept;
+            int lim = known ? nset : n, k = 0;
+            while (k < lim) {
+                cum += prob[k++];
+                if (cum >= target) break;
+            }
+            if (!(cum >= target) && !known) return SAMPLER_NEED_FULL;
+            nset = k;
+            restricted = known = 1;
+        }
+        double mass = 0;
+        if (restricted)
+            for (int j = 0; j < nset; j++) mass += prob[j];
+        else
+            mass = total;
+        double u = sampler_uniform(p->seed, (uint64_t)n_output) * mass, cum = 0;
+        int lim = known ? nset : n;
+        tj = -1;
+        for (int j = 0; j < lim; j++) {
+            cum += prob[j];
+            if (u < cum) {
+                tj = j;
+                break;
+            }
+        }
+        if (tj < 0) {
+            if (!known) return SAMPLER_NEED_FULL;
+            tj = lim - 1;
+        }
+    }
+
+    struct sample_result r;
+    memset(&r, 0, sizeof r);
+    r.token = c->ids[tj];
+    if (p->n_logprobs < 0) {
+        r.logprob = NAN;
+        *res = r;
+        return 0;
+    }
+    int N = p->n_logprobs > SAMPLER_MAX_LOGPROBS ? SAMPLER_MAX_LOGPROBS : p->n_logprobs;
+    r.n_top = N;
+    if (p->logprobs_processed) {
+        /* the top N by w are the first N candidates */
+        if (N > n && !c->complete) return SAMPLER_NEED_FULL;
+        double ls = log(c->sum_w);
+        float mx = c->max_w;
+#define PLP(v) (mx > -INFINITY ? (float)((double)(((v) - mx) * inv_t) - ls) : -INFINITY)
+        r.logprob = PLP(c->w[tj]);
+        for (int j = 0; j < N && j < n; j++) {
+            r.top_ids[j] = c->ids[j];
+            r.top_logprobs[j] = PLP(c->w[j]);
+        }
+#undef PLP
+        *res = r;
+        return 0;
+    }
+    double lse = c->max_raw > -INFINITY ? c->max_raw + log(c->sum_raw) : INFINITY;
+    r.logprob = (float)((double)c->raw[tj] - lse);
+    /* raw top N: the first N candidates the adjustments did not touch (their
+     * raw order is the list's order), merged with the adjusted tokens */
+    int nt = 0;
+    for (int j = 0; j < n && nt < N; j++) {
+        int adjusted = 0;
+        for (int e = 0; e < c->n_adj && !adjusted; e++) adjusted = (c->adj[2 * e] >> 2) == c->ids[j];
+        if (adjusted) continue;
+        r.top_ids[nt] = c->ids[j];
+        r.top_logprobs[nt] = c->raw[j]; /* raw for now */
+        nt++;
+    }
+    if (nt < N && !c->complete) return SAMPLER_NEED_FULL;
+    for (int e = 0; e < c->n_adj && N > 0; e++) {
+        int32_t id = c->adj[2 * e] >> 2;
+        if (e > 0 && (c->adj[2 * e - 2] >> 2) == id) continue;
+        float v = c->adj_raw[e];
+        if (nt == N && !lp_before(v, id, r.top_logprobs[nt - 1], r.top_ids[nt - 1])) continue;
+        int j = nt < N ? nt++ : nt - 1;
+        while (j > 0 && lp_before(v, id, r.top_logprobs[j - 1], r.top_ids[j - 1])) {
+            r.top_ids[j] = r.top_ids[j - 1];
+            r.top_logprobs[j] = r.top_logprobs[j - 1];
+            j--;
+        }
+        r.top_ids[j] = id;
+        r.top_logprobs[j] = v;
+    }
+    for (int j = 0; j < nt; j++) r.top_logprobs[j] = (float)((double)r.top_logprobs[j] - lse);
+    *res = r;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* History and adjustments                                                  */
+/* ------------------------------------------------------------------------ */
+
+void sampler_hist_free(struct sampler_hist *h) {
+    free(h->tok);
+    free(h->cnt);
+    memset(h, 0, sizeof *h);
+}
+
+int sampler_hist_add(struct sampler_hist *h, int32_t t, int is_output) {
+    int lo = 0, hi = h->n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (h->tok[mid] < t) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo < h->n && h->tok[lo] == t) {
+        if (is_output) h->cnt[lo]++;
+        return 0;
+    }
+    if (h->n == h->cap) {
+        int cap = h->cap ? h->cap * 2 : 64;
+        int32_t *a = realloc(h->tok, sizeof *a * (size_t)cap);
+        if (!a) return -ENOMEM;
+        h->tok = a;
+        int32_t *b = realloc(h->cnt, sizeof *b * (size_t)cap);
+        if (!b) return -ENOMEM;
+        h->cnt = b;
+        h->cap = cap;
+    }
+    memmove(h->tok + lo + 1, h->tok + lo, sizeof *h->tok * (size_t)(h->n - lo));
+    memmove(h->cnt + lo + 1, h->cnt + lo, sizeof *h->cnt * (size_t)(h->n - lo));
+    h->tok[lo] = t;
+    h->cnt[lo] = is_output ? 1 : 0;
+    h->n++;
+    return 0;
+}
+
+int sampler_adj_max(const struct sampling_params *p, const struct sampler_hist *h) {
+    return (p->n_logit_bias > 0 ? p->n_logit_bias : 0) + 2 * (h ? h->n : 0);
+}
+
+static void put_adj(int32_t *adj, int *n, int32_t tok, int op, float v) {
+    adj[2 * *n] = tok * 4 + op;
+    memcpy(&adj[2 * *n + 1], &v, sizeof v);
+    (*n)++;
+}
+
+int sampler_adj_build(const struct sampling_params *p, const struct sampler_hist *h, int vocab,
+                      int32_t *adj) {
+    int nb = p->n_logit_bias > 0 ? p->n_logit_bias : 0;
+    /* bias entries sorted by token, stable (insertion sort: lists are short) */
+    int *ord = nb ? malloc(sizeof *ord * (size_t)nb) : NULL;
+    if (nb && !ord) return -ENOMEM;
+    int m = 0;
+    for (int i = 0; i < nb; i++) {
+        int32_t t = p->logit_bias[i].token;
+        if (t < 0 || t >= vocab) continue;
+        int j = m++;
+        while (j > 0 && p->logit_bias[ord[j - 1]].token > t) {
+            ord[j] = ord[j - 1];
+            j--;
+        }
+        ord[j] = i;
+    }
+    int rep = p->repetition_penalty != 1.0f;
+    int pf = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    int hn = h && (rep || pf) ? h->n : 0;
+    int n = 0, i = 0, j = 0;
+    while (i < m || j < hn) {
+        int32_t t;
+        if (i < m && (j >= hn || p->logit_bias[ord[i]].token <= h->tok[j])) t = p->logit_bias[ord[i]].token;
+        else t = h->tok[j];
+        while (i < m && p->logit_bias[ord[i]].token == t) {
+            put_adj(adj, &n, t, SAMPLE_ADJ_ADD, p->logit_bias[ord[i]].bias);
+            i++;
+        }
+        while (j < hn && h->tok[j] < t) j++; /* (never: t is the smaller head) */
+        if (j < hn && h->tok[j] == t) {
+            if (t >= 0 && t < vocab) {
+                if (rep) put_adj(adj, &n, t, SAMPLE_ADJ_REP, p->repetition_penalty);
+                if (pf && h->cnt[j] > 0)
+                    put_adj(adj, &n, t, SAMPLE_ADJ_SUB,
+                            p->presence_penalty + p->frequency_penalty * (float)h->cnt[j]);
+            }
+            j++;
+        }
+    }
+    free(ord);
+    return n;
 }

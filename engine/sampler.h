@@ -7,6 +7,13 @@
  * on ties) -> min_p (drop p < min_p * p_max) -> top_k -> top_p (smallest set of
  * most likely tokens whose renormalised mass reaches top_p) -> draw.
  *
+ * Order of tokens (top_k, top_p, the draw): by processed logit w descending,
+ * then id ascending. The draw walks the kept tokens in that order: with u =
+ * uniform * mass, the first token whose cumulative probability exceeds u.
+ * Probabilities p = expf((w - max w) / T) (fp32), sums in double: over the
+ * whole vocabulary in id order when no mask applies (`total`), else over the
+ * kept tokens in the order above.
+ *
  * Randomness: the uniform draw for output token i of a request is a hash of
  * (seed, i) — it does not depend on what else is in the batch, on the thread,
  * or on earlier draws, so the same seed gives the same tokens.
@@ -14,9 +21,24 @@
  * Logprobs: by default `logprob` and the top-N alternatives are the RAW model
  * logprobs (log_softmax of the logits as given, before bias, penalties and
  * temperature) — what vLLM returns by default. With logprobs_processed they
- * are the log_softmax of the processed logits (after bias, penalties and
- * temperature, before the top-k / top-p / min-p masks; greedy: temperature 1)
- * — vLLM's "processed_logprobs" mode.
+ * are the log-probabilities of the processed logits at temperature T,
+ * (w - max w) / T - log(sum of p) (before the top-k / top-p / min-p masks;
+ * greedy: T = 1) — vLLM's "processed_logprobs" mode.
+ *
+ * Candidates (the GPU path): ops->sample_topk (kernels/ops.h) gives per row
+ * the top-K tokens by w with w and raw values, and the max / sum of exps of w
+ * and of the raw logits; sampler_cands_merge joins the tensor-parallel ranks'
+ * lists, sampler_finish completes the draw from them. It returns the result
+ * sampler_sample would return, or SAMPLER_NEED_FULL when the candidates do
+ * not decide it (top_k > K; min_p / top_p keeping more than the candidates; a
+ * pure-temperature draw falling beyond the candidates' mass; top-N raw logprobs
+ * pushed out of the candidates by adjustments; all tokens banned at T > 0):
+ * then run sampler_sample on the full row. Equality: on the CPU backend at
+ * tp = 1 the sums are computed in the same order, so the result is identical
+ * bit for bit; elsewhere (CUDA's expf and summation order, tp > 1 merging)
+ * `total` differs by ~1e-7 relative, which can move a pure-temperature draw or
+ * a top_p cut only when u or top_p * total lies within that of a cumulative
+ * boundary, and logprobs differ by ~1e-6.
  *
  * Usage:
  *     struct sampler s;  sampler_init(&s, vocab);
@@ -33,7 +55,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/ops.h"
+
 #define SAMPLER_MAX_LOGPROBS 20
+#define SAMPLER_NEED_FULL 1      /* sampler_finish: the candidates do not decide */
 
 struct logit_bias {
     int32_t token;
@@ -66,11 +91,11 @@ struct sample_result {
 
 struct sampler {
     int vocab;
-    float *work;                  /* [vocab] processed logits, then probabilities */
+    float *work;                  /* [vocab] processed logits */
     int32_t *cand;                /* [vocab] candidate ids */
     int32_t *counts;              /* [vocab] output token counts (kept all zero between calls) */
     uint8_t *seen;                /* [vocab] token in prompt or output (kept zero) */
-    float *proc;                  /* [vocab] processed logits / T (logprobs_processed) */
+    float *prob;                  /* [vocab] expf((w - max) / T) */
 };
 
 void sampling_params_default(struct sampling_params *p);
@@ -95,5 +120,60 @@ void sampler_logprobs(const float *logits, int vocab, int32_t token, int n_top,
 
 /* The uniform draw in [0, 1) used for (seed, index); exposed for tests. */
 double sampler_uniform(uint64_t seed, uint64_t index);
+
+/* ------------------------------------------------------------------------ */
+/* Candidates (ops->sample_topk)                                            */
+/* ------------------------------------------------------------------------ */
+
+/* One row's candidates, merged over the ranks. */
+struct sample_cands {
+    int n;                        /* candidates, best first (w desc, id asc) */
+    int complete;                 /* 1: they are every token of the vocabulary */
+    int32_t ids[SAMPLE_MAX_K];
+    float w[SAMPLE_MAX_K];        /* processed logits (bias, penalties; before T) */
+    float raw[SAMPLE_MAX_K];      /* raw logits */
+    float max_w, max_raw;         /* over the vocabulary */
+    double sum_w;                 /* sum of expf((w - max_w) * inv_t) (the row's inv_t) */
+    double sum_raw;               /* sum of expf(raw - max_raw) */
+    /* the row's adjustments as given to the op, and the raw logit of each
+     * entry's token (for the raw top-N when adjustments moved tokens) */
+    const int32_t *adj;           /* [2 * n_adj] */
+    const float *adj_raw;         /* [n_adj] */
+    int n_adj;
+};
+
+/* The 1 / T the op must be given for p: 1 / temperature, 1 for greedy. */
+float sampler_inv_t(const struct sampling_params *p);
+
+/* Fills c (ids, values, stats; adj fields left NULL / 0) from the rows the op
+ * wrote on each rank: rank_rows[r] = rank r's SAMPLE_ROW_FLOATS(k) floats. */
+void sampler_cands_merge(struct sample_cands *c, const float *const *rank_rows, int tp, int k,
+                         int vocab, float inv_t);
+
+/* Output token number n_output from candidates: 0 with res as sampler_sample
+ * would fill it, or SAMPLER_NEED_FULL (res untouched). */
+int sampler_finish(const struct sampling_params *p, const struct sample_cands *c, int n_output,
+                   struct sample_result *res);
+
+/* Token history of one sequence for the penalties, kept incrementally:
+ * distinct tokens ascending, each with its count in the output (0: prompt
+ * only). */
+struct sampler_hist {
+    int32_t *tok;                 /* [n] ascending */
+    int32_t *cnt;                 /* [n] */
+    int n, cap;
+};
+void sampler_hist_free(struct sampler_hist *h);   /* and zeroes it */
+int sampler_hist_add(struct sampler_hist *h, int32_t token, int is_output); /* 0 / -ENOMEM */
+
+/* Most adjustment entries sampler_adj_build writes for p and h (h may be NULL). */
+int sampler_adj_max(const struct sampling_params *p, const struct sampler_hist *h);
+/* The row's adjustments for ops->sample_topk (kernels/ops.h: 2 int32 per
+ * entry, grouped by token in application order): p's logit_bias, then the
+ * repetition penalty on every history token, then presence + frequency *
+ * count on output tokens — what sampler_sample applies for the prompt and
+ * output that built h. Ids outside [0, vocab) are dropped. Returns the count. */
+int sampler_adj_build(const struct sampling_params *p, const struct sampler_hist *h, int vocab,
+                      int32_t *adj);
 
 #endif

@@ -71,6 +71,59 @@ struct attn_batch {
     const int32_t *h_past;        /* [n_seqs] */
 };
 
+/* --- sampling ----------------------------------------------------------------
+ * ops->sample_topk turns logits rows into sampling candidates on the backend,
+ * so that only a few KB per row come back to the host (engine/sampler.h
+ * finishes the draw; sampler_sample is the reference it reproduces).
+ *
+ * Processed logits of row r: w = raw logits with the row's adjustments applied.
+ * Adjustment e of row r (adj_start[r] <= e < adj_start[r + 1]) is two int32:
+ * adj[2e] = token * 4 + op (global token id), adj[2e + 1] = the float's bits:
+ *   SAMPLE_ADJ_ADD  w += v              (logit_bias; -inf bans)
+ *   SAMPLE_ADJ_REP  w = w > 0 ? w / v : w * v   (repetition penalty v)
+ *   SAMPLE_ADJ_SUB  w -= v              (presence + frequency * count)
+ * All entries of one token are consecutive and applied in order; tokens
+ * outside this rank's columns are skipped. Float ops exactly as written (no
+ * contraction), so every backend and the host sampler get the same w.
+ *
+ * Order of tokens: by w descending, then id ascending (NaN last; -0 == +0).
+ *
+ * out, per row r at r * SAMPLE_ROW_FLOATS(k):
+ *   [0] max of w over the columns      [1..2] double: sum of expf((w - max) * inv_t)
+ *   [3] max of raw                     [4..5] double: sum of expf(raw - max raw)
+ *   [6] int32: valid candidates (min(k, n_cols))   [7] unused
+ *   [8, 8+k)     w of the top k tokens, best first
+ *   [8+k, 8+2k)  raw logits of the same tokens
+ *   [8+2k, 8+3k) their global ids (int32 bit patterns; -1 past the valid ones)
+ * ("double" = the 8 bytes of a host double in two float slots; sums run in
+ * double over fp32 expf terms; -inf max: sum 0.) After the m rows, out[m *
+ * SAMPLE_ROW_FLOATS(k) + e] = raw logit of adjustment e's token when that token
+ * is in this rank's columns (else left as it was). */
+#define SAMPLE_MAX_K 256
+#define SAMPLE_HDR 8
+#define SAMPLE_ROW_FLOATS(k) (SAMPLE_HDR + 3 * (size_t)(k))
+#define SAMPLE_OUT_FLOATS(m, k, n_adj) ((size_t)(m) * SAMPLE_ROW_FLOATS(k) + (size_t)(n_adj))
+enum sample_adj_op { SAMPLE_ADJ_ADD = 0, SAMPLE_ADJ_REP = 1, SAMPLE_ADJ_SUB = 2 };
+
+struct sample_batch {
+    int m;                        /* rows */
+    int k;                        /* candidates per row, 1..SAMPLE_MAX_K */
+    int ld;                       /* row stride of logits (the rank's vocab_rows) */
+    int n_cols;                   /* valid columns, <= ld (CUDA: <= 262144) */
+    int vocab_start;              /* global id of column 0 */
+    const struct buf *inv_t;      /* F32 [m] 1 / temperature (1 for greedy) */
+    const struct buf *adj_start;  /* I32 [m + 1] */
+    const struct buf *adj;        /* I32 [2 * n_adj] (may be NULL when n_adj == 0) */
+    const int32_t *h_adj_start;   /* host copy of adj_start (launch decisions) */
+};
+
+/* Scratch floats sample_topk needs (processed rows, candidate keys). */
+static inline size_t sample_work_floats(int m, int ld, int k) {
+    size_t per_row = (size_t)ld + 2 * ((size_t)ld / 32 + 2) + 2 * 32 * (size_t)k + 16 +
+                     8 * (((size_t)ld + 8191) / 8192);
+    return (size_t)m * per_row + 64;
+}
+
 struct ops {
     const char *name;             /* "cpu", "cuda" */
     void *ctx;                    /* backend state */
@@ -139,6 +192,16 @@ struct ops {
      * logits: F32 [m, vocab_rows]. */
     void (*lm_head)(void *ctx, struct buf *logits, const struct buf *x, const struct buf *rows,
                     int m, const struct buf *table, int dim, int vocab_rows);
+
+    /* --- sampling (see the sampling section below the table) ---------------
+     * For m rows of this rank's logits: the processed logits w (the row's
+     * adjustments applied), their max and sum of exps at the row's 1/T, the
+     * same of the raw logits, and the top sb->k tokens by (w desc, id asc),
+     * into out (F32 [SAMPLE_OUT_FLOATS(m, k, n_adj)], layout below).
+     * logits: F32 [m, sb->ld] (read only); work: F32 [sample_work_floats(m,
+     * sb->ld, sb->k)] scratch. */
+    void (*sample_topk)(void *ctx, struct buf *out, const struct buf *logits, struct buf *work,
+                        const struct sample_batch *sb);
 
     /* Waits for queued work (no-op on CPU). 0 / negative errno. */
     int (*sync)(void *ctx);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "engine/util.h"
+#include "kernels/cpu/sample_cpu.h"
 
 struct cpu_ctx {
     struct cpu_pool *pool;
@@ -515,6 +516,7 @@ int ops_cpu_create(int n_threads, struct ops **out, char *err, size_t errlen) {
     o->attention = cpu_attention;
     o->linear_silu_mul = cpu_linear_silu_mul;
     o->lm_head = cpu_lm_head;
+    o->sample_topk = cpu_sample_topk;
     o->sync = cpu_sync;
     o->destroy = cpu_destroy;
     *out = o;

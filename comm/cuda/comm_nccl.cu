@@ -259,10 +259,11 @@ static __device__ __noinline__ int lp_give_up(volatile int *ctl, unsigned long l
  *   1. send: each vector of buf (16-byte load), -0.0 made +0.0, is stored
  *      (16-byte volatile store over NVLink) into every peer q's
  *      recv[p][rank][v];
- *   2. receive: for q = 0..size-1 in order, take this rank's own vector or
- *      poll this rank's recv[p][q][v] (volatile 16-byte loads) until none of
- *      its 8 halves is -0.0, store -0.0 back (the slot is idle again), and
- *      add in fp32; write the fp16 sum into buf.
+ *   2. receive: load every peer q's recv[p][q][v] at once (volatile 16-byte
+ *      loads), re-poll each until none of its 8 halves is -0.0; then for
+ *      q = 0..size-1 in order add this rank's own vector or peer q's (fp32),
+ *      storing -0.0 back into each peer slot (idle again); write the fp16 sum
+ *      into buf.
  * Every rank adds the same values in the same order: bit-identical results.
  * A 2-byte store is never torn and each half is checked, so a 16-byte store
  * seen in parts is simply polled again.
@@ -316,26 +317,35 @@ lp_allreduce_kernel(struct lp_args a, __half *buf, unsigned long long n, unsigne
     /* 2. receive, sum in rank order */
     const uint4 empty = make_uint4(LP_EMPTY2, LP_EMPTY2, LP_EMPTY2, LP_EMPTY2);
     for (unsigned long long v = v0; v < hi; v += LP_THREADS) {
+        /* every peer's load in flight at once, then re-poll the ones not
+         * there yet (q unrolled: y stays in registers) */
+        uint4 y[COMM_CUDA_MAX_RANKS];
+        __half *const area = mine + par * size * cap + v * 8; /* + q * cap: from rank q */
+#pragma unroll
+        for (int q = 0; q < COMM_CUDA_MAX_RANKS; q++)
+            if (q < size && q != rank) y[q] = lp_ld(area + q * cap);
+#pragma unroll
+        for (int q = 0; q < COMM_CUDA_MAX_RANKS; q++) {
+            if (q >= size || q == rank) continue;
+            unsigned spins = 0;
+            unsigned long long t0 = 0;
+            while (lp_empty(y[q].x) | lp_empty(y[q].y) | lp_empty(y[q].z) | lp_empty(y[q].w)) {
+                if ((++spins & 511) == 0 && lp_give_up(a.ctl, a.timeout_ns, rank, &t0)) return;
+                y[q] = lp_ld(area + q * cap);
+            }
+        }
         float acc[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[j] = 0.f;
-        for (int q = 0; q < size; q++) {
-            uint4 y;
+#pragma unroll
+        for (int q = 0; q < COMM_CUDA_MAX_RANKS; q++) {
+            if (q >= size) continue;
             if (q == rank) {
-                y = lp_fix4(v == v0 ? first : *(const uint4 *)(buf + v * 8));
+                lp_acc(acc, lp_fix4(v == v0 ? first : *(const uint4 *)(buf + v * 8)));
             } else {
-                __half *src = mine + (par * size + q) * cap + v * 8;
-                unsigned spins = 0;
-                unsigned long long t0 = 0;
-                for (;;) {
-                    y = lp_ld(src);
-                    if (!(lp_empty(y.x) | lp_empty(y.y) | lp_empty(y.z) | lp_empty(y.w))) break;
-                    if ((++spins & 511) == 0 && lp_give_up(a.ctl, a.timeout_ns, rank, &t0))
-                        return;
-                }
-                lp_st(src, empty);
+                lp_st(area + q * cap, empty); /* the slot is idle again */
+                lp_acc(acc, y[q]);
             }
-            lp_acc(acc, y);
         }
         uint4 o;
         __half2 *oh = (__half2 *)&o;

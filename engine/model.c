@@ -57,7 +57,25 @@ struct model {
     int32_t *h_q_start, *h_past;                    /* [max_seqs + 1], [max_seqs] */
     int32_t *h_bt;                                  /* [max_seqs * max_blocks_per_seq] */
     float *h_logits;                                /* [LOGIT_CHUNK * vocab_rows] */
+    /* sampling (MODEL_LOGITS_SAMPLE rows), allocated on first use */
+    const struct model_out *sout;                   /* the forward's outputs (model_forward_out) */
+    int32_t *h_srows;                               /* [max_seqs] batch row of each sample row */
+    int n_srows;                                    /* sample rows of the last forward */
+    int logits_chunk;                               /* sample chunk m->logits holds, -1: none */
+    struct buf *s_inv_t;                            /* F32 [LOGIT_CHUNK] */
+    struct buf *s_adj_start;                        /* I32 [LOGIT_CHUNK + 1] */
+    struct buf *s_adj;                              /* I32 [2 * s_cap_adj] */
+    struct buf *s_out;                              /* F32 [SAMPLE_OUT_FLOATS(LOGIT_CHUNK, SAMPLE_MAX_K, s_cap_adj)] */
+    struct buf *s_work;                             /* F32 [sample_work_floats(LOGIT_CHUNK, vocab_rows, SAMPLE_MAX_K)] */
+    size_t s_cap_adj;
+    float *h_inv_t;                                 /* [LOGIT_CHUNK] */
+    int32_t *h_adj_start;                           /* [LOGIT_CHUNK + 1] */
+    int32_t *h_adj;                                 /* [2 * s_cap_adj] */
+    float *h_sout;                                  /* like s_out */
 };
+
+static int sample_rows(struct model *m, const struct batch *b, int cols, char *err,
+                       size_t errlen);
 
 void model_opts_default(struct model_opts *o) {
     memset(o, 0, sizeof *o);
@@ -152,6 +170,16 @@ void model_free(struct model *m) {
     free(m->h_past);
     free(m->h_bt);
     free(m->h_logits);
+    o->free(c, m->s_inv_t);
+    o->free(c, m->s_adj_start);
+    o->free(c, m->s_adj);
+    o->free(c, m->s_out);
+    o->free(c, m->s_work);
+    free(m->h_srows);
+    free(m->h_inv_t);
+    free(m->h_adj_start);
+    free(m->h_adj);
+    free(m->h_sout);
     free(m);
 }
 
@@ -312,6 +340,8 @@ int model_logit_rows(const struct batch *b) {
 /* Checks the batch and fills the host staging arrays. */
 static int stage_batch(struct model *m, const struct batch *b, int *n_rows, int *n_logit,
                        char *err, size_t errlen) {
+    m->n_srows = 0; /* sample rows (MODEL_LOGITS_SAMPLE) */
+    m->logits_chunk = -1;
     const struct model_opts *o = &m->opts;
     if (b->n_seqs < 1 || b->n_seqs > o->max_seqs)
         return util_err(err, errlen, -EINVAL, "batch: %d sequences (1..%d)", b->n_seqs, o->max_seqs);
@@ -329,7 +359,8 @@ static int stage_batch(struct model *m, const struct batch *b, int *n_rows, int 
             return util_err(err, errlen, -EINVAL,
                             "batch: sequence %d needs %d KV blocks for %d positions, has %d (max %d)",
                             s, need, ctx, q->n_blocks, o->max_blocks_per_seq);
-        if (q->logits < MODEL_LOGITS_NONE || q->logits > MODEL_LOGITS_ALL)
+        if (q->logits < MODEL_LOGITS_NONE || q->logits > MODEL_LOGITS_SAMPLE ||
+            (q->logits == MODEL_LOGITS_SAMPLE && !m->h_srows))
             return util_err(err, errlen, -EINVAL, "batch: sequence %d: bad logits mode", s);
         int32_t *bt = m->h_bt + (size_t)s * o->max_blocks_per_seq;
         for (int j = 0; j < o->max_blocks_per_seq; j++) {
@@ -352,6 +383,8 @@ static int stage_batch(struct model *m, const struct batch *b, int *n_rows, int 
             m->h_ids[n + i] = id;
             m->h_pos[n + i] = pos;
             m->h_slots[n + i] = bt[pos / o->block_size] * o->block_size + pos % o->block_size;
+            if (q->logits == MODEL_LOGITS_SAMPLE && i == q->n_tokens - 1)
+                m->h_srows[m->n_srows++] = n + i;
             if (q->logits == MODEL_LOGITS_ALL || (q->logits == MODEL_LOGITS_LAST && i == q->n_tokens - 1))
                 m->h_rows[nl++] = n + i;
         }
@@ -437,7 +470,136 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
                 memcpy(logits + (size_t)(r0 + r) * V + m->vocab_start,
                        m->h_logits + (size_t)r * m->vocab_rows, (size_t)cols * sizeof(float));
     }
+    /* sampling candidates of the SAMPLE rows (after the full rows: m->logits
+     * then holds the last sample chunk, for model_sample_row_logits) */
+    if (m->n_srows > 0 && (rc = sample_rows(m, b, cols, err, errlen))) return rc;
     if ((rc = O->sync(c))) return util_err(err, errlen, rc, "model: backend sync failed");
+    return 0;
+}
+
+int model_sample_rows(const struct batch *b) {
+    int n = 0;
+    for (int s = 0; s < b->n_seqs; s++) n += b->seqs[s].logits == MODEL_LOGITS_SAMPLE;
+    return n;
+}
+
+int model_forward_out(struct model *m, const struct batch *b, const struct model_out *o,
+                      char *err, size_t errlen) {
+    if (!m->h_srows && !(m->h_srows = malloc(sizeof(int32_t) * (size_t)m->opts.max_seqs)))
+        return util_err(err, errlen, -ENOMEM, "model: out of memory");
+    m->sout = o;
+    int rc = model_forward(m, b, o ? o->logits : NULL, err, errlen);
+    m->sout = NULL;
+    return rc;
+}
+
+/* Sampling buffers for adjustment lists of up to n_adj entries per chunk. */
+static int sample_reserve(struct model *m, size_t n_adj) {
+    struct ops *O = m->ops;
+    void *c = O->ctx;
+    if (!m->s_work) {
+        m->s_work = O->alloc(c, BUF_F32, sample_work_floats(LOGIT_CHUNK, m->vocab_rows, SAMPLE_MAX_K));
+        m->s_inv_t = O->alloc(c, BUF_F32, LOGIT_CHUNK);
+        m->s_adj_start = O->alloc(c, BUF_I32, LOGIT_CHUNK + 1);
+        m->h_inv_t = malloc(sizeof(float) * LOGIT_CHUNK);
+        m->h_adj_start = malloc(sizeof(int32_t) * (LOGIT_CHUNK + 1));
+        if (!m->s_work || !m->s_inv_t || !m->s_adj_start || !m->h_inv_t || !m->h_adj_start)
+            return -ENOMEM;
+    }
+    if (!m->s_out || n_adj > m->s_cap_adj) {
+        size_t cap = m->s_cap_adj ? m->s_cap_adj : 1024;
+        while (cap < n_adj) cap *= 2;
+        O->free(c, m->s_adj);
+        O->free(c, m->s_out);
+        free(m->h_adj);
+        free(m->h_sout);
+        m->s_adj = O->alloc(c, BUF_I32, 2 * cap);
+        m->s_out = O->alloc(c, BUF_F32, SAMPLE_OUT_FLOATS(LOGIT_CHUNK, SAMPLE_MAX_K, cap));
+        m->h_adj = malloc(sizeof(int32_t) * 2 * cap);
+        m->h_sout = malloc(sizeof(float) * SAMPLE_OUT_FLOATS(LOGIT_CHUNK, SAMPLE_MAX_K, cap));
+        m->s_cap_adj = m->s_adj && m->s_out && m->h_adj && m->h_sout ? cap : 0;
+        if (!m->s_cap_adj) return -ENOMEM;
+    }
+    return 0;
+}
+
+/* lm_head of sample chunk ci into m->logits. */
+static int sample_chunk_logits(struct model *m, int ci) {
+    struct ops *O = m->ops;
+    int c0 = ci * LOGIT_CHUNK, mr = m->n_srows - c0 < LOGIT_CHUNK ? m->n_srows - c0 : LOGIT_CHUNK;
+    int rc = O->upload(O->ctx, m->logit_rows, 0, m->h_srows + c0, (size_t)mr);
+    if (rc) return rc;
+    O->lm_head(O->ctx, m->logits, m->x, m->logit_rows, mr, m->lm_head, m->hidden, m->vocab_rows);
+    m->logits_chunk = ci;
+    return 0;
+}
+
+/* Candidates of every SAMPLE row into m->sout (this rank's part). */
+static int sample_rows(struct model *m, const struct batch *b, int cols, char *err,
+                       size_t errlen) {
+    struct ops *O = m->ops;
+    void *c = O->ctx;
+    const struct model_out *o = m->sout;
+    int ns = m->n_srows, rc;
+    if (!o || !o->cands || !o->inv_t || o->k < 1 || o->k > SAMPLE_MAX_K || !O->sample_topk ||
+        (o->adj_start && o->adj_start[ns] > 0 && (!o->adj || !o->adj_raw)))
+        return util_err(err, errlen, -EINVAL,
+                        "batch: sampling rows need model_forward_out (k 1..%d, inv_t, adjustment "
+                        "outputs) on a backend with sample_topk", SAMPLE_MAX_K);
+    int k = o->k, rank = m->comm->rank;
+    size_t RF = SAMPLE_ROW_FLOATS(k);
+    if (cols < 0) cols = 0;
+    for (int c0 = 0; c0 < ns; c0 += LOGIT_CHUNK) {
+        int mr = ns - c0 < LOGIT_CHUNK ? ns - c0 : LOGIT_CHUNK;
+        /* this chunk's temperatures and adjustments */
+        int chunk_off = o->adj_start ? o->adj_start[c0] : 0;
+        size_t na = o->adj_start ? (size_t)(o->adj_start[c0 + mr] - chunk_off) : 0;
+        if ((rc = sample_reserve(m, na)))
+            return util_err(err, errlen, rc, "model: out of %s memory for sampling", O->name);
+        for (int r = 0; r < mr; r++) {
+            m->h_inv_t[r] = o->inv_t[c0 + r] > 0 ? o->inv_t[c0 + r] : 1.0f;
+            m->h_adj_start[r] = o->adj_start ? o->adj_start[c0 + r] - chunk_off : 0;
+        }
+        m->h_adj_start[mr] = (int32_t)na;
+        if (na) memcpy(m->h_adj, o->adj + 2 * (size_t)chunk_off, sizeof(int32_t) * 2 * na);
+        if ((rc = O->upload(c, m->s_inv_t, 0, m->h_inv_t, (size_t)mr)) ||
+            (rc = O->upload(c, m->s_adj_start, 0, m->h_adj_start, (size_t)mr + 1)) ||
+            (na && (rc = O->upload(c, m->s_adj, 0, m->h_adj, 2 * na))) ||
+            (rc = sample_chunk_logits(m, c0 / LOGIT_CHUNK)))
+            return util_err(err, errlen, rc, "model: upload failed");
+        struct sample_batch sb = {.m = mr, .k = k, .ld = m->vocab_rows, .n_cols = cols,
+                                  .vocab_start = m->vocab_start, .inv_t = m->s_inv_t,
+                                  .adj_start = m->s_adj_start, .adj = m->s_adj,
+                                  .h_adj_start = m->h_adj_start};
+        O->sample_topk(c, m->s_out, m->logits, m->s_work, &sb);
+        size_t nf = SAMPLE_OUT_FLOATS(mr, k, na);
+        if ((rc = O->download(c, m->h_sout, m->s_out, 0, nf)))
+            return util_err(err, errlen, rc, "model: download of sampling candidates failed");
+        for (int r = 0; r < mr; r++)
+            memcpy(o->cands + ((size_t)rank * ns + c0 + r) * RF, m->h_sout + (size_t)r * RF,
+                   RF * sizeof(float));
+        for (size_t e = 0; e < na; e++) {
+            int t = m->h_adj[2 * e] >> 2;
+            if (t >= m->vocab_start && t < m->vocab_start + cols)
+                o->adj_raw[chunk_off + e] = m->h_sout[(size_t)mr * RF + e];
+        }
+    }
+    return 0;
+}
+
+int model_sample_row_logits(struct model *m, int i, float *row, char *err, size_t errlen) {
+    if (i < 0 || i >= m->n_srows)
+        return util_err(err, errlen, -EINVAL, "model: no sampling row %d in the last forward", i);
+    struct ops *O = m->ops;
+    int rc, ci = i / LOGIT_CHUNK;
+    if (m->logits_chunk != ci && (rc = sample_chunk_logits(m, ci)))
+        return util_err(err, errlen, rc, "model: upload failed");
+    if ((rc = O->download(O->ctx, m->h_logits, m->logits, (size_t)(i - ci * LOGIT_CHUNK) * m->vocab_rows,
+                          (size_t)m->vocab_rows)))
+        return util_err(err, errlen, rc, "model: download of logits failed");
+    int V = m->cfg.vocab, cols = m->vocab_rows;
+    if (m->vocab_start + cols > V) cols = V - m->vocab_start;
+    if (cols > 0) memcpy(row + m->vocab_start, m->h_logits, (size_t)cols * sizeof(float));
     return 0;
 }
 
@@ -445,7 +607,7 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
 /* model_group: one worker thread per rank                                  */
 /* ======================================================================== */
 
-enum { JOB_NONE = 0, JOB_FORWARD, JOB_COPY, JOB_EXIT };
+enum { JOB_NONE = 0, JOB_FORWARD, JOB_COPY, JOB_EXIT, JOB_SAMPLE_ROW };
 
 struct rank_worker {
     struct model_group *g;
@@ -469,6 +631,9 @@ struct model_group {
     int job;
     const struct batch *b;
     float *logits;
+    const struct model_out *out;  /* JOB_FORWARD */
+    int row_i;                    /* JOB_SAMPLE_ROW */
+    float *row;
     int cp_dst, cp_src;
     /* init only */
     struct ckpt *ck;
@@ -542,7 +707,9 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&g->mu);
         if (job == JOB_EXIT) break;
         if (job == JOB_FORWARD)
-            w->rc = model_forward(w->m, g->b, g->logits, w->err, sizeof w->err);
+            w->rc = model_forward_out(w->m, g->b, g->out, w->err, sizeof w->err);
+        else if (job == JOB_SAMPLE_ROW)
+            w->rc = model_sample_row_logits(w->m, g->row_i, g->row, w->err, sizeof w->err);
         else if (job == JOB_COPY)
             model_copy_block(w->m, g->cp_dst, g->cp_src);
         worker_done(g);
@@ -667,8 +834,34 @@ int model_group_init(struct ckpt *ck, const struct model_group_opts *o, struct m
 
 int model_group_forward(struct model_group *g, const struct batch *b, float *logits, char *err,
                         size_t errlen) {
+    struct model_out o = {.logits = logits};
+    return model_group_forward_out(g, b, &o, err, errlen);
+}
+
+/* The first failing rank's error (others' collectives are cancelled). */
+static int group_error(struct model_group *g, char *err, size_t errlen) {
+    int bad = -1;
+    for (int r = 0; r < g->tp; r++)
+        if (g->w[r].rc && (bad < 0 || (g->w[bad].rc == -ECANCELED && g->w[r].rc != -ECANCELED)))
+            bad = r;
+    if (bad >= 0)
+        return util_err(err, errlen, g->w[bad].rc, "rank %d: %s", bad, g->w[bad].err);
+    return 0;
+}
+
+int model_group_sample_row_logits(struct model_group *g, int i, float *row, char *err,
+                                  size_t errlen) {
+    g->row_i = i;
+    g->row = row;
+    group_run(g, JOB_SAMPLE_ROW);
+    return group_error(g, err, errlen);
+}
+
+int model_group_forward_out(struct model_group *g, const struct batch *b,
+                            const struct model_out *o, char *err, size_t errlen) {
     g->b = b;
-    g->logits = logits;
+    g->logits = o->logits;
+    g->out = o;
     group_run(g, JOB_FORWARD);
     /* report the rank that failed first: others' collectives are cancelled */
     int bad = -1;

@@ -46,7 +46,14 @@
 #include "engine/ckpt.h"
 #include "kernels/ops.h"
 
-enum model_logits { MODEL_LOGITS_NONE = 0, MODEL_LOGITS_LAST = 1, MODEL_LOGITS_ALL = 2 };
+/* MODEL_LOGITS_SAMPLE: the last row, as sampling candidates instead of full
+ * logits (struct model_out, ops->sample_topk): what a decode row needs. */
+enum model_logits {
+    MODEL_LOGITS_NONE = 0,
+    MODEL_LOGITS_LAST = 1,
+    MODEL_LOGITS_ALL = 2,
+    MODEL_LOGITS_SAMPLE = 3,
+};
 
 struct model_opts {
     int n_blocks;                 /* KV blocks (all layers share the block ids) */
@@ -92,6 +99,36 @@ int model_logit_rows(const struct batch *b);
  * out of range, a token id out of range) before touching anything. */
 int model_forward(struct model *m, const struct batch *b, float *logits, char *err,
                   size_t errlen);
+
+/* A forward's outputs (and the SAMPLE rows' inputs). logits: host fp32
+ * [model_logit_rows(b), vocab], the LAST / ALL rows (may be NULL when there
+ * are none). SAMPLE rows i = 0 .. model_sample_rows(b) - 1 (batch order) are
+ * sampled at inv_t[i] with the adjustments adj[2 * adj_start[i] .. 2 *
+ * adj_start[i + 1]) (kernels/ops.h, sampling; engine/sampler.h builds them);
+ * each rank r writes cands[(r * rows + i) * SAMPLE_ROW_FLOATS(k)], the op's
+ * row for its vocabulary columns (merge with sampler_cands_merge), and
+ * adj_raw[j] for the adjustments j of its columns' tokens. */
+struct model_out {
+    float *logits;
+    int k;                        /* candidates per row, 1..SAMPLE_MAX_K */
+    const float *inv_t;           /* [rows] 1 / temperature (1 for greedy) */
+    const int32_t *adj_start;     /* [rows + 1], or NULL: no adjustments */
+    const int32_t *adj;           /* [2 * adj_start[rows]] */
+    float *cands;                 /* [tp, rows, SAMPLE_ROW_FLOATS(k)] */
+    float *adj_raw;               /* [adj_start[rows]] */
+};
+
+int model_sample_rows(const struct batch *b);
+
+/* model_forward with SAMPLE rows too. */
+int model_forward_out(struct model *m, const struct batch *b, const struct model_out *o,
+                      char *err, size_t errlen);
+
+/* The full logits of SAMPLE row i of the last forward (the sampler's
+ * fallback, SAMPLER_NEED_FULL): recomputes the lm_head of i's chunk exactly
+ * as the forward did and writes this rank's columns of row[vocab]. Valid until
+ * the next forward. */
+int model_sample_row_logits(struct model *m, int i, float *row, char *err, size_t errlen);
 
 /* Copies KV block src to dst in every layer (after kv_seq_fork). */
 void model_copy_block(struct model *m, int dst, int src);
@@ -143,6 +180,11 @@ int model_group_init(struct ckpt *ck, const struct model_group_opts *o, struct m
 void model_group_free(struct model_group *g);
 int model_group_forward(struct model_group *g, const struct batch *b, float *logits, char *err,
                         size_t errlen);
+int model_group_forward_out(struct model_group *g, const struct batch *b,
+                            const struct model_out *o, char *err, size_t errlen);
+/* model_sample_row_logits on every rank: row[vocab] complete. */
+int model_group_sample_row_logits(struct model_group *g, int i, float *row, char *err,
+                                  size_t errlen);
 /* model_copy_block on every rank. */
 void model_group_copy_block(struct model_group *g, int dst, int src);
 /* Rank 0's model (config, options; do not run it directly). */

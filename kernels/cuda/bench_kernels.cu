@@ -85,6 +85,7 @@ static const char *kname(enum w4a16_kernel k) {
     case W4A16_KERNEL_TC64: return "tc64";
     case W4A16_KERNEL_TC128: return "tc128";
     case W4A16_KERNEL_CUBLAS: return "deq+cublas";
+    case W4A16_KERNEL_GEMV: return "gemv";
     default: return "auto";
     }
 }
@@ -106,7 +107,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
             fprintf(stderr,
                     "usage: awqd bench kernels [--reps N] [--m 1,2,4,...] [--shape qkv|o|gate_up|down]\n"
                     "                          [--variants] [--csv FILE]\n"
-                    "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas) at each M\n");
+                    "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, gemv) at each M\n"
+                    "  --sweep     time the split counts of gemv (M = 1, 2, 4), skinny (1, 16), tc64 (64, 128)\n");
             return strcmp(argv[i], "--help") && strcmp(argv[i], "-h") ? 2 : 0;
         }
     }
@@ -169,10 +171,10 @@ extern "C" int bench_kernels(int argc, char **argv) {
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv)
         fprintf(csv, "shape,K,N,M,kernel,ksplit,us,weight_GBs,pct_copy,TFLOPs,cublas_us,"
-                     "speedup_vs_cublas,skinny_us,tc64_us,tc128_us,deqcublas_us\n");
+                     "speedup_vs_cublas,skinny_us,tc64_us,tc128_us,deqcublas_us,gemv_us\n");
     printf("\n%-8s %5s %-10s %3s %9s %8s %6s %7s %10s %8s", "shape", "M", "kernel", "ks", "us",
            "GB/s", "%copy", "TFLOP/s", "cublas_us", "speedup");
-    if (variants) printf(" %9s %9s %9s %9s", "skinny", "tc64", "tc128", "deq+cubl");
+    if (variants) printf(" %9s %9s %9s %9s %9s", "skinny", "tc64", "tc128", "deq+cubl", "gemv");
     printf("\n");
 
     for (const shape &sh : shapes) {
@@ -253,36 +255,49 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     fprintf(stderr, "upload copy: %s\n", err);
                     return 1;
                 }
-            for (int mm = 1; mm <= 16; mm *= 16) {
-                int calls = R * 4, rc2 = 0;
-                std::vector<float> v;
-                for (int rep = 0; rep < 7; rep++) {
-                    CUDA_CHECK_ABORT(cudaEventRecord(t.a));
-                    for (int i = 0; i < calls; i++)
-                        rc2 |= w4a16_linear(cp[i % R], dx, mm, dy, epi, ws, wsb, 0, err, sizeof err);
-                    CUDA_CHECK_ABORT(cudaEventRecord(t.b));
-                    CUDA_CHECK_ABORT(cudaEventSynchronize(t.b));
-                    float ms = 0;
-                    CUDA_CHECK_ABORT(cudaEventElapsedTime(&ms, t.a, t.b));
-                    if (rep) v.push_back(ms * 1000.f / calls);
+            /* on a non-blocking stream (programmatic dependent launch does not
+             * apply on the legacy default stream), with PDL on and off */
+            cudaStream_t bs;
+            CUDA_CHECK_ABORT(cudaStreamCreateWithFlags(&bs, cudaStreamNonBlocking));
+            const int pdl0 = w4a16_pdl(-1);
+            static const int b2b_m[] = {1, 2, 4, 8, 16};
+            for (int bi = 0; bi < 5; bi++)
+                for (int pdl = 1; pdl >= 0; pdl--) {
+                    int mm = b2b_m[bi];
+                    w4a16_pdl(pdl);
+                    int calls = R * 4, rc2 = 0;
+                    std::vector<float> v;
+                    for (int rep = 0; rep < 7; rep++) {
+                        CUDA_CHECK_ABORT(cudaEventRecord(t.a, bs));
+                        for (int i = 0; i < calls; i++)
+                            rc2 |= w4a16_linear(cp[i % R], dx, mm, dy, epi, ws, wsb, bs, err, sizeof err);
+                        CUDA_CHECK_ABORT(cudaEventRecord(t.b, bs));
+                        CUDA_CHECK_ABORT(cudaEventSynchronize(t.b));
+                        float ms = 0;
+                        CUDA_CHECK_ABORT(cudaEventElapsedTime(&ms, t.a, t.b));
+                        if (rep) v.push_back(ms * 1000.f / calls);
+                    }
+                    std::sort(v.begin(), v.end());
+                    double bus = v[v.size() / 2];
+                    printf("%-8s back-to-back M=%-2d pdl=%d over %d weight copies: %.2f us/call = %.0f GB/s (%.1f%% of copy)%s\n",
+                           sh.name, mm, pdl, R, bus, wbytes / (bus * 1e-6) / 1e9,
+                           100.0 * wbytes / (bus * 1e-6) / 1e9 / copy_gbs, rc2 ? " (error)" : "");
+                    if (csv) fprintf(csv, "%s,%d,%d,%d,b2b_pdl%d,0,%.3f,%.1f,%.2f,,,,,,,,\n", sh.name, K, N, mm,
+                                     pdl, bus, wbytes / (bus * 1e-6) / 1e9,
+                                     100.0 * wbytes / (bus * 1e-6) / 1e9 / copy_gbs);
                 }
-                std::sort(v.begin(), v.end());
-                double bus = v[v.size() / 2];
-                printf("%-8s back-to-back M=%-2d over %d weight copies: %.2f us/call = %.0f GB/s (%.1f%% of copy)%s\n",
-                       sh.name, mm, R, bus, wbytes / (bus * 1e-6) / 1e9,
-                       100.0 * wbytes / (bus * 1e-6) / 1e9 / copy_gbs, rc2 ? " (error)" : "");
-                if (csv) fprintf(csv, "%s,%d,%d,%d,b2b,0,%.3f,%.1f,%.2f,,,,,,,\n", sh.name, K, N, mm, bus,
-                                 wbytes / (bus * 1e-6) / 1e9, 100.0 * wbytes / (bus * 1e-6) / 1e9 / copy_gbs);
-            }
+            w4a16_pdl(pdl0);
+            CUDA_CHECK_ABORT(cudaStreamDestroy(bs));
             for (int i = 1; i < R; i++) w4a16_free(cp[i]);
         }
         if (sweep) {
-            static const int sms_[] = {1, 2, 3, 4, 6, 8, 12, 16};
-            static const int sweep_m[] = {1, 16, 64, 128};
-            for (int mi2 = 0; mi2 < 4; mi2++)
-                for (int si = 0; si < 8; si++) {
+            static const int sms_[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
+            static const int sweep_m[] = {1, 2, 4, 1, 16, 64, 128};
+            for (int mi2 = 0; mi2 < 7; mi2++)
+                for (int si = 0; si < 10; si++) {
                     int rc2 = 0, mm = sweep_m[mi2];
-                    enum w4a16_kernel fk = mm <= 16 ? W4A16_KERNEL_SKINNY : W4A16_KERNEL_TC64;
+                    enum w4a16_kernel fk = mi2 < 3 ? W4A16_KERNEL_GEMV
+                                           : mm <= 16 ? W4A16_KERNEL_SKINNY : W4A16_KERNEL_TC64;
                     double sus = time_median_us(t, reps, [&] {
                         rc2 |= w4a16_linear_ex(w, dx, mm, dy, epi, fk, sms_[si], ws, wsb_var, 0, err,
                                                sizeof err);
@@ -314,12 +329,13 @@ extern "C" int bench_kernels(int argc, char **argv) {
                              CUBLAS_GEMM_DEFAULT);
             });
             CUDA_CHECK_ABORT(cudaGetLastError());
-            double var[4] = {0, 0, 0, 0};
+            double var[5] = {0, 0, 0, 0, 0};
             if (variants) {
-                for (int v = 0; v < 4; v++) {
+                for (int v = 0; v < 5; v++) {
                     enum w4a16_kernel fk = (enum w4a16_kernel)(W4A16_KERNEL_SKINNY + v);
                     if (fk == W4A16_KERNEL_SKINNY && M > 64) continue;
-                    if (fk != W4A16_KERNEL_SKINNY && M < 8) continue;
+                    if (fk == W4A16_KERNEL_GEMV && M > 4) continue;
+                    if (fk != W4A16_KERNEL_SKINNY && fk != W4A16_KERNEL_GEMV && M < 8) continue;
                     var[v] = time_median_us(t, reps, [&] {
                         rc |= w4a16_linear_ex(w, dx, M, dy, epi, fk, 0, ws, wsb_var, 0, err, sizeof err);
                     });
@@ -333,13 +349,13 @@ extern "C" int bench_kernels(int argc, char **argv) {
             double tfl = 2.0 * M * N * (double)K / (us * 1e-6) / 1e12;
             printf("%-8s %5d %-10s %3d %9.2f %8.0f %5.1f%% %7.1f %10.2f %7.2fx", sh.name, M,
                    kname(kc), ks, us, gbs, 100.0 * gbs / copy_gbs, tfl, cus, cus / us);
-            if (variants) printf(" %9.2f %9.2f %9.2f %9.2f", var[0], var[1], var[2], var[3]);
+            if (variants) printf(" %9.2f %9.2f %9.2f %9.2f %9.2f", var[0], var[1], var[2], var[3], var[4]);
             printf("\n");
             fflush(stdout);
             if (csv)
-                fprintf(csv, "%s,%d,%d,%d,%s,%d,%.3f,%.1f,%.2f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
+                fprintf(csv, "%s,%d,%d,%d,%s,%d,%.3f,%.1f,%.2f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
                         sh.name, K, N, M, kname(kc), ks, us, gbs, 100.0 * gbs / copy_gbs, tfl, cus,
-                        cus / us, var[0], var[1], var[2], var[3]);
+                        cus / us, var[0], var[1], var[2], var[3], var[4]);
         }
         cudaFree(ws);
         cudaFree(dW);

@@ -77,6 +77,7 @@ struct w4a16_weight {
     int cnt_len;
     size_t bytes;             /* device bytes held */
     int sms;                  /* multiprocessors of the device */
+    int cc_major;             /* compute capability major (PDL needs >= 9) */
 };
 
 #define CNT_LEN_MIN 4096
@@ -141,6 +142,37 @@ static __device__ __forceinline__ void cp_async_commit(void) {
 template <int N>
 static __device__ __forceinline__ void cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Programmatic dependent launch (sm_90). A kernel launched with the         */
+/* programmatic-stream-serialization attribute may start while the previous  */
+/* kernel on the stream drains; it must not touch memory that kernel writes  */
+/* (x, y, workspace, counters) before pdl_wait(). Weights, scales, zeros and */
+/* bias are constant after upload, so they are prefetched before the wait.   */
+/* pdl_launch() lets the next PDL kernel on the stream start early (it only  */
+/* matters when that kernel was launched with the attribute). No-ops before  */
+/* sm_90 and when the kernel was launched without the attribute.             */
+/* ------------------------------------------------------------------------ */
+
+static __device__ __forceinline__ void pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_launch(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* 16-byte streaming load of constant data: read-only path, no L1 allocation. */
+static __device__ __forceinline__ uint4 ldg_stream(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
 }
 
 /* Zero-point subtrahends: {1024+z, 1024+z} and {1024+16z, 1024+16z} as half2 bits. */
@@ -305,13 +337,9 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     uint8_t *szr = smem + L.z_off;
     const int g0 = kc0 * 64 / G, g1 = (kc1 * 64 + G - 1) / G;
 
-    /* x rows [0, M) x K range, scales and zeros of the groups: one commit group */
+    /* Constant data first (scales, zeros, the first ring stages), before the
+     * programmatic-launch wait; x (written by the previous kernel) after it. */
     {
-        const int cpr = n * 8; /* 16-byte chunks per row */
-        for (int i = tid; i < ep.m * cpr; i += SK_WARPS * 32) {
-            int row = i / cpr, ch = i - row * cpr;
-            cp_async16(sx + row * L.xstride + ch * 8, x + (size_t)row * K + kc0 * 64 + ch * 8, 16);
-        }
         for (int i = tid; i < (g1 - g0) * 16; i += SK_WARPS * 32) {
             int g = i >> 4, ch = i & 15;
             cp_async16((unsigned char *)ssc + g * 256 + ch * 16,
@@ -321,7 +349,6 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
             int g = i >> 2, ch = i & 3;
             cp_async16(szr + g * 64 + ch * 16, zr + ((size_t)(g0 + g) * n16a + nt0) * 8 + ch * 16, 16);
         }
-        cp_async_commit();
     }
     /* chunk kc of this warp's tile: qw[((nb * KC + kc) * 8 + warp) * 32 + lane] */
     const uint4 *wp = qw + (((size_t)nb * KC + kc0) * 8 + warp) * 32 + lane;
@@ -330,7 +357,16 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         if (s < n) cp_async16(ring + s * 32 + lane, wp + (size_t)s * 256, 16);
         cp_async_commit();
     }
-    cp_async_wait<SK_STAGES - 1>(); /* the x / scales group */
+    pdl_wait();
+    {   /* x rows [0, M) x K range */
+        const int cpr = n * 8; /* 16-byte chunks per row */
+        for (int i = tid; i < ep.m * cpr; i += SK_WARPS * 32) {
+            int row = i / cpr, ch = i - row * cpr;
+            cp_async16(sx + row * L.xstride + ch * 8, x + (size_t)row * K + kc0 * 64 + ch * 8, 16);
+        }
+        cp_async_commit();
+    }
+    cp_async_wait<0>(); /* scales, zeros, x and the first ring stages */
     __syncthreads();
 
     float acc[MT][4];
@@ -418,6 +454,7 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         }
     }
     cp_async_wait<0>();
+    pdl_launch();
 
     if (ksplit > 1 &&
         !splitk_reduce<MT * 4, SK_WARPS * 32>(&acc[0][0], part, cnt, nb, split, ksplit, tid, true))
@@ -425,6 +462,238 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 #pragma unroll
     for (int i = 0; i < MT; i++)
         epilogue(ep, nt, r, i * 8 + 2 * c, acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+}
+
+/* ------------------------------------------------------------------------ */
+/* GEMV kernel (decode, M = 1..4 rows): CUDA cores, no tensor cores.         */
+/* Block = GV_WARPS warps on one 128-column block (8 n16 tiles) and one K    */
+/* range [kc0, kc1) of 64-deep chunks (split-K across blocks, deterministic  */
+/* reduction). Each warp streams a contiguous sub-range of chunks: one step  */
+/* = the block's 8 tiles at one chunk = 4 KB contiguous, 8 x 16-byte loads   */
+/* per lane straight into registers (no shared-memory staging of weights),   */
+/* double-buffered: the next step's 8 loads (+ its scales and zeros) are in  */
+/* flight while the current one is computed. The first two steps are issued  */
+/* before pdl_wait(); x of the block's K range goes to shared memory after.  */
+/*                                                                            */
+/* Lane (r, c) of a step holds, per tile, 16 k (16c .. 16c+15) x 2 columns   */
+/* (rho = r, r + 8) — exactly the mma A fragment of the layout, used here as */
+/* plain data: LOP3 -> half2 {1024 + q} / {1024 + 16 q}; one sub (fma for    */
+/* the high nibbles) leaves q - z exactly; times the fp16 scale = the fp16   */
+/* dequantized weight (as cuBLAS on a dequantized copy would see it); one    */
+/* HFMA2 per two weights per row of x into half2 partial sums (8 products    */
+/* each, at the output's magnitude: no overflow unless y itself overflows),  */
+/* converted to fp32 after every step. At the end: shuffle-add over the 4    */
+/* lanes c, add the warps in order in shared memory, split-K partials in     */
+/* the workspace added in split order by the last block of the column block. */
+/* ------------------------------------------------------------------------ */
+
+#define GV_WARPS 4
+#define GV_X_BYTES_MAX (32 * 1024) /* x slice limit -> K range per split */
+/* resident blocks per SM the register use must allow (more spills at MR >= 3) */
+#define GV_MIN_BLOCKS(mr) ((mr) <= 2 ? 3 : 2)
+
+struct gv_step {
+    uint4 w[8];      /* 8 tiles x 16 bytes */
+    uint32_t s[8];   /* half2 {s(r), s(r+8)} per tile */
+    uint32_t z[8];   /* z(r) | z(r+8) << 4 per tile */
+};
+
+static __host__ __device__ inline size_t gv_smem_bytes(int mr, int cps) {
+    size_t x = ((size_t)mr * cps * 64 * 2 + 15) / 16 * 16;
+    return x + (size_t)GV_WARPS * mr * 128 * 4;
+}
+
+template <int MR>
+static __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS(MR))
+k_gemv(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
+       const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
+       int G, int cps, int ksplit, epi_args ep, float *__restrict__ part,
+       int *__restrict__ cnt) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int nb = blockIdx.x, split = blockIdx.y;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int r = lane >> 2, c = lane & 3;
+    const int kc0 = split * cps, kc1 = min(KC, kc0 + cps), n = kc1 - kc0;
+    const int wb = kc0 + warp * n / GV_WARPS, we = kc0 + (warp + 1) * n / GV_WARPS;
+    const int xstride = cps * 64; /* halves per x row in shared memory */
+    uint16_t *sx = (uint16_t *)smem;
+    float *red = (float *)(smem + ((size_t)MR * xstride * 2 + 15) / 16 * 16); /* [W][MR][128] */
+    const int cpg = G / 64;
+
+    /* chunk kc, tile j of this block: qw[((nb * KC + kc) * 8 + j) * 32 + lane] */
+    const uint4 *wbase = qw + (size_t)nb * KC * 256 + lane;
+    const uint32_t *sbase = sc + (size_t)nb * 64 + r; /* group g tile j: + g * n16a * 8 + j * 8 */
+    const uint8_t *zbase = zr + (size_t)nb * 64 + r;
+
+    auto load = [&](gv_step &st, int kc) {
+        const uint4 *p = wbase + (size_t)kc * 256;
+#pragma unroll
+        for (int j = 0; j < 8; j++) st.w[j] = ldg_stream(p + j * 32);
+        const size_t go = (size_t)(kc / cpg) * n16a * 8;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            st.s[j] = __ldg(sbase + go + j * 8);
+            st.z[j] = __ldg(zbase + go + j * 8);
+        }
+    };
+
+    float acc[8][2][MR];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int m = 0; m < MR; m++) acc[j][0][m] = acc[j][1][m] = 0.f;
+
+    auto compute = [&](const gv_step &st, int kc) {
+        const uint16_t *xs = sx + (kc - kc0) * 64 + 16 * c;
+        uint32_t xh[MR][8];
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            uint4 a = *(const uint4 *)(xs + m * xstride), b = *(const uint4 *)(xs + m * xstride + 8);
+            xh[m][0] = a.x, xh[m][1] = a.y, xh[m][2] = a.z, xh[m][3] = a.w;
+            xh[m][4] = b.x, xh[m][5] = b.y, xh[m][6] = b.z, xh[m][7] = b.w;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const uint32_t z = st.z[j], s2 = st.s[j];
+            const uint32_t mlo = magic_lo(z & 15);
+            uint32_t nz = 0xd400u | ((z >> 4) << 4); /* -(64 + z_hi) */
+            nz |= nz << 16;
+            const uint32_t slo = __byte_perm(s2, 0, 0x1010), shi = __byte_perm(s2, 0, 0x3232);
+            const uint32_t *wt = &st.w[j].x;
+            uint32_t plo[MR], phi[MR];
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                uint32_t a[4];
+                deq_scaled(wt[t], mlo, nz, slo, shi, a);
+#pragma unroll
+                for (int m = 0; m < MR; m++) {
+                    if (t == 0) {
+                        plo[m] = hmul2u(a[0], xh[m][0]);
+                        phi[m] = hmul2u(a[1], xh[m][0]);
+                    } else {
+                        plo[m] = hfma2u(a[0], xh[m][2 * t], plo[m]);
+                        phi[m] = hfma2u(a[1], xh[m][2 * t], phi[m]);
+                    }
+                    plo[m] = hfma2u(a[2], xh[m][2 * t + 1], plo[m]);
+                    phi[m] = hfma2u(a[3], xh[m][2 * t + 1], phi[m]);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < MR; m++) {
+                float2 fl = __half22float2(*reinterpret_cast<const __half2 *>(&plo[m]));
+                float2 fh = __half22float2(*reinterpret_cast<const __half2 *>(&phi[m]));
+                acc[j][0][m] += fl.x + fl.y;
+                acc[j][1][m] += fh.x + fh.y;
+            }
+        }
+    };
+
+    /* Weights of the first two steps before the dependency wait. */
+    gv_step sa, sb;
+    if (wb < we) load(sa, wb);
+    if (wb + 1 < we) load(sb, wb + 1);
+
+    pdl_wait();
+    /* x rows [0, MR) x [kc0*64, kc1*64) -> shared memory */
+    {
+        const int cpr = n * 8; /* 16-byte pieces per row */
+        for (int i = tid; i < MR * cpr; i += GV_WARPS * 32) {
+            int row = i / cpr, ch = i - row * cpr;
+            *(uint4 *)(sx + row * xstride + ch * 8) =
+                *(const uint4 *)(x + (size_t)row * K + kc0 * 64 + ch * 8);
+        }
+    }
+    __syncthreads();
+
+    for (int kc = wb; kc < we; kc += 2) {
+        compute(sa, kc);
+        if (kc + 2 < we) load(sa, kc + 2);
+        if (kc + 1 < we) {
+            compute(sb, kc + 1);
+            if (kc + 3 < we) load(sb, kc + 3);
+        }
+    }
+    pdl_launch();
+
+    /* sum over the 4 lanes c of each r, then over the warps (fixed order) */
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int m = 0; m < MR; m++) {
+                float v = acc[j][h][m];
+                v += __shfl_xor_sync(0xffffffffu, v, 1);
+                v += __shfl_xor_sync(0xffffffffu, v, 2);
+                acc[j][h][m] = v;
+            }
+    if (c == 0) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int m = 0; m < MR; m++) red[(warp * MR + m) * 128 + j * 16 + r + 8 * h] = acc[j][h][m];
+    }
+    __syncthreads();
+    float v[MR];
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        v[m] = red[m * 128 + tid];
+#pragma unroll
+        for (int w2 = 1; w2 < GV_WARPS; w2++) v[m] += red[(w2 * MR + m) * 128 + tid];
+    }
+    if (ksplit > 1) {
+        __shared__ int s_last;
+        float *mine = part + ((size_t)nb * ksplit + split) * MR * 128;
+#pragma unroll
+        for (int m = 0; m < MR; m++) __stcg(mine + m * 128 + tid, v[m]);
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            int old = atomicAdd(cnt + nb, 1);
+            s_last = old == ksplit - 1;
+            if (s_last) cnt[nb] = 0;
+        }
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+#pragma unroll
+        for (int m = 0; m < MR; m++) v[m] = 0.f;
+        for (int s = 0; s < ksplit; s++) {
+            const float *p = part + ((size_t)nb * ksplit + s) * MR * 128;
+#pragma unroll
+            for (int m = 0; m < MR; m++) v[m] += __ldcg(p + m * 128 + tid);
+        }
+    }
+    /* epilogue: physical column p = nb * 128 + tid */
+    const int p = nb * 128 + tid;
+    if (!ep.gate_up) {
+        if (p < ep.n) {
+            float b = ep.bias ? __half2float(__ushort_as_half(ep.bias[p])) : 0.f;
+#pragma unroll
+            for (int m = 0; m < MR; m++) store_h(ep.y + (size_t)m * ep.ldy + p, v[m] + b);
+        }
+        return;
+    }
+    __syncthreads(); /* red is reused for the final values */
+#pragma unroll
+    for (int m = 0; m < MR; m++) red[m * 128 + tid] = v[m];
+    __syncthreads();
+    if (tid < 64) {
+        const int pg = nb * 128 + (tid >> 3) * 16 + (tid & 7), pu = pg + 8; /* physical rows */
+        const int jcol = nb * 64 + tid;
+        if (jcol < ep.ldy) {
+            float bg = ep.bias ? __half2float(__ushort_as_half(ep.bias[pg])) : 0.f;
+            float bu = ep.bias ? __half2float(__ushort_as_half(ep.bias[pu])) : 0.f;
+#pragma unroll
+            for (int m = 0; m < MR; m++) {
+                float g = red[m * 128 + (tid >> 3) * 16 + (tid & 7)] + bg;
+                float u = red[m * 128 + (tid >> 3) * 16 + (tid & 7) + 8] + bu;
+                store_h(ep.y + (size_t)m * ep.ldy + jcol, g / (1.f + __expf(-g)) * u);
+            }
+        }
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -468,6 +737,7 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     const int m0 = mb * C::BM;
 
     auto stage_ptr = [&](int slot) { return smem + (size_t)slot * C::STAGE; };
+    pdl_wait(); /* every stage carries x: nothing to prefetch before the wait */
 
     auto load_stage = [&](int slot, int kc) {
         unsigned char *st = stage_ptr(slot);
@@ -544,6 +814,7 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         }
     }
     cp_async_wait<0>();
+    pdl_launch();
 
     if (ksplit > 1) {
         int tile = mb * gridDim.x + nb;
@@ -741,6 +1012,8 @@ extern "C" int w4a16_upload(const struct awq_linear *l, enum w4a16_layout layout
         int dev = 0;
         cudaError_t e = cudaGetDevice(&dev);
         if (e == cudaSuccess) e = cudaDeviceGetAttribute(&w->sms, cudaDevAttrMultiProcessorCount, dev);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetAttribute(&w->cc_major, cudaDevAttrComputeCapabilityMajor, dev);
         if (e != cudaSuccess) {
             rc = util_err(err, errlen, -EIO, "w4a16_upload: no CUDA device: %s", cudaGetErrorString(e));
             goto done;
@@ -800,6 +1073,7 @@ extern "C" size_t w4a16_device_bytes(const struct w4a16_weight *w) { return w->b
 /* ------------------------------------------------------------------------ */
 
 /* Crossovers measured on an H100 (docs/PERFORMANCE.md). */
+#define DISPATCH_GEMV_MAX_M 0 /* not yet measured faster than skinny */
 #define DISPATCH_SKINNY_MAX_M 32
 #define DISPATCH_CUBLAS_MIN_M 256
 
@@ -821,10 +1095,11 @@ static int occ_query(F *fn, int threads, size_t smem) {
 }
 
 static int kernel_occupancy(enum w4a16_kernel k, int m) {
-    static int cache[8];
+    static int cache[16];
     int mt = (m + 7) / 8, slot;
     if (k == W4A16_KERNEL_TC64) slot = 0;
     else if (k == W4A16_KERNEL_TC128) slot = 1;
+    else if (k == W4A16_KERNEL_GEMV) slot = 5 + (m < 1 ? 1 : m > 4 ? 4 : m);
     else slot = mt <= 1 ? 2 : mt <= 2 ? 3 : mt <= 4 ? 4 : 5;
     if (cache[slot]) return cache[slot];
     int n = 1;
@@ -834,7 +1109,11 @@ static int kernel_occupancy(enum w4a16_kernel k, int m) {
     case 2: n = occ_query(k_skinny<1>, SK_WARPS * 32, sk_layout(8, 16, 128).total); break;
     case 3: n = occ_query(k_skinny<2>, SK_WARPS * 32, sk_layout(16, 16, 128).total); break;
     case 4: n = occ_query(k_skinny<4>, SK_WARPS * 32, sk_layout(32, 12, 128).total); break;
-    default: n = occ_query(k_skinny<8>, SK_WARPS * 32, sk_layout(64, 6, 128).total); break;
+    case 5: n = occ_query(k_skinny<8>, SK_WARPS * 32, sk_layout(64, 6, 128).total); break;
+    case 6: n = occ_query(k_gemv<1>, GV_WARPS * 32, gv_smem_bytes(1, 16)); break;
+    case 7: n = occ_query(k_gemv<2>, GV_WARPS * 32, gv_smem_bytes(2, 16)); break;
+    case 8: n = occ_query(k_gemv<3>, GV_WARPS * 32, gv_smem_bytes(3, 16)); break;
+    default: n = occ_query(k_gemv<4>, GV_WARPS * 32, gv_smem_bytes(4, 16)); break;
     }
     cache[slot] = n;
     return n;
@@ -849,9 +1128,49 @@ static int sk_min_split(const struct w4a16_weight *w, int m) {
     return ceil_div(w->kc, sk_max_cps(m));
 }
 
+/* GEMV: the block's x slice (m rows x K range) must fit GV_X_BYTES_MAX. */
+static int gv_max_cps(int m) {
+    int c = GV_X_BYTES_MAX / (m * 128);
+    return c < 1 ? 1 : c;
+}
+
+/* GEMV split: the number of K ranges that minimizes the modelled time of the
+ * busiest SM, in 4 KB steps: (blocks on it) x (chunks per block), divided by
+ * the fraction of the bandwidth its warps can pull (less than 8 resident
+ * warps, i.e. < ~64 KB in flight, is modelled as proportionally slower), plus
+ * a fixed cost for the split-K reduction. Ties go to fewer splits. */
+static int gv_split(const struct w4a16_weight *w, int m) {
+    const int nb = ceil_div(w->n16, 8), KC = w->kc, sms = w->sms > 0 ? w->sms : 1;
+    const int occ = kernel_occupancy(W4A16_KERNEL_GEMV, m);
+    const int maxc = gv_max_cps(m);
+    double best = 1e30;
+    int best_s = ceil_div(KC, maxc);
+    for (int s = 1; s <= KC && s <= 64; s++) {
+        int cps = ceil_div(KC, s);
+        if (cps > maxc) continue;
+        int se = ceil_div(KC, cps);
+        if (se != s) continue; /* same as a smaller s */
+        int blocks = nb * se;
+        int per_sm = ceil_div(blocks, sms);
+        int resident = per_sm < occ ? per_sm : occ;
+        double bw = resident * GV_WARPS >= 8 ? 1.0 : resident * GV_WARPS / 8.0;
+        double cost = per_sm * (double)cps / bw + (se > 1 ? 3.0 : 0.0);
+        if (cost < best - 1e-9) {
+            best = cost;
+            best_s = se;
+        }
+    }
+    return best_s;
+}
+
 static void grid_of(const struct w4a16_weight *w, int m, enum w4a16_kernel k, int *nb, int *mbk,
                     int *nacc_threads) {
     switch (k) {
+    case W4A16_KERNEL_GEMV:
+        *nb = ceil_div(w->n16, 8);
+        *mbk = 1;
+        *nacc_threads = m * 128;
+        break;
     case W4A16_KERNEL_SKINNY:
         *nb = ceil_div(w->n16, SK_WARPS);
         *mbk = 1;
@@ -874,9 +1193,11 @@ static void grid_of(const struct w4a16_weight *w, int m, enum w4a16_kernel k, in
 static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern, int *ksplit) {
     enum w4a16_kernel k = *kern;
     if (k == W4A16_KERNEL_AUTO)
-        k = m <= DISPATCH_SKINNY_MAX_M  ? W4A16_KERNEL_SKINNY
+        k = m <= DISPATCH_GEMV_MAX_M     ? W4A16_KERNEL_GEMV
+            : m <= DISPATCH_SKINNY_MAX_M ? W4A16_KERNEL_SKINNY
             : m < DISPATCH_CUBLAS_MIN_M ? W4A16_KERNEL_TC64
                                         : W4A16_KERNEL_CUBLAS;
+    if (k == W4A16_KERNEL_GEMV && m > 4) k = W4A16_KERNEL_SKINNY;
     if (k == W4A16_KERNEL_SKINNY && m > 64) k = W4A16_KERNEL_TC64;
     if (k == W4A16_KERNEL_CUBLAS) {
         *kern = k;
@@ -891,7 +1212,9 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
          * chunks per warp as long as the grid stays one wave; the GEMM with the
          * most splits that still fit one wave of resident blocks. */
         int slots = kernel_occupancy(k, m) * w->sms;
-        if (k == W4A16_KERNEL_SKINNY) {
+        if (k == W4A16_KERNEL_GEMV) {
+            ks = gv_split(w, m);
+        } else if (k == W4A16_KERNEL_SKINNY) {
             ks = ceil_div(w->kc, 16);
             if (ks > slots / nb) ks = slots / nb;
         } else {
@@ -902,6 +1225,7 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
         if (ks < 1) ks = 1;
     }
     if (k == W4A16_KERNEL_SKINNY && ks < sk_min_split(w, m)) ks = sk_min_split(w, m);
+    if (k == W4A16_KERNEL_GEMV && ks < ceil_div(w->kc, gv_max_cps(m))) ks = ceil_div(w->kc, gv_max_cps(m));
     if (ks > w->kc) ks = w->kc;
     *kern = k;
     *ksplit = ks;
@@ -954,6 +1278,72 @@ static int smem_limit_once(std::atomic<unsigned long long> *done, const void *fn
     return 0;
 }
 
+/* Programmatic dependent launch: on by default on sm_90+, AWQD_PDL=0 turns it
+ * off, w4a16_pdl() overrides both. */
+static std::atomic<int> g_pdl{-1};
+
+static int pdl_mode(void) {
+    int v = g_pdl.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("AWQD_PDL");
+        v = e && !strcmp(e, "0") ? 0 : 1;
+        int expect = -1;
+        g_pdl.compare_exchange_strong(expect, v);
+        v = g_pdl.load(std::memory_order_relaxed);
+    }
+    return v;
+}
+
+extern "C" int w4a16_pdl(int mode) {
+    if (mode >= 0) g_pdl.store(mode ? 1 : 0, std::memory_order_relaxed);
+    return pdl_mode();
+}
+
+/* Launches kern<<<grid, block, smem, s>>>(args...), with the programmatic
+ * stream serialization attribute when PDL is on (the kernels call pdl_wait()
+ * before touching anything an earlier kernel writes). */
+template <typename... KArgs, typename... Args>
+static cudaError_t launch_pdl(const struct w4a16_weight *w, void (*kern)(KArgs...), dim3 grid,
+                              dim3 block, size_t smem, cudaStream_t s, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl_mode() && w->cc_major >= 9 ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
+    if (e != cudaSuccess && cfg.numAttrs && e != cudaErrorStreamCaptureInvalidated &&
+        e != cudaErrorStreamCaptureUnsupported) {
+        /* attribute refused (driver, stream kind): plain launch */
+        cudaGetLastError();
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
+    }
+    return e;
+}
+
+template <int MR>
+static int launch_gemv(const struct w4a16_weight *w, const uint16_t *x, epi_args ep, int ksplit,
+                       float *part, cudaStream_t s, char *err, size_t errlen) {
+    static std::atomic<unsigned long long> smem_set{0};
+    int rc = smem_limit_once(&smem_set, (const void *)k_gemv<MR>, 160 * 1024, err, errlen);
+    if (rc) return rc;
+    int cps = ceil_div(w->kc, ksplit);
+    if (cps > gv_max_cps(MR)) cps = gv_max_cps(MR);
+    ksplit = ceil_div(w->kc, cps);
+    dim3 grid(ceil_div(w->n16, 8), ksplit);
+    if (ksplit > 1 && (int)grid.x > w->cnt_len) return -ERANGE;
+    CUDA_CHECK(launch_pdl(w, k_gemv<MR>, grid, dim3(GV_WARPS * 32), gv_smem_bytes(MR, cps), s,
+                          w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, w->group, cps, ksplit, ep,
+                          part, w->cnt),
+               err, errlen);
+    return 0;
+}
+
 template <int WN, int WM, int MW, int STAGES, int MINB>
 static int launch_tc(const struct w4a16_weight *w, const uint16_t *x, int m, epi_args ep,
                      int ksplit, float *part, cudaStream_t s, char *err, size_t errlen) {
@@ -966,10 +1356,10 @@ static int launch_tc(const struct w4a16_weight *w, const uint16_t *x, int m, epi
     ksplit = ceil_div(w->kc, cps);
     dim3 grid(ceil_div(w->n16, C::BN16), ceil_div(m, C::BM), ksplit);
     if (ksplit > 1 && (int)(grid.x * grid.y) > w->cnt_len) return -ERANGE;
-    k_tc<WN, WM, MW, STAGES, MINB><<<grid, C::NT, C::SMEM, s>>>(w->qw, w->sc, w->zr, x, w->k, w->n16a,
-                                                         w->kc, w->group, cps, ksplit, ep, part,
-                                                         w->cnt);
-    CUDA_CHECK_LAUNCH(err, errlen);
+    CUDA_CHECK(launch_pdl(w, k_tc<WN, WM, MW, STAGES, MINB>, grid, dim3(C::NT), C::SMEM, s, w->qw,
+                          w->sc, w->zr, x, w->k, w->n16a, w->kc, w->group, cps, ksplit, ep, part,
+                          w->cnt),
+               err, errlen);
     return 0;
 }
 
@@ -1016,9 +1406,9 @@ static int launch_skinny(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     if (ksplit > 1 && ceil_div(w->n16, SK_WARPS) > w->cnt_len) return -ERANGE;
     sk_smem L = sk_layout(ep.m, cps, w->group);
     dim3 grid(ceil_div(w->n16, SK_WARPS), ksplit);
-    k_skinny<MT><<<grid, SK_WARPS * 32, L.total, s>>>(w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc,
-                                                      w->group, cps, ksplit, ep, part, w->cnt);
-    CUDA_CHECK_LAUNCH(err, errlen);
+    CUDA_CHECK(launch_pdl(w, k_skinny<MT>, grid, dim3(SK_WARPS * 32), L.total, s, w->qw, w->sc,
+                          w->zr, x, w->k, w->n16a, w->kc, w->group, cps, ksplit, ep, part, w->cnt),
+               err, errlen);
     return 0;
 }
 
@@ -1065,13 +1455,28 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
         while (ks > 1 && ws_need(w, m, k, ks) > ws_bytes) ks--;
         if (!workspace) ks = 1;
     }
+    if (k == W4A16_KERNEL_GEMV && ks < ceil_div(w->kc, gv_max_cps(m))) {
+        k = W4A16_KERNEL_SKINNY; /* no room for the split the GEMV kernel needs */
+        ks = 0;
+        choose(w, m, &k, &ks);
+        while (ks > 1 && ws_need(w, m, k, ks) > ws_bytes) ks--;
+        if (!workspace) ks = 1;
+    }
     if (k == W4A16_KERNEL_SKINNY && ks < sk_min_split(w, m)) {
         k = W4A16_KERNEL_TC64; /* no room for the split the skinny kernel needs */
         ks = 1;
     }
     float *part = (float *)workspace;
     int rc;
-    if (k == W4A16_KERNEL_SKINNY) {
+    if (k == W4A16_KERNEL_GEMV) {
+        switch (m) {
+        case 1: rc = launch_gemv<1>(w, x, ep, ks, part, s, err, errlen); break;
+        case 2: rc = launch_gemv<2>(w, x, ep, ks, part, s, err, errlen); break;
+        case 3: rc = launch_gemv<3>(w, x, ep, ks, part, s, err, errlen); break;
+        case 4: rc = launch_gemv<4>(w, x, ep, ks, part, s, err, errlen); break;
+        default: return util_err(err, errlen, -EINVAL, "w4a16_linear: gemv kernel with m=%d > 4", m);
+        }
+    } else if (k == W4A16_KERNEL_SKINNY) {
         int mt = ceil_div(m, 8);
         switch (mt) {
         case 1: rc = launch_skinny<1>(w, x, ep, ks, part, s, err, errlen); break;

@@ -41,6 +41,27 @@
  * Errors: negative errno with a message in err (NULL ok): -EINVAL for shapes
  * and arguments, -ENOMEM / -EIO from CUDA (every CUDA call is checked).
  *
+ * Programmatic dependent launch (sm_90+, on by default; AWQD_PDL=0 or
+ * w4a16_pdl(0) turns it off): the GEMV / skinny / tc64 kernels are launched
+ * with cudaLaunchAttributeProgrammaticStreamSerialization, so they may start
+ * while the previous kernel on the stream is still running. Before their
+ * `griddepcontrol.wait` they read only the weight (qweight, scales, zeros,
+ * bias: constant after upload) and prefetch it; x, y, the workspace and the
+ * split-K counters are touched only after the wait, which returns once the
+ * previous kernel has completed and its writes are visible. What a caller
+ * must know:
+ *   - Do not modify a weight (re-upload into it, free it) while calls on it
+ *     may be in flight: that was already the rule, PDL widens the window to
+ *     "until the previous kernel on the stream has finished" before the call.
+ *   - The previous kernel need not know about PDL. If it executes
+ *     `griddepcontrol.launch_dependents` (cudaTriggerProgrammaticLaunchCompletion)
+ *     ours can start earlier; ours execute it after their main loop, so a PDL
+ *     kernel that follows can prefetch its constant data meanwhile — it must
+ *     itself wait (cudaGridDependencySynchronize) before reading our y.
+ *   - Stream capture into a CUDA graph keeps the launch attribute (the graph
+ *     gets a programmatic dependency edge); tested in tests/gpu/test_w4a16.c.
+ *   - The cuBLAS path (large M) launches normally (full serialization).
+ *
  * Thread safety: a weight is read-only after upload except for its split-K
  * arrival counters: one weight must not run on two streams at the same time
  * (each tensor-parallel rank owns its own weights). Any host thread may call. */
@@ -74,6 +95,7 @@ enum w4a16_kernel {
     W4A16_KERNEL_TC64 = 2,   /* pipelined tensor-core GEMM, block tile 128 n x 64 m */
     W4A16_KERNEL_TC128 = 3,  /* pipelined tensor-core GEMM, block tile 128 n x 128 m */
     W4A16_KERNEL_CUBLAS = 4, /* large M: dequantize into the workspace + cuBLAS FP16 GEMM */
+    W4A16_KERNEL_GEMV = 5,   /* CUDA-core streaming GEMV, M <= 4, split-K (decode) */
 };
 
 /* Copies one AWQ linear (host memory, AutoAWQ packing) to the current device,
@@ -106,6 +128,11 @@ int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, int m, uint
 /* The kernel and split that w4a16_linear picks for m rows (for logs/benchmarks). */
 void w4a16_choice(const struct w4a16_weight *w, int m, enum w4a16_kernel *kernel,
                   int *ksplit);
+
+/* Programmatic dependent launch (PDL, sm_90+). mode 1: on, 0: off, < 0: only
+ * query. Returns the mode now in effect (process-wide; default on unless the
+ * environment has AWQD_PDL=0). See "Programmatic dependent launch" above. */
+int w4a16_pdl(int mode);
 
 #ifdef __cplusplus
 }

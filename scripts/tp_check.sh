@@ -58,11 +58,23 @@ nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader >>"$SUM" 2>
 nvidia-smi topo -m 2>/dev/null | head -6 >>"$SUM"
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 
+# the checkpoints (~56 GB) in memory, not on a disk of unknown speed: a tmpfs
+# of our own when we may mount one (root), else /dev/shm when it is big
+# enough, else /tmp
 if [ -z "${MODELS:-}" ]; then
-    shm=$(df -B1G --output=avail /dev/shm 2>/dev/null | tail -1 | tr -d ' ')
-    if [ "${shm:-0}" -gt 80 ]; then MODELS=/dev/shm/awqd-tp; else MODELS=/tmp/awqd-tp; fi
+    MODELS=/tmp/awqd-tp
+    mkdir -p "$MODELS"
+    if mountpoint -q "$MODELS"; then
+        : # mounted by an earlier run on this machine: the models may be there
+    elif [ "$(id -u)" = 0 ] && mount -t tmpfs -o size=120G tmpfs "$MODELS" 2>/dev/null; then
+        :
+    else
+        shm=$(df -B1G --output=avail /dev/shm 2>/dev/null | tail -1 | tr -d ' ')
+        if [ "${shm:-0}" -gt 80 ]; then MODELS=/dev/shm/awqd-tp; fi
+    fi
 fi
 mkdir -p "$MODELS"
+say "checkpoints in $MODELS: $(df -h --output=fstype,size,avail "$MODELS" | tail -1)"
 QP=${QP:-qwen3-32b}
 LP=${LP:-llama3-70b}
 MKARGS=${MKARGS:-}

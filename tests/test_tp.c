@@ -114,3 +114,22 @@ TEST(tp, mkmodel_tiny_tp4_matches_tp1) {
     ckpt_close(f.ck);
     for (int i = 0; i < 3; i++) free(f.prompt[i]);
 }
+
+/* The comm contract the model's CUDA graphs rely on (comm.h): a single rank's
+ * no-op all-reduce may be recorded (graph_safe), the CPU group's may not (the
+ * CPU backend has no graphs; its all-reduce blocks on a barrier); neither
+ * has a status hook to poll. */
+TEST(tp, comm_cpu_graph_flags) {
+    struct comm *one = NULL, *grp[2] = {NULL, NULL};
+    ASSERT_EQ_INT(comm_cpu_single(&one), 0);
+    ASSERT_EQ_INT(one->graph_safe, 1);
+    ASSERT_MSG(one->status == NULL, "comm_cpu_single has a status hook");
+    ASSERT_EQ_INT(comm_cpu_group(2, grp), 0);
+    for (int r = 0; r < 2; r++) {
+        ASSERT_EQ_INT(grp[r]->graph_safe, 0);
+        ASSERT_EQ_INT(grp[r]->rank, r);
+    }
+    comm_free(one);
+    comm_free(grp[0]);
+    comm_free(grp[1]);
+}

@@ -173,11 +173,11 @@ e2e() { # name need model tp [extra...]
 }
 if has e2e; then
     wait_models
-    e2e "e2e qwen3-32b tp=1" 40 "$Q" 1
-    e2e "e2e qwen3-32b tp=2" 50 "$Q" 2 --comm-off
-    e2e "e2e qwen3-32b tp=4" 50 "$Q" 4 --comm-off
-    e2e "e2e llama3-70b tp=2" 50 "$L" 2 --comm-off
-    e2e "e2e llama3-70b tp=4" 50 "$L" 4 --comm-off
+    e2e "e2e $QP tp=1" 40 "$Q" 1
+    e2e "e2e $QP tp=2" 50 "$Q" 2 --comm-off
+    e2e "e2e $QP tp=4" 50 "$Q" 4 --comm-off
+    e2e "e2e $LP tp=2" 50 "$L" 2 --comm-off
+    e2e "e2e $LP tp=4" 50 "$L" 4 --comm-off
 fi
 
 # 6. full checkpoints at tp=2/4 against tp=1 (logits to fp16 tolerance,
@@ -209,8 +209,8 @@ fi
 
 # 8. CUDA graphs off vs on (the default), qwen3-32b tp=1 and tp=2
 if has graphs; then
-    AWQD_CUDA_GRAPHS=0 e2e "e2e qwen3-32b tp=1 graphs off" 40 "$Q" 1
-    AWQD_CUDA_GRAPHS=0 e2e "e2e qwen3-32b tp=2 graphs off" 40 "$Q" 2
+    AWQD_CUDA_GRAPHS=0 e2e "e2e $QP tp=1 graphs off" 40 "$Q" 1
+    AWQD_CUDA_GRAPHS=0 e2e "e2e $QP tp=2 graphs off" 40 "$Q" 2
 fi
 
 # the e2e tables into the summary

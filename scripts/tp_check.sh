@@ -164,7 +164,7 @@ wait_models() {
 
 # 5. decode step at batch 1 and 32 (context 512), qwen3-32b tp=1/2/4 and
 #    llama3-70b tp=2/4; --comm-off gives the all-reduce time per step
-E2E="--batches 1,32 --contexts 512 --prompts none --steps 32"
+E2E="--batches 1,32 --contexts 512 --prompts none --steps 24"
 e2e() { # name need model tp [extra...]
     local name=$1 need=$2 m=$3 tp=$4
     shift 4

@@ -33,7 +33,10 @@
  * their spin loops, the NCCL communicators are aborted (ncclCommAbort), every
  * later all_reduce_sum on every rank returns -ECANCELED at once, and
  * comm_cuda_status says which rank failed first. An aborted group stays
- * aborted: free the model group and build a new one.
+ * aborted: free the model group and build a new one. A replayed graph runs
+ * none of this host code: call comm->status(c) before a replay and after the
+ * step's sync (it also turns a timeout recorded by a replayed kernel into an
+ * abort).
  *
  * Environment (read at comm_cuda_group):
  *   AWQD_ALLREDUCE=auto|nccl|p2p|p2p_flags|off

@@ -38,7 +38,10 @@ static const char *usage =
     "a safetensors file with one F32 tensor `logits` [prompt length, vocab]: the\n"
     "logits at every prompt position. --tp N runs N tensor-parallel ranks on threads\n"
     "(CPU backend) or N GPUs (--backend cuda; --devices lists one CUDA device per rank,\n"
-    "default 0..N-1). --threads: CPU threads per rank (default: cores / tp).\n";
+    "default 0..N-1). --threads: CPU threads per rank (default: cores / tp).\n"
+    "Tokens are sampled from the top-256 candidates the backend computes\n"
+    "(ops->sample_topk), falling back to the full logits row when they do not\n"
+    "decide; AWQD_SAMPLE_CANDIDATES=0 downloads full rows instead (same tokens).\n";
 
 struct gen_args {
     const char *model, *backend, *prompt_ids, *prompt, *logits_out;
@@ -151,6 +154,8 @@ int cmd_generate(int argc, char **argv) {
     struct sampler smp = {0};
     int32_t *ids = NULL; /* prompt then output: [n_prompt + max_tokens] */
     float *logits = NULL, *all_logits = NULL;
+    float *cands = NULL, *row = NULL;  /* [tp, SAMPLE_ROW_FLOATS(K)]; [V] fallback row */
+    struct sample_cands *cd = NULL;
     char *text = NULL;
     int n_prompt = 0, n_out = 0;
 
@@ -258,6 +263,33 @@ int cmd_generate(int argc, char **argv) {
     if (kv_init(&kv, go.model.n_blocks, a.block_size) || sampler_init(&smp, V)) goto oom;
     logits = malloc((size_t)chunk * V * sizeof *logits);
     if (!logits) goto oom;
+    /* sampling from candidates (engine/sampler.h) unless disabled or the
+     * prompt logits are written (those need every row in full) */
+    const char *ce = getenv("AWQD_SAMPLE_CANDIDATES");
+    int use_cands = !(ce && !strcmp(ce, "0")) && !a.logits_out;
+    enum { K = SAMPLE_MAX_K };
+    int tp = model_group_tp(g), n_from_cands = 0, n_full = 0;
+    cands = malloc(sizeof(float) * (size_t)tp * SAMPLE_ROW_FLOATS(K));
+    row = malloc(sizeof(float) * (size_t)V);
+    cd = malloc(sizeof *cd);
+    if (!cands || !row || !cd) goto oom;
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    sp.temperature = a.temperature;
+    sp.top_p = a.top_p;
+    sp.top_k = a.top_k;
+    sp.min_p = a.min_p;
+    sp.seed = a.seed;
+    sp.n_logprobs = -1; /* not printed */
+    if ((rc = sampling_params_check(&sp, err, sizeof err))) {
+        fprintf(stderr, "awqd generate: %s\n", err);
+        status = 2;
+        goto out;
+    }
+    float inv_t = sampler_inv_t(&sp);
+    int32_t no_adj[2] = {0, 0};
+    struct model_out mo = {.logits = logits, .k = K, .inv_t = &inv_t, .adj_start = no_adj,
+                           .cands = cands};
     if (a.logits_out) {
         all_logits = malloc((size_t)n_prompt * V * sizeof *all_logits);
         if (!all_logits) goto oom;
@@ -273,10 +305,11 @@ int cmd_generate(int argc, char **argv) {
         }
         int last = pos + n == n_prompt;
         struct batch_seq s = {ids + pos, n, pos, seq.blocks, seq.n_blocks,
-                              a.logits_out ? MODEL_LOGITS_ALL : last ? MODEL_LOGITS_LAST
-                                                                     : MODEL_LOGITS_NONE};
+                              a.logits_out ? MODEL_LOGITS_ALL
+                              : last       ? (use_cands ? MODEL_LOGITS_SAMPLE : MODEL_LOGITS_LAST)
+                                           : MODEL_LOGITS_NONE};
         struct batch b = {&s, 1};
-        if ((rc = model_group_forward(g, &b, logits, err, sizeof err))) {
+        if ((rc = model_group_forward_out(g, &b, &mo, err, sizeof err))) {
             fprintf(stderr, "awqd generate: %s\n", err);
             goto out;
         }
@@ -286,24 +319,26 @@ int cmd_generate(int argc, char **argv) {
     const float *cur = a.logits_out ? all_logits + (size_t)(n_prompt - 1) * V : logits;
 
     /* decode */
-    struct sampling_params sp;
-    sampling_params_default(&sp);
-    sp.temperature = a.temperature;
-    sp.top_p = a.top_p;
-    sp.top_k = a.top_k;
-    sp.min_p = a.min_p;
-    sp.seed = a.seed;
-    sp.n_logprobs = -1; /* not printed */
-    if ((rc = sampling_params_check(&sp, err, sizeof err))) {
-        fprintf(stderr, "awqd generate: %s\n", err);
-        status = 2;
-        goto out;
-    }
     const char *finish = "length";
     while (n_out < a.max_tokens) {
         if (n_prompt + n_out >= cfg->max_position) break;
         struct sample_result r;
-        sampler_sample(&smp, &sp, cur, ids, n_prompt, ids + n_prompt, n_out, &r);
+        int decided = 0;
+        if (use_cands) { /* this step's row came back as candidates */
+            const float *rr[64];
+            for (int k = 0; k < tp; k++) rr[k] = cands + (size_t)k * SAMPLE_ROW_FLOATS(K);
+            sampler_cands_merge(cd, rr, tp, K, V, inv_t);
+            decided = sampler_finish(&sp, cd, n_out, &r) == 0;
+            if (!decided) {
+                if ((rc = model_group_sample_row_logits(g, 0, row, err, sizeof err))) {
+                    fprintf(stderr, "awqd generate: %s\n", err);
+                    goto out;
+                }
+                cur = row;
+            }
+        }
+        if (decided) n_from_cands++;
+        else n_full++, sampler_sample(&smp, &sp, cur, ids, n_prompt, ids + n_prompt, n_out, &r);
         ids[n_prompt + n_out++] = r.token;
         int is_eos = 0;
         for (int e = 0; e < cfg->n_eos; e++) is_eos |= r.token == cfg->eos_ids[e];
@@ -317,15 +352,19 @@ int cmd_generate(int argc, char **argv) {
             fprintf(stderr, "awqd generate: out of KV blocks\n");
             goto out;
         }
-        struct batch_seq s = {ids + p, 1, p, seq.blocks, seq.n_blocks, MODEL_LOGITS_LAST};
+        struct batch_seq s = {ids + p, 1, p, seq.blocks, seq.n_blocks,
+                              use_cands ? MODEL_LOGITS_SAMPLE : MODEL_LOGITS_LAST};
         struct batch b = {&s, 1};
-        if ((rc = model_group_forward(g, &b, logits, err, sizeof err))) {
+        if ((rc = model_group_forward_out(g, &b, &mo, err, sizeof err))) {
             fprintf(stderr, "awqd generate: %s\n", err);
             goto out;
         }
         cur = logits;
     }
 
+    if (getenv("AWQD_SAMPLE_STATS"))
+        fprintf(stderr, "awqd generate: %d tokens sampled from candidates, %d from full rows\n",
+                n_from_cands, n_full);
     if (tk) {
         size_t tl = 0;
         if (tok_decode(tk, ids + n_prompt, (size_t)n_out, 1, &text, &tl, err, sizeof err)) text = NULL;
@@ -367,5 +406,8 @@ out:
     free(ids);
     free(logits);
     free(all_logits);
+    free(cands);
+    free(row);
+    free(cd);
     return status;
 }

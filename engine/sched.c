@@ -9,8 +9,13 @@
  *      running sequences, then admits waiting requests in FIFO order while
  *      their prompt fits in the free blocks (above a watermark) and the
  *      sequence limit allows,
- *   4. runs the forward pass (model_group_forward),
- *   5. samples, detokenizes, checks stops, and posts events.
+ *   4. runs the forward pass (model_group_forward_out): rows that are only
+ *      sampled come back as candidates (MODEL_LOGITS_SAMPLE: the top K tokens
+ *      and the softmax sums per row, from ops->sample_topk), prompt-logprob
+ *      rows as full logits,
+ *   5. samples (sampler_finish on the candidates; the full row from
+ *      model_group_sample_row_logits when they do not decide), detokenizes,
+ *      checks stops, and posts events.
  *
  * n > 1 choices: the prompt is prefilled once, in choice 0; when its last
  * chunk is done the other choices fork its KV blocks (kv_seq_fork, shared full
@@ -66,6 +71,10 @@ struct seq {
     /* this step */
     int step_n;                 /* tokens scheduled */
     int step_logits;            /* enum model_logits */
+    int step_srow;              /* its SAMPLE row in this step's forward, -1 */
+    /* penalty history (requests with penalties): toks[0..hist_n) are in it */
+    struct sampler_hist hist;
+    int hist_n;
 };
 
 struct sreq {
@@ -121,6 +130,21 @@ struct engine {
     int n_waiting_sched;
     float *logits;
     size_t logits_cap;          /* floats */
+    /* sampling candidates of this step's SAMPLE rows (engine/model.h model_out) */
+    int use_cands;              /* AWQD_SAMPLE_CANDIDATES=0 turns them off */
+    int cand_k;                 /* candidates per row (AWQD_SAMPLE_K, default SAMPLE_MAX_K) */
+    int tp;
+    int n_srows, cap_srows;
+    float *s_inv_t;             /* [cap_srows] */
+    int32_t *s_adj_start;       /* [cap_srows + 1] */
+    int32_t *s_adj;             /* [2 * cap_adj] */
+    float *s_adj_raw;           /* [cap_adj] */
+    size_t cap_adj;
+    float *s_cands;             /* [tp, cap_srows, SAMPLE_ROW_FLOATS(cand_k)] */
+    float *s_row;               /* [vocab] full row of SAMPLE row s_row_idx (fallback) */
+    int s_row_idx;
+    struct sample_cands *s_cd;
+    uint64_t c_cand, c_full;    /* tokens sampled from candidates / from full rows */
     struct batch_seq *bseqs;
     struct seq **bmap;
     int cap_b;
@@ -281,9 +305,19 @@ int engine_init(struct engine **out, const struct engine_opts *o, char *err, siz
         util_err(err, errlen, rc, "engine: KV block table: out of memory");
         goto fail;
     }
-    if ((rc = sampler_init(&e->sampler, cfg->vocab)) != 0) {
-        util_err(err, errlen, rc, "engine: sampler: out of memory");
+    if ((rc = sampler_init(&e->sampler, cfg->vocab)) != 0 ||
+        !(e->s_cd = malloc(sizeof *e->s_cd)) || !(e->s_row = malloc(sizeof(float) * (size_t)cfg->vocab))) {
+        util_err(err, errlen, rc ? rc : -ENOMEM, "engine: sampler: out of memory");
+        rc = rc ? rc : -ENOMEM;
         goto fail;
+    }
+    {
+        const char *ev = getenv("AWQD_SAMPLE_CANDIDATES"), *kv = getenv("AWQD_SAMPLE_K");
+        e->use_cands = !(ev && !strcmp(ev, "0"));
+        e->cand_k = kv ? atoi(kv) : SAMPLE_MAX_K;
+        if (e->cand_k < 1 || e->cand_k > SAMPLE_MAX_K) e->cand_k = SAMPLE_MAX_K;
+        e->tp = model_group_tp(e->mg);
+        e->s_row_idx = -1;
     }
     for (int i = 0; i < cfg->n_eos && i < CKPT_MAX_EOS; i++) e->eos[e->n_eos++] = cfg->eos_ids[i];
 
@@ -318,6 +352,7 @@ static void req_free(struct sreq *q) {
         for (int i = 0; i < q->r.n; i++) {
             free(q->seqs[i].toks);
             stop_text_free(&q->seqs[i].st);
+            sampler_hist_free(&q->seqs[i].hist);
         }
     }
     free(q->seqs);
@@ -357,6 +392,16 @@ void engine_free(struct engine *e) {
     if (e->tok) tok_free(e->tok);
     if (e->kv.free_list) kv_free(&e->kv);
     if (e->sampler.work) sampler_free(&e->sampler);
+    if (e->c_cand + e->c_full)
+        log_info("engine: sampled %llu tokens from candidates, %llu from full rows",
+                 (unsigned long long)e->c_cand, (unsigned long long)e->c_full);
+    free(e->s_inv_t);
+    free(e->s_adj_start);
+    free(e->s_adj);
+    free(e->s_adj_raw);
+    free(e->s_cands);
+    free(e->s_row);
+    free(e->s_cd);
     free(e->logits);
     free(e->bseqs);
     free(e->bmap);
@@ -681,19 +726,20 @@ static void seq_accept(struct engine *e, struct evlist *l, struct seq *s,
         seq_finish(e, l, s, ENGINE_FINISH_LENGTH, NULL);
 }
 
-static void sample_into(struct engine *e, struct evlist *l, struct seq *s, const float *row) {
+/* The sampling parameters of s's next token (min_tokens bans appended to
+ * q->bias). */
+static void seq_params(struct engine *e, struct seq *s, struct sampling_params *p) {
     struct sreq *q = s->rq;
-    struct sampling_params p;
-    sampling_params_default(&p);
-    p.temperature = q->r.temperature;
-    p.top_k = q->r.top_k > 0 ? q->r.top_k : 0;
-    p.top_p = q->r.top_p > 0 ? q->r.top_p : 1.0f;
-    p.min_p = q->r.min_p;
-    p.repetition_penalty = q->r.repetition_penalty > 0 ? q->r.repetition_penalty : 1.0f;
-    p.presence_penalty = q->r.presence_penalty;
-    p.frequency_penalty = q->r.frequency_penalty;
-    p.seed = q->seed + (uint64_t)s->choice;
-    p.n_logprobs = q->r.logprobs > 0 ? q->r.logprobs : 0;
+    sampling_params_default(p);
+    p->temperature = q->r.temperature;
+    p->top_k = q->r.top_k > 0 ? q->r.top_k : 0;
+    p->top_p = q->r.top_p > 0 ? q->r.top_p : 1.0f;
+    p->min_p = q->r.min_p;
+    p->repetition_penalty = q->r.repetition_penalty > 0 ? q->r.repetition_penalty : 1.0f;
+    p->presence_penalty = q->r.presence_penalty;
+    p->frequency_penalty = q->r.frequency_penalty;
+    p->seed = q->seed + (uint64_t)s->choice;
+    p->n_logprobs = q->r.logprobs > 0 ? q->r.logprobs : 0;
     int nb = q->n_bias;
     if (s->n_out < q->r.min_tokens) { /* no EOS / stop id before min_tokens */
         for (int i = 0; i < e->n_eos && !q->r.ignore_eos; i++)
@@ -701,17 +747,98 @@ static void sample_into(struct engine *e, struct evlist *l, struct seq *s, const
         for (int i = 0; i < q->r.n_stop_ids; i++)
             q->bias[nb++] = (struct logit_bias){q->stop_ids[i], -INFINITY};
     }
-    p.logit_bias = q->bias;
-    p.n_logit_bias = nb;
+    p->logit_bias = q->bias;
+    p->n_logit_bias = nb;
+}
+
+/* Samples s's next token from a full logits row, or (row NULL) from SAMPLE
+ * row srow's candidates, falling back to that row's full logits. */
+static void sample_into(struct engine *e, struct evlist *l, struct seq *s, const float *row,
+                        int srow) {
+    struct sreq *q = s->rq;
+    struct sampling_params p;
+    seq_params(e, s, &p);
     struct sample_result res;
-    int n_prompt = q->r.n_prompt;
-    int rc = sampler_sample(&e->sampler, &p, row, s->toks, n_prompt, s->toks + n_prompt, s->n_out,
-                            &res);
+    int n_prompt = q->r.n_prompt, rc = 0;
+    if (!row) {
+        size_t RF = SAMPLE_ROW_FLOATS(e->cand_k);
+        const float *rows[64];
+        for (int r = 0; r < e->tp && r < 64; r++)
+            rows[r] = e->s_cands + ((size_t)r * e->n_srows + srow) * RF;
+        struct sample_cands *cd = e->s_cd;
+        sampler_cands_merge(cd, rows, e->tp, e->cand_k, e->info.vocab, sampler_inv_t(&p));
+        cd->adj = e->s_adj + 2 * (size_t)e->s_adj_start[srow];
+        cd->adj_raw = e->s_adj_raw + e->s_adj_start[srow];
+        cd->n_adj = e->s_adj_start[srow + 1] - e->s_adj_start[srow];
+        if (sampler_finish(&p, cd, s->n_out, &res) == 0) {
+            e->c_cand++;
+            seq_accept(e, l, s, &res);
+            return;
+        }
+        if (e->s_row_idx != srow) {
+            char err[256];
+            if ((rc = model_group_sample_row_logits(e->mg, srow, e->s_row, err, sizeof err))) {
+                log_error("engine: logits of a sampling row: %s", err);
+                seq_finish(e, l, s, ENGINE_FINISH_ERROR, "sampling failed");
+                return;
+            }
+            e->s_row_idx = srow;
+        }
+        row = e->s_row;
+    }
+    e->c_full++;
+    rc = sampler_sample(&e->sampler, &p, row, s->toks, n_prompt, s->toks + n_prompt, s->n_out, &res);
     if (rc) {
         seq_finish(e, l, s, ENGINE_FINISH_ERROR, "sampling failed");
         return;
     }
     seq_accept(e, l, s, &res);
+}
+
+/* Inputs of s's SAMPLE row: 1 / T and its adjustments (bias, min_tokens bans,
+ * penalties from the incrementally kept history). 0 / -ENOMEM. */
+static int stage_sample_row(struct engine *e, struct seq *s) {
+    struct sreq *q = s->rq;
+    struct sampling_params p;
+    seq_params(e, s, &p);
+    int i = e->n_srows;
+    if (i + 1 > e->cap_srows) {
+        int cap = e->cap_srows ? e->cap_srows * 2 : 64;
+        float *a = realloc(e->s_inv_t, sizeof *a * (size_t)cap);
+        if (!a) return -ENOMEM;
+        e->s_inv_t = a;
+        int32_t *b = realloc(e->s_adj_start, sizeof *b * (size_t)(cap + 1));
+        if (!b) return -ENOMEM;
+        e->s_adj_start = b;
+        float *c = realloc(e->s_cands, sizeof *c * (size_t)e->tp * (size_t)cap * SAMPLE_ROW_FLOATS(e->cand_k));
+        if (!c) return -ENOMEM;
+        e->s_cands = c;
+        e->cap_srows = cap;
+    }
+    if (i == 0) e->s_adj_start[0] = 0;
+    int pen = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+    if (pen)
+        for (; s->hist_n < s->n_toks; s->hist_n++)
+            if (sampler_hist_add(&s->hist, s->toks[s->hist_n], s->hist_n >= q->r.n_prompt)) return -ENOMEM;
+    size_t need = (size_t)e->s_adj_start[i] + (size_t)sampler_adj_max(&p, pen ? &s->hist : NULL);
+    if (need > e->cap_adj) {
+        size_t cap = e->cap_adj ? e->cap_adj : 1024;
+        while (cap < need) cap *= 2;
+        int32_t *a = realloc(e->s_adj, sizeof *a * 2 * cap);
+        if (!a) return -ENOMEM;
+        e->s_adj = a;
+        float *b = realloc(e->s_adj_raw, sizeof *b * cap);
+        if (!b) return -ENOMEM;
+        e->s_adj_raw = b;
+        e->cap_adj = cap;
+    }
+    int n = sampler_adj_build(&p, pen ? &s->hist : NULL, e->info.vocab, e->s_adj + 2 * (size_t)e->s_adj_start[i]);
+    if (n < 0) return n;
+    e->s_inv_t[i] = sampler_inv_t(&p);
+    e->s_adj_start[i + 1] = e->s_adj_start[i] + n;
+    s->step_srow = i;
+    e->n_srows++;
+    return 0;
 }
 
 /* Prompt logprobs: row r predicts prompt token pos + 1. */
@@ -947,8 +1074,13 @@ static void step(struct engine *e, struct evlist *l) {
 
     /* 4. forward */
     int rows = 0;
+    e->n_srows = 0;
+    e->s_row_idx = -1;
     for (int i = 0; i < nb; i++) {
         struct seq *s = e->bmap[i];
+        s->step_srow = -1;
+        if (s->step_logits == MODEL_LOGITS_LAST && e->use_cands && stage_sample_row(e, s) == 0)
+            s->step_logits = MODEL_LOGITS_SAMPLE; /* (out of memory: a full row instead) */
         e->bseqs[i] = (struct batch_seq){.tokens = s->toks + s->n_cached, .n_tokens = s->step_n,
                                          .past = s->n_cached, .blocks = s->kv.blocks,
                                          .n_blocks = s->kv.n_blocks, .logits = s->step_logits};
@@ -968,7 +1100,10 @@ static void step(struct engine *e, struct evlist *l) {
     }
     struct batch b = {e->bseqs, nb};
     char err[256];
-    int rc = model_group_forward(e->mg, &b, e->logits, err, sizeof err);
+    struct model_out mo = {.logits = e->logits, .k = e->cand_k, .inv_t = e->s_inv_t,
+                           .adj_start = e->s_adj_start, .adj = e->s_adj, .cands = e->s_cands,
+                           .adj_raw = e->s_adj_raw};
+    int rc = model_group_forward_out(e->mg, &b, &mo, err, sizeof err);
     e->c_steps++;
     if (rc) {
         log_error("engine: forward failed: %s", err);
@@ -990,7 +1125,10 @@ static void step(struct engine *e, struct evlist *l) {
         s->n_cached += n;
         s->step_n = 0;
         const float *last = NULL;
-        if (s->step_logits == MODEL_LOGITS_ALL) {
+        int srow = -1;
+        if (s->step_logits == MODEL_LOGITS_SAMPLE) {
+            srow = s->step_srow;
+        } else if (s->step_logits == MODEL_LOGITS_ALL) {
             prompt_logprobs(e, l, q, pos0, n, e->logits + (size_t)row * e->info.vocab);
             if (s->n_cached >= q->r.n_prompt) q->prompt_lp_done = 1;
             last = s->n_cached == s->n_toks ? e->logits + (size_t)(row + n - 1) * e->info.vocab
@@ -1000,7 +1138,7 @@ static void step(struct engine *e, struct evlist *l) {
             last = e->logits + (size_t)row * e->info.vocab;
             row += 1;
         }
-        if (!last || s->finished) continue;
+        if ((!last && srow < 0) || s->finished) continue;
         if (!q->forked) {
             /* the prompt is in choice 0's blocks: fork the others onto it */
             q->forked = 1;
@@ -1019,13 +1157,13 @@ static void step(struct engine *e, struct evlist *l) {
                 if (kv_seq_fork(&e->kv, &s->kv, s->n_cached, &t->kv, &cp) == 0) {
                     if (cp.src >= 0) model_group_copy_block(e->mg, cp.dst, cp.src);
                     t->n_cached = s->n_cached;
-                    sample_into(e, l, t, last);
+                    sample_into(e, l, t, last, srow);
                 } else {
                     t->n_cached = 0; /* no blocks now: it prefills on its own later */
                 }
             }
         }
-        sample_into(e, l, s, last);
+        sample_into(e, l, s, last, srow);
     }
 ends:
     /* requests whose choices are all finished end now */

@@ -19,6 +19,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda_internal.h"
+#include "kernels/cuda/sample.h"
 #include "kernels/cuda/w4a16.h"
 
 extern "C" {
@@ -809,6 +810,7 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     o->attention = cu_attention;
     o->linear_silu_mul = cu_linear_silu_mul;
     o->lm_head = cu_lm_head;
+    o->sample_topk = ops_cuda__sample_topk;
     o->sync = cu_sync;
     *out = o;
     return 0;

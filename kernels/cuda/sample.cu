@@ -1,0 +1,350 @@
+/* sample.cu — ops->sample_topk on the GPU: per row, the processed logits'
+ * max and sum of exps, the raw logits' max and sum of exps, and the exact top
+ * k tokens by (w desc, id asc), without sorting the vocabulary.
+ *
+ * Selection by threshold. The row's columns are split into groups of 32
+ * (thread t of block b owns columns b * 8192 + j * 256 + t, j < 32: loads
+ * coalesce). Every element has a distinct 64-bit key (ordered float bits of
+ * w, then ~id), so the k-th largest group maximum T is well defined: at
+ * least k elements have key >= T (one per group above it), and all of them
+ * lie in the k groups whose maximum is >= T — at most 32 k elements. So:
+ *   0. adjust   (rows with adjustments) copy the row into work, apply them
+ *   1. scan     grid (chunks of 8192, rows): group max keys, block partial
+ *               max / sum of exps of w (at 1/T) and of raw
+ *   2. thresh   grid rows, 1024 threads: bitonic sort of the group maxima
+ *               (<= 8192) in shared memory -> T; combine the partial sums
+ *   3. gather   grid (chunks, rows): elements with key >= T of the groups
+ *               whose max >= T, appended with one atomic per element
+ *   4. final    grid rows: bitonic sort of the <= 32 k gathered keys, write
+ *               the first k (w and raw read back from the rows)
+ * Sums: fp32 expf terms, per-thread fp32 partials of 32 terms, combined in
+ * double (the CPU reference sums every term in double: they agree to ~1e-7
+ * relative). Limits: k <= 256, n_cols <= 262144 (32 chunks).
+ *
+ * work (floats, offsets rounded to 8 bytes): proc [m, ld] | gkeys u64 [m, G]
+ * | ckeys u64 [m, 32 k] | partials double [m, chunks, 4] | thresh u64 [m] |
+ * count int [m]. */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/sample.h"
+
+extern "C" {
+#include "engine/util.h"
+}
+
+#define SMP_GS 32                          /* elements per group (thread) */
+#define SMP_THREADS 256                    /* scan / gather block */
+#define SMP_CHUNK (SMP_GS * SMP_THREADS)   /* columns per scan block */
+#define SMP_MAX_CHUNKS 32                  /* n_cols <= 262144 */
+#define SMP_SORT_THREADS 1024
+
+typedef unsigned long long u64;
+
+static __device__ __forceinline__ u64 smp_key(float v, int id) {
+    if (v == 0.0f) v = 0.0f; /* -0 == +0 */
+    unsigned u = __float_as_uint(v);
+    if (v != v) u = 0; /* NaN below everything */
+    else u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((u64)u << 32) | (u64)(0xFFFFFFFFu - (unsigned)id);
+}
+
+static __device__ __forceinline__ int smp_key_id(u64 key) {
+    return (int)(0xFFFFFFFFu - (unsigned)(key & 0xFFFFFFFFull));
+}
+
+/* ------------------------------------------------------------------------ */
+/* 0. adjustments                                                           */
+/* ------------------------------------------------------------------------ */
+
+static __global__ void smp_adjust_kernel(const float *__restrict__ logits, float *proc,
+                                         float *__restrict__ adj_raw,
+                                         const int *__restrict__ adj_start,
+                                         const int *__restrict__ adj, int ld, int n_cols,
+                                         int vs) {
+    int r = blockIdx.x;
+    int a0 = adj_start[r], a1 = adj_start[r + 1];
+    if (a1 <= a0) return;
+    const float *raw = logits + (size_t)r * ld;
+    float *w = proc + (size_t)r * ld;
+    for (int c = threadIdx.x; c < n_cols; c += blockDim.x) w[c] = raw[c];
+    __syncthreads();
+    for (int e = a0 + threadIdx.x; e < a1; e += blockDim.x) {
+        int tok = adj[2 * e] >> 2, col = tok - vs;
+        if (col < 0 || col >= n_cols) continue;
+        adj_raw[e] = raw[col];
+        if (e > a0 && (adj[2 * e - 2] >> 2) == tok) continue; /* not the token's first entry */
+        float v = w[col];
+        for (int f = e; f < a1 && (adj[2 * f] >> 2) == tok; f++) {
+            float x = __int_as_float(adj[2 * f + 1]);
+            int op = adj[2 * f] & 3;
+            if (op == SAMPLE_ADJ_ADD) v = __fadd_rn(v, x);
+            else if (op == SAMPLE_ADJ_REP) v = v > 0 ? __fdiv_rn(v, x) : __fmul_rn(v, x);
+            else v = __fsub_rn(v, x);
+        }
+        w[col] = v;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* 1. scan                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static __device__ __forceinline__ float smp_block_max(float v, float *sh) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static __device__ __forceinline__ double smp_block_sum(double v, double *sh) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __global__ void __launch_bounds__(SMP_THREADS)
+smp_scan_kernel(const float *__restrict__ logits, const float *__restrict__ proc,
+                const int *__restrict__ adj_start, const float *__restrict__ inv_t,
+                u64 *__restrict__ gkeys, double *__restrict__ part, int ld, int n_cols, int vs,
+                int G, int n_chunks) {
+    __shared__ float shf[32];
+    __shared__ double shd[32];
+    int r = blockIdx.y, b = blockIdx.x, t = threadIdx.x;
+    const float *raw = logits + (size_t)r * ld;
+    const float *w = adj_start[r + 1] > adj_start[r] ? proc + (size_t)r * ld : raw;
+    int base = b * SMP_CHUNK + t;
+    float wv[SMP_GS], rv[SMP_GS];
+    float mw = -INFINITY, mr = -INFINITY;
+    u64 gk = 0;
+#pragma unroll
+    for (int j = 0; j < SMP_GS; j++) {
+        int c = base + j * SMP_THREADS;
+        if (c < n_cols) {
+            wv[j] = w[c];
+            rv[j] = raw[c];
+            u64 k = smp_key(wv[j], vs + c);
+            gk = k > gk ? k : gk;
+            mw = fmaxf(mw, wv[j]);
+            mr = fmaxf(mr, rv[j]);
+        } else {
+            wv[j] = -INFINITY;
+            rv[j] = -INFINITY;
+        }
+    }
+    gkeys[(size_t)r * G + (size_t)b * SMP_THREADS + t] = gk;
+    float bw = smp_block_max(mw, shf);
+    float br = smp_block_max(mr, shf);
+    float it = inv_t[r];
+    float sw = 0.0f, sr = 0.0f;
+    if (bw > -INFINITY) {
+#pragma unroll
+        for (int j = 0; j < SMP_GS; j++) sw += expf((wv[j] - bw) * it);
+    }
+    if (br > -INFINITY) {
+#pragma unroll
+        for (int j = 0; j < SMP_GS; j++) sr += expf(rv[j] - br);
+    }
+    double dsw = smp_block_sum((double)sw, shd);
+    double dsr = smp_block_sum((double)sr, shd);
+    if (t == 0) {
+        double *p = part + ((size_t)r * n_chunks + b) * 4;
+        p[0] = bw;
+        p[1] = dsw;
+        p[2] = br;
+        p[3] = dsr;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* 2 + 4. bitonic sorts in shared memory (descending)                       */
+/* ------------------------------------------------------------------------ */
+
+static __device__ void smp_bitonic_desc(u64 *s, int P) {
+    for (int k = 2; k <= P; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < P; i += blockDim.x) {
+                int x = i ^ j;
+                if (x > i) {
+                    u64 a = s[i], b = s[x];
+                    bool desc = (i & k) == 0;
+                    if (desc ? a < b : a > b) {
+                        s[i] = b;
+                        s[x] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+}
+
+static __global__ void __launch_bounds__(SMP_SORT_THREADS)
+smp_thresh_kernel(const u64 *__restrict__ gkeys, const double *__restrict__ part,
+                  const float *__restrict__ inv_t, u64 *__restrict__ thresh, int *__restrict__ count,
+                  float *__restrict__ out, int G, int P, int n_chunks, int k, int n_cols) {
+    extern __shared__ u64 smp_sh[];
+    int r = blockIdx.x;
+    for (int i = threadIdx.x; i < P; i += blockDim.x) smp_sh[i] = i < G ? gkeys[(size_t)r * G + i] : 0ull;
+    __syncthreads();
+    smp_bitonic_desc(smp_sh, P);
+    if (threadIdx.x == 0) {
+        thresh[r] = k <= P ? smp_sh[k - 1] : 0ull;
+        count[r] = 0;
+        const double *p = part + (size_t)r * n_chunks * 4;
+        float mw = -INFINITY, mr = -INFINITY;
+        for (int b = 0; b < n_chunks; b++) {
+            mw = fmaxf(mw, (float)p[4 * b]);
+            mr = fmaxf(mr, (float)p[4 * b + 2]);
+        }
+        double sw = 0, sr = 0;
+        float it = inv_t[r];
+        for (int b = 0; b < n_chunks; b++) {
+            float bw = (float)p[4 * b], br = (float)p[4 * b + 2];
+            if (bw > -INFINITY) sw += p[4 * b + 1] * exp((double)((bw - mw) * it));
+            if (br > -INFINITY) sr += p[4 * b + 3] * exp((double)(br - mr));
+        }
+        float *row = out + (size_t)r * (SAMPLE_HDR + 3 * (size_t)k);
+        row[0] = mw;
+        memcpy(row + 1, &sw, sizeof sw);
+        row[3] = mr;
+        memcpy(row + 4, &sr, sizeof sr);
+        int kk = n_cols < k ? n_cols : k;
+        row[6] = __int_as_float(kk);
+        row[7] = 0.0f;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* 3. gather                                                                */
+/* ------------------------------------------------------------------------ */
+
+static __global__ void __launch_bounds__(SMP_THREADS)
+smp_gather_kernel(const float *__restrict__ logits, const float *__restrict__ proc,
+                  const int *__restrict__ adj_start, const u64 *__restrict__ gkeys,
+                  const u64 *__restrict__ thresh, int *__restrict__ count, u64 *__restrict__ ckeys,
+                  int ld, int n_cols, int vs, int G, int cap) {
+    int r = blockIdx.y, b = blockIdx.x, t = threadIdx.x;
+    u64 T = thresh[r];
+    if (gkeys[(size_t)r * G + (size_t)b * SMP_THREADS + t] < T) return;
+    const float *w = adj_start[r + 1] > adj_start[r] ? proc + (size_t)r * ld : logits + (size_t)r * ld;
+    int base = b * SMP_CHUNK + t;
+    for (int j = 0; j < SMP_GS; j++) {
+        int c = base + j * SMP_THREADS;
+        if (c >= n_cols) break;
+        u64 key = smp_key(w[c], vs + c);
+        if (key >= T) {
+            int pos = atomicAdd(&count[r], 1);
+            if (pos < cap) ckeys[(size_t)r * cap + pos] = key;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* 4. final                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static __global__ void __launch_bounds__(SMP_SORT_THREADS)
+smp_final_kernel(const float *__restrict__ logits, const float *__restrict__ proc,
+                 const int *__restrict__ adj_start, const int *__restrict__ count,
+                 const u64 *__restrict__ ckeys, float *__restrict__ out, int ld, int n_cols, int vs,
+                 int k, int cap) {
+    extern __shared__ u64 smp_sh[];
+    int r = blockIdx.x;
+    int n = count[r] < cap ? count[r] : cap;
+    int P = 1;
+    while (P < n) P <<= 1;
+    for (int i = threadIdx.x; i < P; i += blockDim.x) smp_sh[i] = i < n ? ckeys[(size_t)r * cap + i] : 0ull;
+    __syncthreads();
+    smp_bitonic_desc(smp_sh, P);
+    const float *raw = logits + (size_t)r * ld;
+    const float *w = adj_start[r + 1] > adj_start[r] ? proc + (size_t)r * ld : raw;
+    float *row = out + (size_t)r * (SAMPLE_HDR + 3 * (size_t)k);
+    int kk = n_cols < k ? n_cols : k;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) {
+        if (i < kk && i < n) {
+            int id = smp_key_id(smp_sh[i]);
+            row[SAMPLE_HDR + i] = w[id - vs];
+            row[SAMPLE_HDR + k + i] = raw[id - vs];
+            row[SAMPLE_HDR + 2 * k + i] = __int_as_float(id);
+        } else {
+            row[SAMPLE_HDR + i] = -INFINITY;
+            row[SAMPLE_HDR + k + i] = -INFINITY;
+            row[SAMPLE_HDR + 2 * k + i] = __int_as_float(-1);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* entry                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static size_t even(size_t x) { return (x + 1) & ~(size_t)1; }
+
+void ops_cuda__sample_topk(void *ctx, struct buf *out, const struct buf *logits,
+                           struct buf *work, const struct sample_batch *sb) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    int m = sb->m, k = sb->k, ld = sb->ld, nc = sb->n_cols, vs = sb->vocab_start;
+    if (m <= 0) return;
+    AWQD_ASSERT(k >= 1 && k <= SAMPLE_MAX_K && nc >= 0 && nc <= ld);
+    AWQD_ASSERT(nc <= SMP_MAX_CHUNKS * SMP_CHUNK);
+    int n_adj = sb->h_adj_start[m];
+    AWQD_ASSERT(out->n >= SAMPLE_OUT_FLOATS(m, k, n_adj) && logits->n >= (size_t)m * ld);
+    AWQD_ASSERT(work->n >= sample_work_floats(m, ld, k));
+    int n_chunks = (nc + SMP_CHUNK - 1) / SMP_CHUNK;
+    if (n_chunks < 1) n_chunks = 1;
+    int G = n_chunks * SMP_THREADS, P = 1;
+    while (P < G) P <<= 1;
+    int cap = SMP_GS * k;
+    float *wb = (float *)work->d;
+    size_t off = 0;
+    float *proc = wb + off;
+    off = even(off + (size_t)m * ld);
+    u64 *gkeys = (u64 *)(wb + off);
+    off = even(off + 2 * (size_t)m * G);
+    u64 *ckeys = (u64 *)(wb + off);
+    off = even(off + 2 * (size_t)m * cap);
+    double *part = (double *)(wb + off);
+    off = even(off + 2 * 4 * (size_t)m * n_chunks);
+    u64 *thresh = (u64 *)(wb + off);
+    off = even(off + 2 * (size_t)m);
+    int *count = (int *)(wb + off);
+    off += (size_t)m;
+    AWQD_ASSERT(off <= work->n);
+    const float *lg = (const float *)logits->d;
+    const int *as = (const int *)sb->adj_start->d;
+    const float *it = (const float *)sb->inv_t->d;
+    float *o = (float *)out->d;
+    cudaStream_t st = c->stream;
+    PROF_BEGIN(c, "sample_topk", m, nc);
+    if (n_adj > 0)
+        smp_adjust_kernel<<<m, 256, 0, st>>>(lg, proc, o + (size_t)m * SAMPLE_ROW_FLOATS(k), as,
+                                             (const int *)sb->adj->d, ld, nc, vs);
+    dim3 grid(n_chunks, m);
+    smp_scan_kernel<<<grid, SMP_THREADS, 0, st>>>(lg, proc, as, it, gkeys, part, ld, nc, vs, G,
+                                                  n_chunks);
+    size_t sh_t = (size_t)P * sizeof(u64), sh_f = (size_t)cap * sizeof(u64);
+    cudaFuncSetAttribute(smp_thresh_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh_t);
+    cudaFuncSetAttribute(smp_final_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh_f);
+    smp_thresh_kernel<<<m, SMP_SORT_THREADS, sh_t, st>>>(gkeys, part, it, thresh, count, o, G, P,
+                                                         n_chunks, k, nc);
+    smp_gather_kernel<<<grid, SMP_THREADS, 0, st>>>(lg, proc, as, gkeys, thresh, count, ckeys, ld,
+                                                    nc, vs, G, cap);
+    smp_final_kernel<<<m, SMP_SORT_THREADS, sh_f, st>>>(lg, proc, as, count, ckeys, o, ld, nc, vs,
+                                                        k, cap);
+    OPS_CUDA_LAUNCHED(c, "sample_topk");
+    PROF_END(c);
+}

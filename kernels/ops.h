@@ -119,8 +119,8 @@ struct sample_batch {
 
 /* Scratch floats sample_topk needs (processed rows, candidate keys). */
 static inline size_t sample_work_floats(int m, int ld, int k) {
-    size_t per_row = (size_t)ld + 2 * ((size_t)ld / 32 + 2) + 2 * 32 * (size_t)k + 16 +
-                     8 * (((size_t)ld + 8191) / 8192);
+    size_t chunks = ((size_t)ld + 8191) / 8192 + 1; /* CUDA: 8192 columns per block */
+    size_t per_row = (size_t)ld + 2 * 256 * chunks + 2 * 32 * (size_t)k + 16 + 8 * chunks;
     return (size_t)m * per_row + 64;
 }
 

@@ -1,5 +1,8 @@
 /* test_sampler.c — the sampler on synthetic logits: greedy, temperature,
- * top-k / top-p / min-p masks, penalties, logit_bias, seeds, logprobs. */
+ * top-k / top-p / min-p masks, penalties, logit_bias, seeds, logprobs, and
+ * the draw's walking order (processed logit desc, id asc). The candidate
+ * path (sampler_finish) is checked against this reference in
+ * test_sample_cands.c. */
 #include "tests/harness/test.h"
 
 #include <math.h>
@@ -420,5 +423,45 @@ TEST(sampler, processed_logprobs_and_prompt_logprobs) {
     ASSERT_EQ_INT(q.n_top, 2);
     ASSERT_EQ_INT(q.top_ids[0], 0);
     ASSERT_EQ_INT(q.top_ids[1], 1);
+    sampler_free(&s);
+}
+
+TEST(sampler, draw_walks_tokens_by_descending_logit) {
+    /* ids ascending are NOT the walking order: the draw for seed s is the first
+     * token, by processed logit desc then id asc, whose cumulative probability
+     * exceeds u(s, i) * total */
+    enum { V = 6 };
+    const float l[V] = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f, 0.0f};
+    const int order[V] = {1, 3, 4, 0, 5, 2};
+    struct sampler s;
+    ASSERT_EQ_INT(sampler_init(&s, V), 0);
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.temperature = 0.9f;
+    p.n_logprobs = -1;
+    float pr[V];
+    double total = 0;
+    for (int i = 0; i < V; i++) {
+        pr[i] = expf((l[i] - 2.0f) * (1.0f / 0.9f));
+        total += pr[i];
+    }
+    for (uint64_t seed = 0; seed < 200; seed++) {
+        p.seed = seed;
+        struct sample_result r;
+        double u = sampler_uniform(seed, 3) * total, cum = 0;
+        int want = order[V - 1];
+        for (int i = 0; i < V; i++) {
+            cum += pr[order[i]];
+            if (u < cum) {
+                want = order[i];
+                break;
+            }
+        }
+        /* index 3: the draw of output token 3 (n_output = 3) */
+        int32_t out3[3] = {0, 0, 0};
+        ASSERT_EQ_INT(sampler_sample(&s, &p, l, NULL, 0, out3, 3, &r), 0);
+        ASSERT_MSG(r.token == want, "seed %llu: token %d, walking order gives %d",
+                   (unsigned long long)seed, r.token, want);
+    }
     sampler_free(&s);
 }

@@ -171,10 +171,10 @@ extern "C" int bench_kernels(int argc, char **argv) {
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv)
         fprintf(csv, "shape,K,N,M,kernel,ksplit,us,weight_GBs,pct_copy,TFLOPs,cublas_us,"
-                     "speedup_vs_cublas,skinny_us,tc64_us,tc128_us,deqcublas_us,gemv_us\n");
+                     "speedup_vs_cublas,skinny_us,tc64_us,tc128_us,deqcublas_us,gemv_us,nocluster_us\n");
     printf("\n%-8s %5s %-10s %3s %9s %8s %6s %7s %10s %8s", "shape", "M", "kernel", "ks", "us",
            "GB/s", "%copy", "TFLOP/s", "cublas_us", "speedup");
-    if (variants) printf(" %9s %9s %9s %9s %9s", "skinny", "tc64", "tc128", "deq+cubl", "gemv");
+    if (variants) printf(" %9s %9s %9s %9s %9s %9s", "skinny", "tc64", "tc128", "deq+cubl", "gemv", "nocluster");
     printf("\n");
 
     for (const shape &sh : shapes) {
@@ -259,12 +259,14 @@ extern "C" int bench_kernels(int argc, char **argv) {
              * apply on the legacy default stream), with PDL on and off */
             cudaStream_t bs;
             CUDA_CHECK_ABORT(cudaStreamCreateWithFlags(&bs, cudaStreamNonBlocking));
-            const int pdl0 = w4a16_pdl(-1);
+            const int pdl0 = w4a16_pdl(-1), cl0 = w4a16_cluster_reduce(-1);
             static const int b2b_m[] = {1, 2, 4, 8, 16};
+            /* modes: 2 = PDL + cluster split-K, 1 = PDL only, 0 = neither */
             for (int bi = 0; bi < 5; bi++)
-                for (int pdl = 1; pdl >= 0; pdl--) {
-                    int mm = b2b_m[bi];
+                for (int mode = 2; mode >= 0; mode--) {
+                    int mm = b2b_m[bi], pdl = mode > 0;
                     w4a16_pdl(pdl);
+                    w4a16_cluster_reduce(mode == 2);
                     int calls = R * 4, rc2 = 0;
                     std::vector<float> v;
                     for (int rep = 0; rep < 7; rep++) {
@@ -279,14 +281,15 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     }
                     std::sort(v.begin(), v.end());
                     double bus = v[v.size() / 2];
-                    printf("%-8s back-to-back M=%-2d pdl=%d over %d weight copies: %.2f us/call = %.0f GB/s (%.1f%% of copy)%s\n",
-                           sh.name, mm, pdl, R, bus, wbytes / (bus * 1e-6) / 1e9,
+                    printf("%-8s back-to-back M=%-2d pdl=%d cluster=%d over %d weight copies: %.2f us/call = %.0f GB/s (%.1f%% of copy)%s\n",
+                           sh.name, mm, pdl, mode == 2, R, bus, wbytes / (bus * 1e-6) / 1e9,
                            100.0 * wbytes / (bus * 1e-6) / 1e9 / copy_gbs, rc2 ? " (error)" : "");
-                    if (csv) fprintf(csv, "%s,%d,%d,%d,b2b_pdl%d,0,%.3f,%.1f,%.2f,,,,,,,,\n", sh.name, K, N, mm,
-                                     pdl, bus, wbytes / (bus * 1e-6) / 1e9,
+                    if (csv) fprintf(csv, "%s,%d,%d,%d,b2b_pdl%d_cl%d,0,%.3f,%.1f,%.2f,,,,,,,,,\n", sh.name, K,
+                                     N, mm, pdl, mode == 2, bus, wbytes / (bus * 1e-6) / 1e9,
                                      100.0 * wbytes / (bus * 1e-6) / 1e9 / copy_gbs);
                 }
             w4a16_pdl(pdl0);
+            w4a16_cluster_reduce(cl0);
             CUDA_CHECK_ABORT(cudaStreamDestroy(bs));
             for (int i = 1; i < R; i++) w4a16_free(cp[i]);
         }
@@ -329,7 +332,15 @@ extern "C" int bench_kernels(int argc, char **argv) {
                              CUBLAS_GEMM_DEFAULT);
             });
             CUDA_CHECK_ABORT(cudaGetLastError());
-            double var[5] = {0, 0, 0, 0, 0};
+            double var[6] = {0, 0, 0, 0, 0, 0};
+            if (variants && kc == W4A16_KERNEL_SKINNY) { /* the dispatch without cluster split-K */
+                const int cl0 = w4a16_cluster_reduce(-1);
+                w4a16_cluster_reduce(0);
+                var[5] = time_median_us(t, reps, [&] {
+                    rc |= w4a16_linear(w, dx, M, dy, epi, ws, wsb, 0, err, sizeof err);
+                });
+                w4a16_cluster_reduce(cl0);
+            }
             if (variants) {
                 for (int v = 0; v < 5; v++) {
                     enum w4a16_kernel fk = (enum w4a16_kernel)(W4A16_KERNEL_SKINNY + v);
@@ -349,13 +360,13 @@ extern "C" int bench_kernels(int argc, char **argv) {
             double tfl = 2.0 * M * N * (double)K / (us * 1e-6) / 1e12;
             printf("%-8s %5d %-10s %3d %9.2f %8.0f %5.1f%% %7.1f %10.2f %7.2fx", sh.name, M,
                    kname(kc), ks, us, gbs, 100.0 * gbs / copy_gbs, tfl, cus, cus / us);
-            if (variants) printf(" %9.2f %9.2f %9.2f %9.2f %9.2f", var[0], var[1], var[2], var[3], var[4]);
+            if (variants) printf(" %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f", var[0], var[1], var[2], var[3], var[4], var[5]);
             printf("\n");
             fflush(stdout);
             if (csv)
-                fprintf(csv, "%s,%d,%d,%d,%s,%d,%.3f,%.1f,%.2f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
+                fprintf(csv, "%s,%d,%d,%d,%s,%d,%.3f,%.1f,%.2f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
                         sh.name, K, N, M, kname(kc), ks, us, gbs, 100.0 * gbs / copy_gbs, tfl, cus,
-                        cus / us, var[0], var[1], var[2], var[3], var[4]);
+                        cus / us, var[0], var[1], var[2], var[3], var[4], var[5]);
         }
         cudaFree(ws);
         cudaFree(dW);

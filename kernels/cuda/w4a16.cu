@@ -101,6 +101,11 @@ static __device__ __forceinline__ uint32_t hsub2u(uint32_t a, uint32_t b) {
     asm("sub.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
 }
+static __device__ __forceinline__ uint32_t hadd2u(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("add.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
 static __device__ __forceinline__ uint32_t hfma2u(uint32_t a, uint32_t b, uint32_t c) {
     uint32_t d;
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
@@ -164,15 +169,6 @@ static __device__ __forceinline__ void pdl_launch(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-}
-
-/* 16-byte streaming load of constant data: read-only path, no L1 allocation. */
-static __device__ __forceinline__ uint4 ldg_stream(const uint4 *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
 }
 
 /* Zero-point subtrahends: {1024+z, 1024+z} and {1024+16z, 1024+16z} as half2 bits. */
@@ -286,6 +282,47 @@ static __device__ __forceinline__ int splitk_reduce(float *acc, float *part, int
     return 1;
 }
 
+/* Split-K inside a thread-block cluster (sm_90): the ksplit blocks of one
+ * output tile form a cluster (cluster rank == split). Each writes its NACC
+ * values per thread to its own shared memory (red, NACC * NT floats, free at
+ * this point), the cluster barrier publishes them, and rank 0 adds the ranks'
+ * values in split order 0..S-1 through distributed shared memory (the same
+ * additions in the same order as splitk_reduce: bitwise the same result),
+ * then a second barrier keeps the other blocks' shared memory alive until it
+ * has read it. No workspace, no atomics, no global round trips. Returns 1 in
+ * rank 0 (which runs the epilogue). Only launched as a cluster on sm_90+. */
+template <int NACC, int NT>
+static __device__ __forceinline__ int cluster_reduce(float *acc, float *red, int ksplit, int tid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __syncthreads(); /* every warp is done with the region red reuses */
+#pragma unroll
+    for (int i = 0; i < NACC; i++) red[i * NT + tid] = acc[i];
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    uint32_t rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    if (rank == 0) {
+        const uint32_t base = smem_u32(red) + (uint32_t)tid * 4;
+#pragma unroll
+        for (int i = 0; i < NACC; i++) acc[i] = 0.f;
+        for (int sp = 0; sp < ksplit; sp++) {
+            uint32_t rb;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(base), "r"(sp));
+            float v[NACC];
+#pragma unroll
+            for (int i = 0; i < NACC; i++)
+                asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v[i]) : "r"(rb + (uint32_t)(i * NT * 4)) : "memory");
+#pragma unroll
+            for (int i = 0; i < NACC; i++) acc[i] += v[i];
+        }
+    }
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    return rank == 0;
+#else
+    (void)acc, (void)red, (void)ksplit, (void)tid;
+    return 1;
+#endif
+}
+
 /* ------------------------------------------------------------------------ */
 /* Skinny kernel (decode, M <= 8*MT): block = 8 warps = 8 n16 tiles (128     */
 /* columns) x one K range (split-K across blocks). The block's x rows and    */
@@ -296,7 +333,7 @@ static __device__ __forceinline__ int splitk_reduce(float *acc, float *part, int
 /* ------------------------------------------------------------------------ */
 
 #define SK_WARPS 8
-#define SK_STAGES 8
+#define SK_STAGES 8 /* default ring depth; k_skinny<MT, ST> also exists for ST = 16, 24 */
 #define SK_X_BYTES_MAX (48 * 1024) /* x slice limit -> K range per split */
 
 struct sk_smem {
@@ -304,20 +341,20 @@ struct sk_smem {
     size_t x_off, w_off, s_off, z_off, total;
 };
 
-static __host__ __device__ sk_smem sk_layout(int m, int cps, int G) {
+static __host__ __device__ sk_smem sk_layout(int m, int cps, int G, int st) {
     sk_smem L;
     L.krange = cps * 64;
     L.ngroups = (L.krange + G - 1) / G + 1;
     L.xstride = L.krange + 8;
     L.x_off = 0;
     L.w_off = ((size_t)m * L.xstride * 2 + 15) / 16 * 16;
-    L.s_off = L.w_off + (size_t)SK_WARPS * SK_STAGES * 512;
+    L.s_off = L.w_off + (size_t)SK_WARPS * st * 512;
     L.z_off = L.s_off + (size_t)L.ngroups * 256;
     L.total = L.z_off + (size_t)L.ngroups * 64;
     return L;
 }
 
-template <int MT>
+template <int MT, int ST, bool CL>
 static __global__ void __launch_bounds__(SK_WARPS * 32)
 k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a,
@@ -330,9 +367,9 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     const int kc0 = split * cps, kc1 = min(KC, kc0 + cps);
     const int n = kc1 - kc0;
     const int nt0 = nb * SK_WARPS, nt = nt0 + warp;
-    const sk_smem L = sk_layout(ep.m, cps, G);
+    const sk_smem L = sk_layout(ep.m, cps, G, ST);
     uint16_t *sx = (uint16_t *)(smem + L.x_off);
-    uint4 *ring = (uint4 *)(smem + L.w_off) + warp * SK_STAGES * 32;
+    uint4 *ring = (uint4 *)(smem + L.w_off) + warp * ST * 32;
     uint32_t *ssc = (uint32_t *)(smem + L.s_off);
     uint8_t *szr = smem + L.z_off;
     const int g0 = kc0 * 64 / G, g1 = (kc1 * 64 + G - 1) / G;
@@ -353,7 +390,7 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     /* chunk kc of this warp's tile: qw[((nb * KC + kc) * 8 + warp) * 32 + lane] */
     const uint4 *wp = qw + (((size_t)nb * KC + kc0) * 8 + warp) * 32 + lane;
 #pragma unroll
-    for (int s = 0; s < SK_STAGES - 1; s++) {
+    for (int s = 0; s < ST - 1; s++) {
         if (s < n) cp_async16(ring + s * 32 + lane, wp + (size_t)s * 256, 16);
         cp_async_commit();
     }
@@ -399,18 +436,18 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         xv[i] = m < ep.m;
         xr[i] = sx + (xv[i] ? m : 0) * L.xstride + 16 * c;
     }
-    const uint4 *wnext = wp + (size_t)(SK_STAGES - 1) * 256; /* next chunk to fetch */
+    const uint4 *wnext = wp + (size_t)(ST - 1) * 256; /* next chunk to fetch */
 
-    for (int it0 = 0; it0 < n; it0 += SK_STAGES) {
+    for (int it0 = 0; it0 < n; it0 += ST) {
 #pragma unroll
-        for (int st = 0; st < SK_STAGES; st++) {
+        for (int st = 0; st < ST; st++) {
             const int it = it0 + st;
             if (it >= n) break;
-            if (it + SK_STAGES - 1 < n)
-                cp_async16(ring + ((st + SK_STAGES - 1) % SK_STAGES) * 32 + lane, wnext, 16);
+            if (it + ST - 1 < n)
+                cp_async16(ring + ((st + ST - 1) % ST) * 32 + lane, wnext, 16);
             wnext += 256;
             cp_async_commit();
-            cp_async_wait<SK_STAGES - 1>();
+            cp_async_wait<ST - 1>();
             const uint4 wv = ring[st * 32 + lane];
             uint4 xa[MT], xb[MT];
 #pragma unroll
@@ -456,9 +493,13 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     cp_async_wait<0>();
     pdl_launch();
 
-    if (ksplit > 1 &&
-        !splitk_reduce<MT * 4, SK_WARPS * 32>(&acc[0][0], part, cnt, nb, split, ksplit, tid, true))
+    if (CL) { /* the ring (>= MT * 4 KB) holds the cluster partials */
+        if (!cluster_reduce<MT * 4, SK_WARPS * 32>(&acc[0][0], (float *)(smem + L.w_off), ksplit, tid))
+            return;
+    } else if (ksplit > 1 &&
+               !splitk_reduce<MT * 4, SK_WARPS * 32>(&acc[0][0], part, cnt, nb, split, ksplit, tid, true)) {
         return;
+    }
 #pragma unroll
     for (int i = 0; i < MT; i++)
         epilogue(ep, nt, r, i * 8 + 2 * c, acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
@@ -469,42 +510,49 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 /* Block = GV_WARPS warps on one 128-column block (8 n16 tiles) and one K    */
 /* range [kc0, kc1) of 64-deep chunks (split-K across blocks, deterministic  */
 /* reduction). Each warp streams a contiguous sub-range of chunks: one step  */
-/* = the block's 8 tiles at one chunk = 4 KB contiguous, 8 x 16-byte loads   */
-/* per lane straight into registers (no shared-memory staging of weights),   */
-/* double-buffered: the next step's 8 loads (+ its scales and zeros) are in  */
-/* flight while the current one is computed. The first two steps are issued  */
-/* before pdl_wait(); x of the block's K range goes to shared memory after.  */
+/* = the block's 8 tiles at one chunk = 4 KB contiguous, 8 x 16-byte         */
+/* cp.async per lane into the warp's D-stage shared-memory ring (each lane   */
+/* reads back only what it copied: no barrier), so (D - 1) x 4 KB per warp   */
+/* stay in flight without holding registers. The block's scales/zeros and    */
+/* the first D - 1 stages are requested before pdl_wait(); x of the block's  */
+/* K range goes to shared memory after it.                                   */
 /*                                                                            */
 /* Lane (r, c) of a step holds, per tile, 16 k (16c .. 16c+15) x 2 columns   */
-/* (rho = r, r + 8) — exactly the mma A fragment of the layout, used here as */
-/* plain data: LOP3 -> half2 {1024 + q} / {1024 + 16 q}; one sub (fma for    */
-/* the high nibbles) leaves q - z exactly; times the fp16 scale = the fp16   */
-/* dequantized weight (as cuBLAS on a dequantized copy would see it); one    */
-/* HFMA2 per two weights per row of x into half2 partial sums (8 products    */
-/* each, at the output's magnitude: no overflow unless y itself overflows),  */
-/* converted to fp32 after every step. At the end: shuffle-add over the 4    */
-/* lanes c, add the warps in order in shared memory, split-K partials in     */
-/* the workspace added in split order by the last block of the column block. */
+/* (rho = r, r + 8) — the mma A fragment of the layout, used as plain data:  */
+/* LOP3 -> half2 {1024 + q} / {1024 + 16 q}; one sub (fma for the high       */
+/* nibbles) leaves q - z exactly; times the fp16 scale = the fp16            */
+/* dequantized weight (what cuBLAS on a dequantized copy sees); one HFMA2    */
+/* per two weights per row of x into half2 partial sums (8 products each, at */
+/* the output's magnitude: no overflow unless y itself overflows), added to  */
+/* fp32 after every step. At the end: shuffle-add over the 4 lanes c, add    */
+/* the warps in order in shared memory, split-K partials in the workspace    */
+/* added in split order by the last block of the column block.               */
 /* ------------------------------------------------------------------------ */
 
 #define GV_WARPS 4
+#define GV_STAGES 4                /* default ring depth (steps of 4 KB per warp) */
 #define GV_X_BYTES_MAX (32 * 1024) /* x slice limit -> K range per split */
-/* resident blocks per SM the register use must allow (more spills at MR >= 3) */
-#define GV_MIN_BLOCKS(mr) ((mr) <= 2 ? 3 : 2)
 
-struct gv_step {
-    uint4 w[8];      /* 8 tiles x 16 bytes */
-    uint32_t s[8];   /* half2 {s(r), s(r+8)} per tile */
-    uint32_t z[8];   /* z(r) | z(r+8) << 4 per tile */
+struct gv_smem {
+    size_t ring_off, s_off, z_off, x_off, red_off, total;
+    int ngroups, xstride;
 };
 
-static __host__ __device__ inline size_t gv_smem_bytes(int mr, int cps) {
-    size_t x = ((size_t)mr * cps * 64 * 2 + 15) / 16 * 16;
-    return x + (size_t)GV_WARPS * mr * 128 * 4;
+static __host__ __device__ inline gv_smem gv_layout(int mr, int cps, int G, int d) {
+    gv_smem L;
+    L.ngroups = (cps * 64 + G - 1) / G + 1;
+    L.xstride = cps * 64;
+    L.ring_off = 0;
+    L.s_off = (size_t)GV_WARPS * d * 4096;
+    L.z_off = L.s_off + (size_t)L.ngroups * 256;
+    L.x_off = L.z_off + (size_t)L.ngroups * 64;
+    L.red_off = L.x_off + ((size_t)mr * L.xstride * 2 + 15) / 16 * 16;
+    L.total = L.red_off + (size_t)GV_WARPS * mr * 128 * 4;
+    return L;
 }
 
-template <int MR>
-static __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS(MR))
+template <int MR, int D>
+static __global__ void __launch_bounds__(GV_WARPS * 32)
 k_gemv(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
        const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
        int G, int cps, int ksplit, epi_args ep, float *__restrict__ part,
@@ -515,27 +563,49 @@ k_gemv(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     const int r = lane >> 2, c = lane & 3;
     const int kc0 = split * cps, kc1 = min(KC, kc0 + cps), n = kc1 - kc0;
     const int wb = kc0 + warp * n / GV_WARPS, we = kc0 + (warp + 1) * n / GV_WARPS;
-    const int xstride = cps * 64; /* halves per x row in shared memory */
-    uint16_t *sx = (uint16_t *)smem;
-    float *red = (float *)(smem + ((size_t)MR * xstride * 2 + 15) / 16 * 16); /* [W][MR][128] */
+    const int nw = we - wb;
+    const gv_smem L = gv_layout(MR, cps, G, D);
+    uint4 *ring = (uint4 *)(smem + L.ring_off) + (size_t)warp * D * 256 + lane; /* [D][8][32] */
+    const uint32_t *ssc = (const uint32_t *)(smem + L.s_off);
+    const uint8_t *szr = smem + L.z_off;
+    uint16_t *sx = (uint16_t *)(smem + L.x_off);
+    float *red = (float *)(smem + L.red_off); /* [W][MR][128] */
     const int cpg = G / 64;
+    const int g0 = kc0 / cpg, g1 = (kc1 - 1) / cpg + 1;
 
-    /* chunk kc, tile j of this block: qw[((nb * KC + kc) * 8 + j) * 32 + lane] */
-    const uint4 *wbase = qw + (size_t)nb * KC * 256 + lane;
-    const uint32_t *sbase = sc + (size_t)nb * 64 + r; /* group g tile j: + g * n16a * 8 + j * 8 */
-    const uint8_t *zbase = zr + (size_t)nb * 64 + r;
-
-    auto load = [&](gv_step &st, int kc) {
-        const uint4 *p = wbase + (size_t)kc * 256;
+    /* constant data before the dependency wait: scales, zeros of the block's
+     * groups (group g: sc row g, tiles nb*8 .. nb*8+7 = 256 bytes), ring stages */
+    for (int i = tid; i < (g1 - g0) * 16; i += GV_WARPS * 32) {
+        int g = i >> 4, ch = i & 15;
+        cp_async16((unsigned char *)ssc + g * 256 + ch * 16,
+                   (const unsigned char *)(sc + ((size_t)(g0 + g) * n16a + nb * 8) * 8) + ch * 16, 16);
+    }
+    for (int i = tid; i < (g1 - g0) * 4; i += GV_WARPS * 32) {
+        int g = i >> 2, ch = i & 3;
+        cp_async16((unsigned char *)szr + g * 64 + ch * 16,
+                   zr + ((size_t)(g0 + g) * n16a + nb * 8) * 8 + ch * 16, 16);
+    }
+    /* chunk kc, tile j: qw[((nb * KC + kc) * 8 + j) * 32 + lane] */
+    const uint4 *wsrc = qw + ((size_t)nb * KC + wb) * 256 + lane;
 #pragma unroll
-        for (int j = 0; j < 8; j++) st.w[j] = ldg_stream(p + j * 32);
-        const size_t go = (size_t)(kc / cpg) * n16a * 8;
+    for (int st = 0; st < D - 1; st++) {
+        if (st < nw) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            st.s[j] = __ldg(sbase + go + j * 8);
-            st.z[j] = __ldg(zbase + go + j * 8);
+            for (int j = 0; j < 8; j++) cp_async16(ring + (st * 8 + j) * 32, wsrc + st * 256 + j * 32, 16);
         }
-    };
+        cp_async_commit();
+    }
+    pdl_wait();
+    {   /* x rows [0, MR) x [kc0*64, kc1*64) */
+        const int cpr = n * 8; /* 16-byte pieces per row */
+        for (int i = tid; i < MR * cpr; i += GV_WARPS * 32) {
+            int row = i / cpr, ch = i - row * cpr;
+            cp_async16(sx + row * L.xstride + ch * 8, x + (size_t)row * K + kc0 * 64 + ch * 8, 16);
+        }
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+    __syncthreads();
 
     float acc[8][2][MR];
 #pragma unroll
@@ -543,23 +613,35 @@ k_gemv(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 #pragma unroll
         for (int m = 0; m < MR; m++) acc[j][0][m] = acc[j][1][m] = 0.f;
 
-    auto compute = [&](const gv_step &st, int kc) {
+    for (int it = 0; it < nw; it++) {
+        const int kc = wb + it;
+        if (it + D - 1 < nw) {
+            uint4 *dst = ring + ((it + D - 1) % D) * 256;
+            const uint4 *src = wsrc + (size_t)(it + D - 1) * 256;
+#pragma unroll
+            for (int j = 0; j < 8; j++) cp_async16(dst + j * 32, src + j * 32, 16);
+        }
+        cp_async_commit();
+        cp_async_wait<D - 1>();
+        const uint4 *stg = ring + (it % D) * 256;
         const uint16_t *xs = sx + (kc - kc0) * 64 + 16 * c;
         uint32_t xh[MR][8];
 #pragma unroll
         for (int m = 0; m < MR; m++) {
-            uint4 a = *(const uint4 *)(xs + m * xstride), b = *(const uint4 *)(xs + m * xstride + 8);
+            uint4 a = *(const uint4 *)(xs + m * L.xstride), b = *(const uint4 *)(xs + m * L.xstride + 8);
             xh[m][0] = a.x, xh[m][1] = a.y, xh[m][2] = a.z, xh[m][3] = a.w;
             xh[m][4] = b.x, xh[m][5] = b.y, xh[m][6] = b.z, xh[m][7] = b.w;
         }
+        const int go = (kc / cpg - g0) * 64 + r;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            const uint32_t z = st.z[j], s2 = st.s[j];
+            const uint4 wv = stg[j * 32];
+            const uint32_t z = szr[go + j * 8], s2 = ssc[go + j * 8];
             const uint32_t mlo = magic_lo(z & 15);
             uint32_t nz = 0xd400u | ((z >> 4) << 4); /* -(64 + z_hi) */
             nz |= nz << 16;
             const uint32_t slo = __byte_perm(s2, 0, 0x1010), shi = __byte_perm(s2, 0, 0x3232);
-            const uint32_t *wt = &st.w[j].x;
+            const uint32_t *wt = &wv.x;
             uint32_t plo[MR], phi[MR];
 #pragma unroll
             for (int t = 0; t < 4; t++) {
@@ -580,39 +662,15 @@ k_gemv(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
             }
 #pragma unroll
             for (int m = 0; m < MR; m++) {
-                float2 fl = __half22float2(*reinterpret_cast<const __half2 *>(&plo[m]));
-                float2 fh = __half22float2(*reinterpret_cast<const __half2 *>(&phi[m]));
-                acc[j][0][m] += fl.x + fl.y;
-                acc[j][1][m] += fh.x + fh.y;
+                /* {lo.x + lo.y, hi.x + hi.y} in one HADD2, then two conversions */
+                uint32_t sum = hadd2u(__byte_perm(plo[m], phi[m], 0x5410), __byte_perm(plo[m], phi[m], 0x7632));
+                float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&sum));
+                acc[j][0][m] += f.x;
+                acc[j][1][m] += f.y;
             }
         }
-    };
-
-    /* Weights of the first two steps before the dependency wait. */
-    gv_step sa, sb;
-    if (wb < we) load(sa, wb);
-    if (wb + 1 < we) load(sb, wb + 1);
-
-    pdl_wait();
-    /* x rows [0, MR) x [kc0*64, kc1*64) -> shared memory */
-    {
-        const int cpr = n * 8; /* 16-byte pieces per row */
-        for (int i = tid; i < MR * cpr; i += GV_WARPS * 32) {
-            int row = i / cpr, ch = i - row * cpr;
-            *(uint4 *)(sx + row * xstride + ch * 8) =
-                *(const uint4 *)(x + (size_t)row * K + kc0 * 64 + ch * 8);
-        }
     }
-    __syncthreads();
-
-    for (int kc = wb; kc < we; kc += 2) {
-        compute(sa, kc);
-        if (kc + 2 < we) load(sa, kc + 2);
-        if (kc + 1 < we) {
-            compute(sb, kc + 1);
-            if (kc + 3 < we) load(sb, kc + 3);
-        }
-    }
+    cp_async_wait<0>();
     pdl_launch();
 
     /* sum over the 4 lanes c of each r, then over the warps (fixed order) */
@@ -1072,6 +1130,8 @@ extern "C" size_t w4a16_device_bytes(const struct w4a16_weight *w) { return w->b
 /* Dispatch                                                                  */
 /* ------------------------------------------------------------------------ */
 
+#define CLUSTER_MAX 8 /* largest split reduced inside a cluster (portable cluster size) */
+
 /* Crossovers measured on an H100 (docs/PERFORMANCE.md). */
 #define DISPATCH_GEMV_MAX_M 0 /* not yet measured faster than skinny */
 #define DISPATCH_SKINNY_MAX_M 32
@@ -1094,6 +1154,20 @@ static int occ_query(F *fn, int threads, size_t smem) {
     return n < 1 ? 1 : n;
 }
 
+/* Skinny ring depth: SK_STAGES, or AWQD_W4A16_SK_STAGES = 16 / 24 (experiment knob). */
+static int sk_stages(void) {
+    static const int st = [] {
+        const char *e = getenv("AWQD_W4A16_SK_STAGES");
+        int v = e ? atoi(e) : SK_STAGES;
+        return v == 16 || v == 24 ? v : SK_STAGES;
+    }();
+    return st;
+}
+
+/* GEMV ring depth (3 and 6 were measured slower; 3 and 6 also hit an
+ * illegal address in a long sweep that was not tracked down: not built). */
+static int gv_stages(void) { return GV_STAGES; }
+
 static int kernel_occupancy(enum w4a16_kernel k, int m) {
     static int cache[16];
     int mt = (m + 7) / 8, slot;
@@ -1106,14 +1180,14 @@ static int kernel_occupancy(enum w4a16_kernel k, int m) {
     switch (slot) {
     case 0: n = occ_query(k_tc<TC64_ARGS>, tc_cfg<4, 1, 8, 4>::NT, tc_cfg<4, 1, 8, 4>::SMEM); break;
     case 1: n = occ_query(k_tc<TC128_ARGS>, tc_cfg<4, 2, 8, 4>::NT, tc_cfg<4, 2, 8, 4>::SMEM); break;
-    case 2: n = occ_query(k_skinny<1>, SK_WARPS * 32, sk_layout(8, 16, 128).total); break;
-    case 3: n = occ_query(k_skinny<2>, SK_WARPS * 32, sk_layout(16, 16, 128).total); break;
-    case 4: n = occ_query(k_skinny<4>, SK_WARPS * 32, sk_layout(32, 12, 128).total); break;
-    case 5: n = occ_query(k_skinny<8>, SK_WARPS * 32, sk_layout(64, 6, 128).total); break;
-    case 6: n = occ_query(k_gemv<1>, GV_WARPS * 32, gv_smem_bytes(1, 16)); break;
-    case 7: n = occ_query(k_gemv<2>, GV_WARPS * 32, gv_smem_bytes(2, 16)); break;
-    case 8: n = occ_query(k_gemv<3>, GV_WARPS * 32, gv_smem_bytes(3, 16)); break;
-    default: n = occ_query(k_gemv<4>, GV_WARPS * 32, gv_smem_bytes(4, 16)); break;
+    case 2: n = occ_query(k_skinny<1, SK_STAGES, false>, SK_WARPS * 32, sk_layout(8, 16, 128, sk_stages()).total); break;
+    case 3: n = occ_query(k_skinny<2, SK_STAGES, false>, SK_WARPS * 32, sk_layout(16, 16, 128, sk_stages()).total); break;
+    case 4: n = occ_query(k_skinny<4, SK_STAGES, false>, SK_WARPS * 32, sk_layout(32, 12, 128, sk_stages()).total); break;
+    case 5: n = occ_query(k_skinny<8, SK_STAGES, false>, SK_WARPS * 32, sk_layout(64, 6, 128, sk_stages()).total); break;
+    case 6: n = occ_query(k_gemv<1, GV_STAGES>, GV_WARPS * 32, gv_layout(1, 16, 128, gv_stages()).total); break;
+    case 7: n = occ_query(k_gemv<2, GV_STAGES>, GV_WARPS * 32, gv_layout(2, 16, 128, gv_stages()).total); break;
+    case 8: n = occ_query(k_gemv<3, GV_STAGES>, GV_WARPS * 32, gv_layout(3, 16, 128, gv_stages()).total); break;
+    default: n = occ_query(k_gemv<4, GV_STAGES>, GV_WARPS * 32, gv_layout(4, 16, 128, gv_stages()).total); break;
     }
     cache[slot] = n;
     return n;
@@ -1135,10 +1209,12 @@ static int gv_max_cps(int m) {
 }
 
 /* GEMV split: the number of K ranges that minimizes the modelled time of the
- * busiest SM, in 4 KB steps: (blocks on it) x (chunks per block), divided by
- * the fraction of the bandwidth its warps can pull (less than 8 resident
- * warps, i.e. < ~64 KB in flight, is modelled as proportionally slower), plus
- * a fixed cost for the split-K reduction. Ties go to fewer splits. */
+ * busiest SM, in 4 KB steps: (blocks on it) x (chunks per block + a fixed
+ * per-block cost of ~3 steps, fitted to a sweep on H200), divided by the
+ * fraction of the bandwidth its resident warps can pull (bytes in flight
+ * (D - 1) x 4 KB per warp; below ~96 KB per SM modelled as proportionally
+ * slower), plus a fixed cost for the split-K reduction. Ties go to fewer
+ * splits. */
 static int gv_split(const struct w4a16_weight *w, int m) {
     const int nb = ceil_div(w->n16, 8), KC = w->kc, sms = w->sms > 0 ? w->sms : 1;
     const int occ = kernel_occupancy(W4A16_KERNEL_GEMV, m);
@@ -1153,8 +1229,9 @@ static int gv_split(const struct w4a16_weight *w, int m) {
         int blocks = nb * se;
         int per_sm = ceil_div(blocks, sms);
         int resident = per_sm < occ ? per_sm : occ;
-        double bw = resident * GV_WARPS >= 8 ? 1.0 : resident * GV_WARPS / 8.0;
-        double cost = per_sm * (double)cps / bw + (se > 1 ? 3.0 : 0.0);
+        double inflight = resident * GV_WARPS * (gv_stages() - 1) * 4.0; /* KB */
+        double bw = inflight >= 96.0 ? 1.0 : inflight / 96.0;
+        double cost = per_sm * (cps + 3.0) / bw + (se > 1 ? 3.0 : 0.0);
         if (cost < best - 1e-9) {
             best = cost;
             best_s = se;
@@ -1216,6 +1293,9 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
             ks = gv_split(w, m);
         } else if (k == W4A16_KERNEL_SKINNY) {
             ks = ceil_div(w->kc, 16);
+            /* measured (H200 sweep): 8 splits beat 12 on down (K 12288, 32
+             * column blocks) with or without the cluster reduction */
+            if (ks > CLUSTER_MAX && nb * CLUSTER_MAX >= w->sms) ks = CLUSTER_MAX;
             if (ks > slots / nb) ks = slots / nb;
         } else {
             ks = slots / (nb * mbk);
@@ -1299,49 +1379,119 @@ extern "C" int w4a16_pdl(int mode) {
     return pdl_mode();
 }
 
+/* Split-K reduction inside a thread-block cluster (sm_90+, ksplit <= 8): on by
+ * default, AWQD_W4A16_CLUSTER=0 turns it off, w4a16_cluster_reduce() overrides. */
+static std::atomic<int> g_cluster{-1};
+
+static int cluster_mode(void) {
+    int v = g_cluster.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("AWQD_W4A16_CLUSTER");
+        v = e && !strcmp(e, "0") ? 0 : 1;
+        int expect = -1;
+        g_cluster.compare_exchange_strong(expect, v);
+        v = g_cluster.load(std::memory_order_relaxed);
+    }
+    return v;
+}
+
+static int cluster_on(const struct w4a16_weight *w) { return w->cc_major >= 9 && cluster_mode(); }
+
+/* Where the skinny kernel reduces its split inside a cluster. Measured (H200,
+ * back to back and single calls): a clear gain for M <= 8 when there are more
+ * blocks than SMs (gate|up M = 2..8: 25 -> 22 us), a loss when there is about
+ * one block per SM (o, 128 blocks: the cluster placement leaves SMs idle) and
+ * for M > 8 (16 and 32 rows). */
+static int sk_use_cluster(const struct w4a16_weight *w, int m, int ksplit) {
+    return cluster_on(w) && ksplit > 1 && ksplit <= CLUSTER_MAX && m <= 8 &&
+           ceil_div(w->n16, SK_WARPS) * ksplit > w->sms;
+}
+
+extern "C" int w4a16_cluster_reduce(int mode) {
+    if (mode >= 0) g_cluster.store(mode ? 1 : 0, std::memory_order_relaxed);
+    return cluster_mode();
+}
+
+/* Workspace a call really needs: none for a skinny split reduced in a cluster
+ * (skinny recomputes the split from the chunks per split; same here). */
+static size_t ws_call(const struct w4a16_weight *w, int m, enum w4a16_kernel k, int ks) {
+    if (k == W4A16_KERNEL_SKINNY && ks > 1) {
+        int cps = ceil_div(w->kc, ks);
+        if (cps > sk_max_cps(m)) cps = sk_max_cps(m);
+        if (sk_use_cluster(w, m, ceil_div(w->kc, cps))) return 0;
+    }
+    return ws_need(w, m, k, ks);
+}
+
 /* Launches kern<<<grid, block, smem, s>>>(args...), with the programmatic
  * stream serialization attribute when PDL is on (the kernels call pdl_wait()
  * before touching anything an earlier kernel writes). */
 template <typename... KArgs, typename... Args>
-static cudaError_t launch_pdl(const struct w4a16_weight *w, void (*kern)(KArgs...), dim3 grid,
-                              dim3 block, size_t smem, cudaStream_t s, Args... args) {
+static cudaError_t launch_pdl_cl(const struct w4a16_weight *w, void (*kern)(KArgs...), dim3 grid,
+                                 dim3 block, size_t smem, cudaStream_t s, dim3 cluster,
+                                 Args... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute at[1] = {};
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2] = {};
+    int na = 0;
+    if (cluster.x * cluster.y * cluster.z > 1) { /* required: the kernel reduces in the cluster */
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = cluster.x;
+        at[na].val.clusterDim.y = cluster.y;
+        at[na].val.clusterDim.z = cluster.z;
+        na++;
+    }
+    const int npdl = pdl_mode() && w->cc_major >= 9 ? 1 : 0;
+    if (npdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
     cfg.attrs = at;
-    cfg.numAttrs = pdl_mode() && w->cc_major >= 9 ? 1 : 0;
+    cfg.numAttrs = na;
     cudaError_t e = cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
-    if (e != cudaSuccess && cfg.numAttrs && e != cudaErrorStreamCaptureInvalidated &&
+    if (e != cudaSuccess && npdl && e != cudaErrorStreamCaptureInvalidated &&
         e != cudaErrorStreamCaptureUnsupported) {
-        /* attribute refused (driver, stream kind): plain launch */
+        /* PDL attribute refused (driver, stream kind): launch without it */
         cudaGetLastError();
-        cfg.numAttrs = 0;
+        cfg.numAttrs = na - 1;
         e = cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
     }
     return e;
 }
 
-template <int MR>
-static int launch_gemv(const struct w4a16_weight *w, const uint16_t *x, epi_args ep, int ksplit,
-                       float *part, cudaStream_t s, char *err, size_t errlen) {
+template <typename... KArgs, typename... Args>
+static cudaError_t launch_pdl(const struct w4a16_weight *w, void (*kern)(KArgs...), dim3 grid,
+                              dim3 block, size_t smem, cudaStream_t s, Args... args) {
+    return launch_pdl_cl(w, kern, grid, block, smem, s, dim3(1, 1, 1), args...);
+}
+
+template <int MR, int D>
+static int launch_gemv_d(const struct w4a16_weight *w, const uint16_t *x, epi_args ep, int ksplit,
+                         float *part, cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0};
-    int rc = smem_limit_once(&smem_set, (const void *)k_gemv<MR>, 160 * 1024, err, errlen);
+    int rc = smem_limit_once(&smem_set, (const void *)k_gemv<MR, D>, 200 * 1024, err, errlen);
     if (rc) return rc;
     int cps = ceil_div(w->kc, ksplit);
     if (cps > gv_max_cps(MR)) cps = gv_max_cps(MR);
     ksplit = ceil_div(w->kc, cps);
     dim3 grid(ceil_div(w->n16, 8), ksplit);
     if (ksplit > 1 && (int)grid.x > w->cnt_len) return -ERANGE;
-    CUDA_CHECK(launch_pdl(w, k_gemv<MR>, grid, dim3(GV_WARPS * 32), gv_smem_bytes(MR, cps), s,
+    CUDA_CHECK(launch_pdl(w, k_gemv<MR, D>, grid, dim3(GV_WARPS * 32),
+                          gv_layout(MR, cps, w->group, D).total, s,
                           w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, w->group, cps, ksplit, ep,
                           part, w->cnt),
                err, errlen);
     return 0;
+}
+
+template <int MR>
+static int launch_gemv(const struct w4a16_weight *w, const uint16_t *x, epi_args ep, int ksplit,
+                       float *part, cudaStream_t s, char *err, size_t errlen) {
+    return launch_gemv_d<MR, GV_STAGES>(w, x, ep, ksplit, part, s, err, errlen);
 }
 
 template <int WN, int WM, int MW, int STAGES, int MINB>
@@ -1394,22 +1544,42 @@ static int launch_cublas(const struct w4a16_weight *w, const uint16_t *x, int m,
     return 0;
 }
 
-template <int MT>
-static int launch_skinny(const struct w4a16_weight *w, const uint16_t *x, epi_args ep, int ksplit,
-                         float *part, cudaStream_t s, char *err, size_t errlen) {
-    static std::atomic<unsigned long long> smem_set{0};
-    int rc = smem_limit_once(&smem_set, (const void *)k_skinny<MT>, 160 * 1024, err, errlen);
+template <int MT, int ST>
+static int launch_skinny_st(const struct w4a16_weight *w, const uint16_t *x, epi_args ep, int ksplit,
+                            float *part, cudaStream_t s, char *err, size_t errlen) {
+    static std::atomic<unsigned long long> smem_set{0}, smem_set_cl{0};
+    int rc = smem_limit_once(&smem_set, (const void *)k_skinny<MT, ST, false>, 200 * 1024, err, errlen);
     if (rc) return rc;
     int cps = ceil_div(w->kc, ksplit);
     if (cps > sk_max_cps(ep.m)) cps = sk_max_cps(ep.m);
     ksplit = ceil_div(w->kc, cps);
     if (ksplit > 1 && ceil_div(w->n16, SK_WARPS) > w->cnt_len) return -ERANGE;
-    sk_smem L = sk_layout(ep.m, cps, w->group);
+    sk_smem L = sk_layout(ep.m, cps, w->group, ST);
     dim3 grid(ceil_div(w->n16, SK_WARPS), ksplit);
-    CUDA_CHECK(launch_pdl(w, k_skinny<MT>, grid, dim3(SK_WARPS * 32), L.total, s, w->qw, w->sc,
-                          w->zr, x, w->k, w->n16a, w->kc, w->group, cps, ksplit, ep, part, w->cnt),
+    if (sk_use_cluster(w, ep.m, ksplit)) {
+        rc = smem_limit_once(&smem_set_cl, (const void *)k_skinny<MT, ST, true>, 200 * 1024, err, errlen);
+        if (rc) return rc;
+        CUDA_CHECK(launch_pdl_cl(w, k_skinny<MT, ST, true>, grid, dim3(SK_WARPS * 32), L.total, s,
+                                 dim3(1, ksplit, 1), w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc,
+                                 w->group, cps, ksplit, ep, part, w->cnt),
+                   err, errlen);
+        return 0;
+    }
+    CUDA_CHECK(launch_pdl(w, k_skinny<MT, ST, false>, grid, dim3(SK_WARPS * 32), L.total, s, w->qw,
+                          w->sc, w->zr, x, w->k, w->n16a, w->kc, w->group, cps, ksplit, ep, part,
+                          w->cnt),
                err, errlen);
     return 0;
+}
+
+template <int MT>
+static int launch_skinny(const struct w4a16_weight *w, const uint16_t *x, epi_args ep, int ksplit,
+                         float *part, cudaStream_t s, char *err, size_t errlen) {
+    switch (sk_stages()) {
+    case 16: return launch_skinny_st<MT, 16>(w, x, ep, ksplit, part, s, err, errlen);
+    case 24: return launch_skinny_st<MT, 24>(w, x, ep, ksplit, part, s, err, errlen);
+    default: return launch_skinny_st<MT, SK_STAGES>(w, x, ep, ksplit, part, s, err, errlen);
+    }
 }
 
 extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, int m,
@@ -1443,24 +1613,24 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
     enum w4a16_kernel k = kernel;
     int ks = ksplit;
     choose(w, m, &k, &ks);
-    if (ks > 1 && (ws_need(w, m, k, ks) > ws_bytes || !workspace)) {
+    if (ks > 1 && (ws_call(w, m, k, ks) > ws_bytes || (!workspace && ws_call(w, m, k, ks) > 0))) {
         /* fall back to the largest split that fits */
-        while (ks > 1 && ws_need(w, m, k, ks) > ws_bytes) ks--;
-        if (!workspace) ks = 1;
+        while (ks > 1 && ws_call(w, m, k, ks) > ws_bytes) ks--;
+        if (!workspace && ws_call(w, m, k, ks) > 0) ks = 1;
     }
     if (k == W4A16_KERNEL_CUBLAS && (!workspace || ws_need(w, m, k, 1) > ws_bytes)) {
         k = W4A16_KERNEL_TC64; /* no room for the transient fp16 copy */
         ks = 0;
         choose(w, m, &k, &ks);
-        while (ks > 1 && ws_need(w, m, k, ks) > ws_bytes) ks--;
-        if (!workspace) ks = 1;
+        while (ks > 1 && ws_call(w, m, k, ks) > ws_bytes) ks--;
+        if (!workspace && ws_call(w, m, k, ks) > 0) ks = 1;
     }
     if (k == W4A16_KERNEL_GEMV && ks < ceil_div(w->kc, gv_max_cps(m))) {
         k = W4A16_KERNEL_SKINNY; /* no room for the split the GEMV kernel needs */
         ks = 0;
         choose(w, m, &k, &ks);
-        while (ks > 1 && ws_need(w, m, k, ks) > ws_bytes) ks--;
-        if (!workspace) ks = 1;
+        while (ks > 1 && ws_call(w, m, k, ks) > ws_bytes) ks--;
+        if (!workspace && ws_call(w, m, k, ks) > 0) ks = 1;
     }
     if (k == W4A16_KERNEL_SKINNY && ks < sk_min_split(w, m)) {
         k = W4A16_KERNEL_TC64; /* no room for the split the skinny kernel needs */

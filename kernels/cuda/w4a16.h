@@ -134,6 +134,13 @@ void w4a16_choice(const struct w4a16_weight *w, int m, enum w4a16_kernel *kernel
  * environment has AWQD_PDL=0). See "Programmatic dependent launch" above. */
 int w4a16_pdl(int mode);
 
+/* Split-K reduction of the skinny (decode) kernel inside a thread-block
+ * cluster through distributed shared memory (sm_90+, up to 8 splits; no
+ * workspace, no atomics; bitwise the same result as the workspace path).
+ * mode 1: on, 0: off (workspace + arrival counter), < 0: only query. Returns
+ * the mode in effect (process-wide; default on unless AWQD_W4A16_CLUSTER=0). */
+int w4a16_cluster_reduce(int mode);
+
 #ifdef __cplusplus
 }
 #endif

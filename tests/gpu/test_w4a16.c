@@ -438,21 +438,24 @@ TEST(w4a16, rejects_bad_input) {
  * wait would read the NaN poison or a stale value. */
 TEST(w4a16, pdl_chain_and_graph) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
-    enum { NL = 3, K = 2048 };
+    /* 2048 -> 20480 (160 column blocks: the cluster split-K for M <= 8),
+     * 20480 -> 2048 (long K: workspace split-K), gate|up 2048 -> 2048 + bias */
+    enum { NL = 3, K = 2048, KW = 20480 };
     struct host_layer h[NL];
     struct w4a16_weight *dw[NL];
     char err[256];
-    int gate_up[NL] = {0, 1, 0};
+    const int gate_up[NL] = {0, 0, 1}, lk[NL] = {K, KW, K}, ln[NL] = {KW, K, 2 * K};
     for (int i = 0; i < NL; i++) {
-        layer_make(&h[i], K, gate_up[i] ? 2 * K : K, 128, i == 2);
+        layer_make(&h[i], lk[i], ln[i], 128, i == 2);
         /* scales ~ 1/sqrt(K * E[(q-z)^2]): activations keep their magnitude */
-        size_t ns = (size_t)(K / 128) * h[i].l.n;
-        for (size_t j = 0; j < ns; j++) h[i].sc[j] = h_from_f(0.002f + 0.003f * rnd_unit());
+        size_t ns = (size_t)(lk[i] / 128) * h[i].l.n;
+        float s0 = 1.f / sqrtf((float)lk[i] * 42.5f);
+        for (size_t j = 0; j < ns; j++) h[i].sc[j] = h_from_f(s0 * (0.6f + 0.8f * rnd_unit()));
         ASSERT_MSG(w4a16_upload(&h[i].l, gate_up[i] ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN,
                                 &dw[i], err, sizeof err) == 0, "%s", err);
     }
     static const int ms[] = {1, 2, 3, 4, 8, 16, 64, 100};
-    enum { MMAX = 100, STEPS = 7 };
+    enum { MMAX = 100, STEPS = 6 }; /* ends with the gate|up layer: y [M, K] */
     size_t wsb = 0;
     for (int i = 0; i < NL; i++) {
         size_t b = w4a16_workspace_bytes(dw[i], MMAX);
@@ -462,7 +465,7 @@ TEST(w4a16, pdl_chain_and_graph) {
     uint16_t *out[3];
     for (int r = 0; r < 3; r++) out[r] = malloc((size_t)MMAX * K * 2);
     ASSERT(hx && out[0] && out[1] && out[2]);
-    for (int i = 0; i <= STEPS; i++) CK(cudaMalloc((void **)&buf[i], (size_t)MMAX * K * 2));
+    for (int i = 0; i <= STEPS; i++) CK(cudaMalloc((void **)&buf[i], (size_t)MMAX * KW * 2));
     void *ws = NULL;
     if (wsb) CK(cudaMalloc(&ws, wsb));
     cudaStream_t st;
@@ -474,7 +477,7 @@ TEST(w4a16, pdl_chain_and_graph) {
         for (int run = 0; run < 3; run++) { /* 0: PDL off, 1: on, 2: on, in a graph */
             w4a16_pdl(run > 0);
             CK(cudaMemcpy(buf[0], hx, (size_t)M * K * 2, cudaMemcpyHostToDevice));
-            for (int i = 1; i <= STEPS; i++) CK(cudaMemset(buf[i], 0xff, (size_t)MMAX * K * 2));
+            for (int i = 1; i <= STEPS; i++) CK(cudaMemset(buf[i], 0xff, (size_t)MMAX * KW * 2));
             CK(cudaDeviceSynchronize());
             cudaGraph_t g = NULL;
             cudaGraphExec_t ge = NULL;
@@ -482,6 +485,7 @@ TEST(w4a16, pdl_chain_and_graph) {
             for (int i = 0; i < STEPS; i++) {
                 int l = i % NL;
                 int epi = (gate_up[l] ? W4A16_EPI_SILU_MUL : 0) | (l == 2 ? W4A16_EPI_BIAS : 0);
+                ASSERT(w4a16_k(dw[l]) == (i == 0 ? K : w4a16_out_cols(dw[(i + NL - 1) % NL])));
                 int rc = w4a16_linear(dw[l], buf[i], M, buf[i + 1], epi, ws, wsb, st, err, sizeof err);
                 ASSERT_MSG(rc == 0, "chain M=%d step %d: %s", M, i, err);
             }
@@ -515,4 +519,66 @@ TEST(w4a16, pdl_chain_and_graph) {
         w4a16_free(dw[i]);
         layer_free(&h[i]);
     }
+}
+
+/* The skinny kernel's split-K reduced inside a thread-block cluster (sm_90;
+ * used for M <= 8 when the grid has more blocks than SMs: N = 20480 gives 160
+ * column blocks) must be bitwise equal to the workspace + counter reduction
+ * (same additions, same order), also when no workspace is passed at all (a
+ * fallback to one split would round differently). */
+TEST(w4a16, cluster_reduce_matches_workspace) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    struct host_layer h;
+    layer_make(&h, 4096, 20480, 128, 1);
+    struct w4a16_weight *dw = NULL;
+    char err[256];
+    ASSERT_MSG(w4a16_upload(&h.l, W4A16_LAYOUT_PLAIN, &dw, err, sizeof err) == 0, "%s", err);
+    enum { MMAX = 8, K = 4096, N = 20480 };
+    uint16_t *hx = malloc((size_t)MMAX * K * 2), *ha = malloc((size_t)MMAX * N * 2),
+             *hb = malloc((size_t)MMAX * N * 2), *hc = malloc((size_t)MMAX * N * 2);
+    ASSERT(hx && ha && hb && hc);
+    for (int i = 0; i < MMAX * K; i++) hx[i] = h_from_f(2.f * rnd_unit() - 1.f);
+    uint16_t *dx, *dy;
+    void *ws;
+    size_t wsb = (size_t)256 << 20;
+    CK(cudaMalloc((void **)&dx, (size_t)MMAX * K * 2));
+    CK(cudaMalloc((void **)&dy, (size_t)MMAX * N * 2));
+    CK(cudaMalloc(&ws, wsb));
+    CK(cudaMemcpy(dx, hx, (size_t)MMAX * K * 2, cudaMemcpyHostToDevice));
+    const int cl0 = w4a16_cluster_reduce(-1);
+    static const int ms[] = {1, 3, 8};
+    static const int splits[] = {2, 3, 4, 7, 8};
+    for (int mi = 0; mi < NM(ms); mi++)
+        for (int si = 0; si < NM(splits); si++) {
+            int M = ms[mi];
+            size_t ny = (size_t)M * N * 2;
+            uint16_t *outs[3] = {ha, hb, hc};
+            for (int run = 0; run < 3; run++) { /* cluster, workspace, cluster without ws */
+                w4a16_cluster_reduce(run != 1);
+                CK(cudaMemset(dy, 0xff, ny));
+                int rc = w4a16_linear_ex(dw, dx, M, dy, W4A16_EPI_BIAS, W4A16_KERNEL_SKINNY,
+                                         splits[si], run == 2 ? NULL : ws, run == 2 ? 0 : wsb, 0,
+                                         err, sizeof err);
+                ASSERT_MSG(rc == 0, "M=%d split=%d: %s", M, splits[si], err);
+                CK(cudaDeviceSynchronize());
+                CK(cudaMemcpy(outs[run], dy, ny, cudaMemcpyDeviceToHost));
+            }
+            for (size_t i = 0; i < (size_t)M * N; i++)
+                ASSERT_MSG(!isnan(f_from_h(ha[i])), "M=%d split=%d: y[%zu] not written", M,
+                           splits[si], i);
+            ASSERT_MSG(memcmp(ha, hb, ny) == 0, "M=%d split=%d: cluster != workspace reduction", M,
+                       splits[si]);
+            ASSERT_MSG(memcmp(ha, hc, ny) == 0, "M=%d split=%d: no-workspace call differs", M,
+                       splits[si]);
+        }
+    w4a16_cluster_reduce(cl0);
+    cudaFree(dx);
+    cudaFree(dy);
+    cudaFree(ws);
+    free(hx);
+    free(ha);
+    free(hb);
+    free(hc);
+    w4a16_free(dw);
+    layer_free(&h);
 }

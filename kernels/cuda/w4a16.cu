@@ -1297,9 +1297,10 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
              * column blocks) with or without the cluster reduction */
             if (ks > CLUSTER_MAX && nb * CLUSTER_MAX >= w->sms) ks = CLUSTER_MAX;
             /* one wave of resident blocks for M <= 8 (gate|up M = 1: 2 splits
-             * 21.9 us, 4 splits 24.6); above, more splits won (M = 16: 4
-             * splits 33.5 us, 3 (one wave) 36.8) */
-            if (m <= 8 && ks > slots / nb) ks = slots / nb;
+             * 21.9 us, 4 splits 24.6); above, two waves won (M = 16: 4 splits
+             * 33.5 us, 3 (one wave) 36.8) */
+            const int waves = m <= 8 ? 1 : 2;
+            if (ks > waves * slots / nb) ks = waves * slots / nb;
         } else {
             ks = slots / (nb * mbk);
             if (ks > w->kc / 8) ks = w->kc / 8;

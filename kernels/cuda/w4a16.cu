@@ -1130,7 +1130,8 @@ extern "C" size_t w4a16_device_bytes(const struct w4a16_weight *w) { return w->b
 /* Dispatch                                                                  */
 /* ------------------------------------------------------------------------ */
 
-#define CLUSTER_MAX 8 /* largest split reduced inside a cluster (portable cluster size) */
+#define CLUSTER_MAX 4  /* largest split reduced inside a cluster (8 measured slower: down) */
+#define SK_SPLIT_CAP 8 /* skinny splits when the grid is large enough anyway */
 
 /* Crossovers measured on an H100 (docs/PERFORMANCE.md). */
 #define DISPATCH_GEMV_MAX_M 0 /* not yet measured faster than skinny */
@@ -1295,7 +1296,7 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
             ks = ceil_div(w->kc, 16);
             /* measured (H200 sweep): 8 splits beat 12 on down (K 12288, 32
              * column blocks) with or without the cluster reduction */
-            if (ks > CLUSTER_MAX && nb * CLUSTER_MAX >= w->sms) ks = CLUSTER_MAX;
+            if (ks > SK_SPLIT_CAP && nb * SK_SPLIT_CAP >= w->sms) ks = SK_SPLIT_CAP;
             /* one wave of resident blocks for M <= 8 (gate|up M = 1: 2 splits
              * 21.9 us, 4 splits 24.6); above, two waves won (M = 16: 4 splits
              * 33.5 us, 3 (one wave) 36.8) */
@@ -1403,9 +1404,9 @@ static int cluster_on(const struct w4a16_weight *w) { return w->cc_major >= 9 &&
 
 /* Where the skinny kernel reduces its split inside a cluster. Measured (H200,
  * back to back and single calls): a clear gain for M <= 8 when there are more
- * blocks than SMs (gate|up M = 2..8: 25 -> 22 us), a loss when there is about
- * one block per SM (o, 128 blocks: the cluster placement leaves SMs idle) and
- * for M > 8 (16 and 32 rows). */
+ * blocks than SMs (gate|up M = 2..8: 25 -> 22 us, q|k|v 12.7 -> 11.7), a loss
+ * when there is about one block per SM (o, 128 blocks: the cluster placement
+ * leaves SMs idle), for clusters of 8 (down: 14.9 -> 17.9 us) and for M > 8. */
 static int sk_use_cluster(const struct w4a16_weight *w, int m, int ksplit) {
     return cluster_on(w) && ksplit > 1 && ksplit <= CLUSTER_MAX && m <= 8 &&
            ceil_div(w->n16, SK_WARPS) * ksplit > w->sms;

@@ -16,6 +16,8 @@
 
 /* Rows of logits computed per lm_head call (bounds the logits workspace). */
 #define LOGIT_CHUNK 32
+/* Most batch-size buckets with a CUDA graph (decode steps). */
+#define MODEL_MAX_BUCKETS 64
 
 struct layer {
     struct buf *attn_norm, *mlp_norm;     /* W16 [hidden] */
@@ -72,6 +74,14 @@ struct model {
     int32_t *h_adj_start;                           /* [LOGIT_CHUNK + 1] */
     int32_t *h_adj;                                 /* [2 * s_cap_adj] */
     float *h_sout;                                  /* like s_out */
+    /* graphs of decode steps (ops->graph_*; none on the CPU backend or with
+     * AWQD_CUDA_GRAPHS=0): a decode-only batch of S sequences is padded to
+     * the smallest bucket >= S and replays that bucket's graph (embed ..
+     * final norm), recorded on first use */
+    int n_buckets;
+    int bucket[MODEL_MAX_BUCKETS];                  /* padded sizes, ascending */
+    struct op_graph *graph[MODEL_MAX_BUCKETS];      /* NULL: not recorded yet */
+    int graph_failed[MODEL_MAX_BUCKETS];            /* recording failed: eager from then on */
 };
 
 static int sample_rows(struct model *m, const struct batch *b, int cols, char *err,
@@ -138,6 +148,8 @@ void model_free(struct model *m) {
     if (!m) return;
     struct ops *o = m->ops;
     void *c = o->ctx;
+    for (int i = 0; i < m->n_buckets; i++) /* before the buffers they use */
+        if (m->graph[i]) o->graph_free(c, m->graph[i]);
     if (m->layers) {
         for (int l = 0; l < m->cfg.n_layers; l++) {
             struct layer *L = &m->layers[l];
@@ -297,11 +309,21 @@ int model_init(const struct model_weights *w, struct ops *ops, struct comm *comm
     m->h_rows = malloc((size_t)T * sizeof(int32_t));
     m->h_q_start = malloc(((size_t)S + 1) * sizeof(int32_t));
     m->h_past = malloc((size_t)S * sizeof(int32_t));
-    m->h_bt = malloc(btn * sizeof(int32_t));
+    m->h_bt = calloc(btn, sizeof(int32_t)); /* rows past a batch's sequences: valid ids */
     m->h_logits = malloc((size_t)LOGIT_CHUNK * m->vocab_rows * sizeof(float));
     if (!m->h_ids || !m->h_pos || !m->h_slots || !m->h_rows || !m->h_q_start || !m->h_past ||
         !m->h_bt || !m->h_logits)
         goto oom;
+    /* graph buckets: 1 2 4 8, then steps of 8 to 32, 16 to 128, 32 to 256,
+     * 64 beyond; the largest is min(max_seqs, max_tokens) */
+    if (ops->graph_begin && ops->graph_end && ops->graph_run && ops->graph_free) {
+        int lim = S < T ? S : T;
+        for (int b = 1; b <= lim && m->n_buckets < MODEL_MAX_BUCKETS;
+             b = b < 8 ? 2 * b : b < 32 ? b + 8 : b < 128 ? b + 16 : b < 256 ? b + 32 : b + 64)
+            m->bucket[m->n_buckets++] = b;
+        if (m->n_buckets < MODEL_MAX_BUCKETS && m->bucket[m->n_buckets - 1] < lim)
+            m->bucket[m->n_buckets++] = lim;
+    }
     *out = m;
     return 0;
 oom:
@@ -396,32 +418,12 @@ static int stage_batch(struct model *m, const struct batch *b, int *n_rows, int 
     return 0;
 }
 
-int model_forward(struct model *m, const struct batch *b, float *logits, char *err,
-                  size_t errlen) {
+/* embed .. layers .. final norm for the ab->n_rows rows staged on the
+ * device: m->x holds the normed rows. */
+static int forward_layers(struct model *m, const struct attn_batch *ab, char *err, size_t errlen) {
     struct ops *O = m->ops;
     void *c = O->ctx;
-    int n = 0, nl = 0, rc;
-    if ((rc = stage_batch(m, b, &n, &nl, err, errlen))) return rc;
-    if (nl > 0 && !logits) return util_err(err, errlen, -EINVAL, "batch: logits wanted, no output array");
-
-    /* upload the batch description */
-    int S = b->n_seqs;
-    if ((rc = O->upload(c, m->ids, 0, m->h_ids, (size_t)n)) ||
-        (rc = O->upload(c, m->positions, 0, m->h_pos, (size_t)n)) ||
-        (rc = O->upload(c, m->slots, 0, m->h_slots, (size_t)n)) ||
-        (rc = O->upload(c, m->q_start, 0, m->h_q_start, (size_t)S + 1)) ||
-        (rc = O->upload(c, m->past, 0, m->h_past, (size_t)S)) ||
-        (rc = O->upload(c, m->block_table, 0, m->h_bt, (size_t)S * m->opts.max_blocks_per_seq)) ||
-        (nl > 0 && (rc = O->upload(c, m->logit_rows, 0, m->h_rows, (size_t)nl))))
-        return util_err(err, errlen, rc, "model: upload of the batch failed");
-    struct attn_batch ab = {
-        .n_seqs = S, .n_rows = n, .max_blocks = m->opts.max_blocks_per_seq,
-        .block_size = m->opts.block_size, .q_start = m->q_start, .past = m->past,
-        .block_table = m->block_table, .positions = m->positions, .slots = m->slots,
-        .h_q_start = m->h_q_start, .h_past = m->h_past,
-    };
-    int H = m->hidden;
-
+    int n = ab->n_rows, H = m->hidden, rc;
     /* h = embed(ids) (vocab-parallel: each rank fills its rows, sum) */
     O->embed(c, m->h, m->embed, m->ids, n, H, m->vocab_start, m->vocab_rows);
     if (m->comm->size > 1 && (rc = m->comm->all_reduce_sum(m->comm, m->h, (size_t)n * H)))
@@ -435,9 +437,9 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
         O->linear(c, m->qkv, m->x, n, L->qkv);
         /* q/k norm, RoPE, write k/v into the paged cache */
         O->qk_norm_rope_kv(c, m->qkv, n, m->nh, m->nkv, m->hd, L->q_norm, L->k_norm, m->eps,
-                           m->inv_freq, &ab, L->k_cache, L->v_cache);
+                           m->inv_freq, ab, L->k_cache, L->v_cache);
         /* att = softmax(q K^T / sqrt(hd)) V over each sequence's cache */
-        O->attention(c, m->att, m->qkv, m->nh, m->nkv, m->hd, m->attn_scale, &ab, L->k_cache,
+        O->attention(c, m->att, m->qkv, m->nh, m->nkv, m->hd, m->attn_scale, ab, L->k_cache,
                      L->v_cache);
         /* proj = att @ Wo, summed over ranks */
         O->linear(c, m->proj, m->att, n, L->o);
@@ -453,6 +455,105 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
     }
     /* x = final_norm(h += last mlp output) */
     O->add_rmsnorm(c, m->h, m->proj, m->x, m->final_norm, n, H, m->eps);
+    return 0;
+}
+
+/* The graph bucket a batch replays, or -1 (run op by op): decode-only
+ * batches (every sequence one new token) on a backend with graphs, when the
+ * all-reduce (tp > 1) may be recorded. */
+static int graph_bucket(const struct model *m, const struct batch *b) {
+    if (m->n_buckets == 0 || (m->comm->size > 1 && !m->comm->graph_safe)) return -1;
+    if (b->n_seqs > m->bucket[m->n_buckets - 1]) return -1;
+    for (int s = 0; s < b->n_seqs; s++)
+        if (b->seqs[s].n_tokens != 1) return -1;
+    int i = 0;
+    while (m->bucket[i] < b->n_seqs) i++;
+    return m->graph_failed[i] ? -1 : i;
+}
+
+/* Rows [S, nb) of the staged decode batch become padding: token 0 at
+ * position 0, KV slot -1 (nothing written), past -1 (attention writes zeros);
+ * their block-table rows hold ids of earlier batches (never read). */
+static void pad_decode_batch(struct model *m, int S, int nb) {
+    for (int s = S; s < nb; s++) {
+        m->h_ids[s] = 0;
+        m->h_pos[s] = 0;
+        m->h_slots[s] = -1;
+        m->h_past[s] = -1;
+        m->h_q_start[s + 1] = s + 1;
+    }
+}
+
+/* Replays bucket gi's graph, recording it first if needed. A recording that
+ * fails (the backend logs why) marks the bucket eager for good and runs this
+ * step op by op: nothing ran while recording. */
+static int forward_graph(struct model *m, int gi, const struct attn_batch *ab, char *err,
+                         size_t errlen) {
+    struct ops *O = m->ops;
+    void *c = O->ctx;
+    int rc;
+    if (!m->graph[gi]) {
+        struct op_graph *g = NULL;
+        rc = O->graph_begin(c);
+        if (!rc) {
+            char e2[256] = "";
+            int frc = forward_layers(m, ab, e2, sizeof e2);
+            rc = O->graph_end(c, &g);
+            if (frc) {
+                if (!rc) O->graph_free(c, g);
+                g = NULL;
+                log_warn("model: decode batches of %d run without a graph: %s", m->bucket[gi], e2);
+                rc = frc;
+            }
+        }
+        if (rc) {
+            m->graph_failed[gi] = 1;
+            return forward_layers(m, ab, err, errlen);
+        }
+        m->graph[gi] = g;
+    }
+    if ((rc = O->graph_run(c, m->graph[gi])))
+        return util_err(err, errlen, rc, "model: graph replay failed");
+    return 0;
+}
+
+int model_forward(struct model *m, const struct batch *b, float *logits, char *err,
+                  size_t errlen) {
+    struct ops *O = m->ops;
+    void *c = O->ctx;
+    int n = 0, nl = 0, rc;
+    if ((rc = stage_batch(m, b, &n, &nl, err, errlen))) return rc;
+    if (nl > 0 && !logits) return util_err(err, errlen, -EINVAL, "batch: logits wanted, no output array");
+
+    /* upload the batch description (a decode batch that replays a graph:
+     * padded to its bucket first) */
+    int S = b->n_seqs;
+    int gi = graph_bucket(m, b);
+    int ns = S, nr = n;                   /* sequences and rows the ops run on */
+    if (gi >= 0) {
+        ns = nr = m->bucket[gi];
+        pad_decode_batch(m, S, ns);
+    }
+    if ((rc = O->upload(c, m->ids, 0, m->h_ids, (size_t)nr)) ||
+        (rc = O->upload(c, m->positions, 0, m->h_pos, (size_t)nr)) ||
+        (rc = O->upload(c, m->slots, 0, m->h_slots, (size_t)nr)) ||
+        (rc = O->upload(c, m->q_start, 0, m->h_q_start, (size_t)ns + 1)) ||
+        (rc = O->upload(c, m->past, 0, m->h_past, (size_t)ns)) ||
+        (rc = O->upload(c, m->block_table, 0, m->h_bt, (size_t)ns * m->opts.max_blocks_per_seq)) ||
+        (nl > 0 && (rc = O->upload(c, m->logit_rows, 0, m->h_rows, (size_t)nl))))
+        return util_err(err, errlen, rc, "model: upload of the batch failed");
+    struct attn_batch ab = {
+        .n_seqs = ns, .n_rows = nr, .max_blocks = m->opts.max_blocks_per_seq,
+        .block_size = m->opts.block_size, .q_start = m->q_start, .past = m->past,
+        .block_table = m->block_table, .positions = m->positions, .slots = m->slots,
+        .h_q_start = m->h_q_start, .h_past = m->h_past, .decode_fixed = gi >= 0,
+    };
+    int H = m->hidden;
+
+    /* embed .. layers .. x = final_norm(h += last mlp output): replayed from
+     * the bucket's graph, or run op by op */
+    rc = gi >= 0 ? forward_graph(m, gi, &ab, err, errlen) : forward_layers(m, &ab, err, errlen);
+    if (rc) return rc;
 
     /* logits of the selected rows, this rank's vocabulary columns */
     int V = m->cfg.vocab;

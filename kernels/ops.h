@@ -50,6 +50,7 @@ enum linear_kind {
 
 struct buf;        /* backend memory; opaque to the model */
 struct op_linear;  /* one W4A16 linear layer uploaded to the backend */
+struct op_graph;   /* a recorded sequence of ops (graph_begin / graph_end) */
 
 /* One batch's attention geometry (backend buffers, uploaded by the model).
  * Sequence s owns rows [q_start[s], q_start[s+1]) of the batch; its first new
@@ -69,6 +70,16 @@ struct attn_batch {
     /* host copies of the same (for launch geometry; never written) */
     const int32_t *h_q_start;     /* [n_seqs + 1] */
     const int32_t *h_past;        /* [n_seqs] */
+    /* 1: a decode-only batch (every sequence has exactly one row, n_rows ==
+     * n_seqs) run with launch geometry that depends on n_seqs only, never on
+     * the contexts, so that a CUDA graph captured with it can be replayed for
+     * other contexts (the device buffers are re-uploaded before each replay).
+     * The backend then reads the contexts from `past` on the device and
+     * ignores h_q_start / h_past. Padding rows (a batch padded up to a graph's
+     * size) have past[s] < 0: attention writes zeros for them; their slot is
+     * < 0: qk_norm_rope_kv writes no K/V for them. Only set by the model on
+     * backends with graph ops (the CPU backend never sees it). */
+    int decode_fixed;
 };
 
 /* --- sampling ----------------------------------------------------------------
@@ -205,6 +216,35 @@ struct ops {
 
     /* Waits for queued work (no-op on CPU). 0 / negative errno. */
     int (*sync)(void *ctx);
+
+    /* --- graphs (optional: NULL when the backend has none, e.g. the CPU
+     * backend, or CUDA with AWQD_CUDA_GRAPHS=0) ------------------------------
+     * Record a fixed sequence of compute ops once and replay it:
+     *     ops->graph_begin(ctx);                 // ops below are recorded, not run
+     *     ops->add_rmsnorm(ctx, ...); ...        // compute ops + comm all-reduce
+     *     struct op_graph *g;
+     *     if (ops->graph_end(ctx, &g) == 0)      // nothing has run yet
+     *         ops->graph_run(ctx, g);            // runs the recorded ops
+     *     ... upload new inputs into the same buffers; ops->graph_run(ctx, g);
+     *     ops->graph_free(ctx, g);
+     * Between begin and end only compute ops (embed, add_rmsnorm, linear,
+     * linear_silu_mul, qk_norm_rope_kv, attention, lm_head, copy) and a
+     * comm->all_reduce_sum with comm->graph_safe may be called, on the thread
+     * that called begin; alloc, free, upload, download, sync, upload_linear
+     * and free_linear are refused (NULL / -EBUSY) and make graph_end fail.
+     * A replay runs the same ops with the same arguments: the same buffers,
+     * the same shapes (n, n_seqs, ...), the same attn_batch (set decode_fixed
+     * so attention's geometry does not depend on the contexts); it reads
+     * whatever the buffers hold when it runs (upload the new batch first).
+     * Replays are ordered with the other ops of the stream like any op.
+     * graph_end always ends the recording; on failure (an op that cannot be
+     * recorded) it returns a negative errno with *out = NULL, nothing was run,
+     * and the backend stays usable (run the ops eagerly instead). A graph
+     * stays valid until graph_free; the buffers it uses must outlive it. */
+    int (*graph_begin)(void *ctx);
+    int (*graph_end)(void *ctx, struct op_graph **out);
+    int (*graph_run)(void *ctx, struct op_graph *g);
+    void (*graph_free)(void *ctx, struct op_graph *g);               /* NULL ok */
 
     /* Frees the context and this table. */
     void (*destroy)(struct ops *ops);

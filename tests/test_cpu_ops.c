@@ -281,7 +281,7 @@ TEST(cpu_ops, rope_and_paged_attention) {
                    *bbt = mk(o, BUF_I32, btab, S * MAXB), *bpos = mk(o, BUF_I32, pos, r),
                    *bsl = mk(o, BUF_I32, slots, r), *bqkv = mk(o, BUF_ACT, rows, r * W),
                    *bout = mk(o, BUF_ACT, NULL, r * NH * HD);
-        struct attn_batch ab = {S, r, MAXB, BS, bqs, bpa, bbt, bpos, bsl, qs, pa};
+        struct attn_batch ab = {S, r, MAXB, BS, bqs, bpa, bbt, bpos, bsl, qs, pa, 0};
         o->qk_norm_rope_kv(o->ctx, bqkv, r, NH, NKV, HD, bqn, bkn, 1e-6f, binv, &ab, kc, vc);
         o->attention(o->ctx, bout, bqkv, NH, NKV, HD, 0.35f, &ab, kc, vc);
         if (step == 1) {

@@ -717,7 +717,27 @@ void ops_cuda__attention(struct cuda_ctx *c, struct buf *out, const struct buf *
     AWQD_ASSERT(hd == 32 || hd == 64 || hd == 128 || hd == 256);
     AWQD_ASSERT(out->n >= (size_t)ab->n_rows * nh * hd);
     AWQD_ASSERT(qkv->n >= (size_t)ab->n_rows * (nh + 2 * nkv) * hd);
+    /* decode-only batches: the fixed-split kernel (attn_decode.cu), whose
+     * geometry depends on n_seqs only (graph replays) */
+    if (ab->decode_fixed) {
+        if (!ops_cuda__attn_decode_ok(nh / nkv)) { /* the capture fails, the step runs eagerly */
+            ops_cuda__fail(c, -ENOTSUP, "attention", "decode_fixed needs 1, 2, 4, 8 or 16 query heads per KV head");
+            return;
+        }
+        ops_cuda__attn_decode(c, out, qkv, nh, nkv, hd, scale, ab, k_cache, v_cache);
+        return;
+    }
     AWQD_ASSERT(ab->h_q_start[ab->n_seqs] == ab->n_rows);
+    if (ab->n_rows == ab->n_seqs && ab->n_seqs > 0 && ops_cuda__attn_decode_ok(nh / nkv) && !c->dec_off) {
+        int one = 1;
+        for (int s = 0; s < ab->n_seqs && one; s++) one = ab->h_q_start[s + 1] - ab->h_q_start[s] == 1;
+        if (one) {
+            for (int s = 0; s < ab->n_seqs; s++)
+                AWQD_ASSERT((ab->h_past[s] + 1 + ab->block_size - 1) / ab->block_size <= ab->max_blocks);
+            ops_cuda__attn_decode(c, out, qkv, nh, nkv, hd, scale, ab, k_cache, v_cache);
+            return;
+        }
+    }
     for (int s = 0; s < ab->n_seqs; s++) {
         int ctx_len = ab->h_past[s] + ab->h_q_start[s + 1] - ab->h_q_start[s];
         AWQD_ASSERT((ctx_len + ab->block_size - 1) / ab->block_size <= ab->max_blocks);

@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops_cuda_graph.h"
 #include "kernels/cuda/ops_cuda_internal.h"
 #include "kernels/cuda/sample.h"
 #include "kernels/cuda/w4a16.h"
@@ -48,6 +49,13 @@ extern "C" int ops_cuda_ws_rows(void) {
 }
 
 void ops_cuda__fail(struct cuda_ctx *c, int rc, const char *what, const char *detail) {
+    if (c->capturing) { /* the capture fails (graph_end reports it); the backend stays usable */
+        if (!c->cap_rc) {
+            c->cap_rc = rc;
+            snprintf(c->cap_msg, sizeof c->cap_msg, "%.40s: %.200s", what, detail);
+        }
+        return;
+    }
     log_error("cuda backend: %s: %s", what, detail);
     if (c->rc) return;
     c->rc = rc;
@@ -156,8 +164,17 @@ static int stage_reserve(struct cuda_ctx *c, size_t n) {
 /* buffers                                                                   */
 /* ======================================================================== */
 
+/* Ops that cannot be recorded into a graph: refused while capturing (the
+ * capture then fails). */
+static int refuse_capturing(struct cuda_ctx *c, const char *what) {
+    if (!c->capturing) return 0;
+    ops_cuda__fail(c, -EBUSY, what, "not allowed while recording a graph");
+    return -EBUSY;
+}
+
 static struct buf *cu_alloc(void *ctx, enum buf_kind kind, size_t n) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (refuse_capturing(c, "alloc")) return NULL;
     cudaSetDevice(c->device);
     struct buf *b = (struct buf *)calloc(1, sizeof *b);
     if (!b) return NULL;
@@ -179,7 +196,7 @@ static struct buf *cu_alloc(void *ctx, enum buf_kind kind, size_t n) {
 
 static void cu_free(void *ctx, struct buf *b) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!b) return;
+    if (!b || refuse_capturing(c, "free")) return;
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream); /* nothing queued may still use it */
     cudaFree(b->d);
@@ -188,6 +205,7 @@ static void cu_free(void *ctx, struct buf *b) {
 
 static int cu_upload(void *ctx, struct buf *dst, size_t off, const void *src, size_t n) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (refuse_capturing(c, "upload")) return -EBUSY;
     if (off > dst->n || n > dst->n - off) return -ERANGE;
     if (n == 0) return 0;
     CUDA_CHECK(cudaSetDevice(c->device), NULL, 0);
@@ -234,6 +252,7 @@ static int cu_upload(void *ctx, struct buf *dst, size_t off, const void *src, si
 
 static int cu_download(void *ctx, void *dst, const struct buf *src, size_t off, size_t n) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (refuse_capturing(c, "download")) return -EBUSY;
     if (off > src->n || n > src->n - off) return -ERANGE;
     CUDA_CHECK(cudaSetDevice(c->device), NULL, 0);
     if (c->rc) return c->rc;
@@ -285,6 +304,7 @@ static struct op_linear *cu_upload_linear(void *ctx, const struct awq_linear *l,
                                           enum linear_kind kind) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     AWQD_ASSERT(kind == LINEAR_PLAIN || kind == LINEAR_GATE_UP);
+    if (refuse_capturing(c, "upload_linear")) return NULL;
     cudaSetDevice(c->device);
     struct op_linear *o = (struct op_linear *)calloc(1, sizeof *o);
     if (!o) return NULL;
@@ -302,7 +322,11 @@ static struct op_linear *cu_upload_linear(void *ctx, const struct awq_linear *l,
     size_t ws = w4a16_workspace_bytes(o->w, ops_cuda_ws_rows());
     if (ws > c->lin_ws_bytes) {
         cudaStreamSynchronize(c->stream);
-        cudaFree(c->lin_ws);
+        if (ops_cuda__retire(c, c->lin_ws)) {
+            w4a16_free(o->w);
+            free(o);
+            return NULL;
+        }
         c->lin_ws = NULL;
         c->lin_ws_bytes = 0;
         if (cudaMalloc(&c->lin_ws, ws) != cudaSuccess) {
@@ -318,7 +342,7 @@ static struct op_linear *cu_upload_linear(void *ctx, const struct awq_linear *l,
 
 static void cu_free_linear(void *ctx, struct op_linear *l) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!l) return;
+    if (!l || refuse_capturing(c, "free_linear")) return;
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
     w4a16_free(l->w);
@@ -345,6 +369,8 @@ static __device__ __forceinline__ float block_sum(float v, float *red) {
 /* out[i, :] = table[ids[i] - row_start, :] or zeros. One block per row. */
 static __global__ void embed_kernel(__half *out, const __half *table, const int *ids, int dim,
                                     int row_start, int rows) {
+    ops_cuda_pdl_wait();
+    ops_cuda_pdl_trigger();
     int i = blockIdx.x;
     int id = ids[i] - row_start;
     __half *o = out + (size_t)i * dim;
@@ -364,6 +390,8 @@ static __global__ void embed_kernel(__half *out, const __half *table, const int 
  * One block per row; each thread keeps its own elements between the passes. */
 static __global__ void add_rmsnorm_kernel(__half *resid, const __half *delta, __half *out,
                                           const __half *w, int dim, float eps) {
+    ops_cuda_pdl_wait();
+    ops_cuda_pdl_trigger();
     __shared__ float red[32];
     size_t base = (size_t)blockIdx.x * dim;
     float ss = 0.0f;
@@ -390,6 +418,8 @@ template <int VPT>
 static __global__ void __launch_bounds__(256)
 add_rmsnorm_vec_kernel(__half *resid, const __half *delta, __half *out, const __half *w, int dim,
                        float eps) {
+    ops_cuda_pdl_wait();
+    ops_cuda_pdl_trigger();
     __shared__ float red[32];
     const int nc = dim / 8;
     uint4 *r4 = (uint4 *)(resid + (size_t)blockIdx.x * dim);
@@ -448,6 +478,8 @@ static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
                                          const __half *q_norm, const __half *k_norm, float eps,
                                          const float *inv_freq, const int *positions,
                                          const int *slots, __half *kc, __half *vc) {
+    ops_cuda_pdl_wait();
+    ops_cuda_pdl_trigger();
     int r = blockIdx.x;
     int head = blockIdx.y * 4 + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
@@ -487,7 +519,7 @@ static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
 #pragma unroll
     for (int i = 0; i < 8; i++)
         if (i < E) x[lane * E + i] = __float2half(v[i]);
-    if (head >= nh) {
+    if (head >= nh && slots[r] >= 0) { /* slot < 0: a padding row, no K/V */
         int g = head - nh;
         size_t dst = ((size_t)slots[r] * nkv + g) * hd;
         const __half *vs = x + (size_t)nkv * hd; /* v head g */
@@ -586,7 +618,8 @@ static void cu_embed(void *ctx, struct buf *out, const struct buf *table, const 
                 table->n >= (size_t)rows * dim);
     if (n <= 0) return;
     PROF_BEGIN(c, "embed", 0, 0);
-    embed_kernel<<<n, 128, 0, c->stream>>>(H(out), CH(table), I32(ids), dim, row_start, rows);
+    ops_cuda_launch(c, embed_kernel, dim3(n), dim3(128), 0, H(out), CH(table), I32(ids), dim,
+                    row_start, rows);
     OPS_CUDA_LAUNCHED(c, "embed");
     PROF_END(c);
 }
@@ -601,14 +634,18 @@ static void cu_add_rmsnorm(void *ctx, struct buf *resid, const struct buf *delta
     const __half *dl = delta ? CH(delta) : NULL;
     int vpt = (dim / 8 + 255) / 256;
     if (dim % 8 == 0 && vpt <= 1)
-        add_rmsnorm_vec_kernel<1><<<n, 256, 0, c->stream>>>(H(resid), dl, H(out), CH(w), dim, eps);
+        ops_cuda_launch(c, add_rmsnorm_vec_kernel<1>, dim3(n), dim3(256), 0, H(resid), dl, H(out),
+                        CH(w), dim, eps);
     else if (dim % 8 == 0 && vpt <= 2)
-        add_rmsnorm_vec_kernel<2><<<n, 256, 0, c->stream>>>(H(resid), dl, H(out), CH(w), dim, eps);
+        ops_cuda_launch(c, add_rmsnorm_vec_kernel<2>, dim3(n), dim3(256), 0, H(resid), dl, H(out),
+                        CH(w), dim, eps);
     else if (dim % 8 == 0 && vpt <= 4)
-        add_rmsnorm_vec_kernel<4><<<n, 256, 0, c->stream>>>(H(resid), dl, H(out), CH(w), dim, eps);
+        ops_cuda_launch(c, add_rmsnorm_vec_kernel<4>, dim3(n), dim3(256), 0, H(resid), dl, H(out),
+                        CH(w), dim, eps);
     else {
         int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
-        add_rmsnorm_kernel<<<n, threads, 0, c->stream>>>(H(resid), dl, H(out), CH(w), dim, eps);
+        ops_cuda_launch(c, add_rmsnorm_kernel, dim3(n), dim3(threads), 0, H(resid), dl, H(out),
+                        CH(w), dim, eps);
     }
     OPS_CUDA_LAUNCHED(c, "add_rmsnorm");
     PROF_END(c);
@@ -641,9 +678,10 @@ static void cu_qk_norm_rope_kv(void *ctx, struct buf *qkv, int n, int nh, int nk
     if (n <= 0) return;
     dim3 grid(n, (nh + nkv + 3) / 4);
     PROF_BEGIN(c, "qk_norm_rope_kv", 0, 0);
-    qk_rope_kv_kernel<<<grid, 128, 0, c->stream>>>(
-        H(qkv), nh, nkv, hd, q_norm ? CH(q_norm) : NULL, k_norm ? CH(k_norm) : NULL, eps,
-        (const float *)inv_freq->d, I32(ab->positions), I32(ab->slots), H(k_cache), H(v_cache));
+    ops_cuda_launch(c, qk_rope_kv_kernel, grid, dim3(128), 0, H(qkv), nh, nkv, hd,
+                    q_norm ? CH(q_norm) : NULL, k_norm ? CH(k_norm) : NULL, eps,
+                    (const float *)inv_freq->d, I32(ab->positions), I32(ab->slots), H(k_cache),
+                    H(v_cache));
     OPS_CUDA_LAUNCHED(c, "qk_norm_rope_kv");
     PROF_END(c);
 }
@@ -719,12 +757,128 @@ static void cu_lm_head(void *ctx, struct buf *logits, const struct buf *x, const
 
 static int cu_sync(void *ctx) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (refuse_capturing(c, "sync")) return -EBUSY;
     CUDA_CHECK(cudaSetDevice(c->device), NULL, 0);
     cudaError_t e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) ops_cuda__fail(c, -EIO, "sync", cudaGetErrorString(e));
     else c->ring_off = 0;
     prof_collect(c);
     return c->rc;
+}
+
+/* ======================================================================== */
+/* graphs                                                                    */
+/* ======================================================================== */
+
+struct op_graph {
+    cudaGraphExec_t exec;
+};
+
+static long g_recorded, g_failed, g_replayed; /* process-wide, atomic */
+
+extern "C" void ops_cuda_graph_counts(long *recorded, long *failed, long *replayed) {
+    if (recorded) *recorded = __atomic_load_n(&g_recorded, __ATOMIC_RELAXED);
+    if (failed) *failed = __atomic_load_n(&g_failed, __ATOMIC_RELAXED);
+    if (replayed) *replayed = __atomic_load_n(&g_replayed, __ATOMIC_RELAXED);
+}
+
+int ops_cuda__retire(struct cuda_ctx *c, void *d) {
+    if (!d) return 0;
+    if (c->n_graphs == 0 && !c->capturing) {
+        cudaFree(d);
+        return 0;
+    }
+    if (c->n_retired == (int)(sizeof c->retired / sizeof c->retired[0])) return -ENOMEM;
+    c->retired[c->n_retired++] = d;
+    return 0;
+}
+
+static int cu_graph_begin(void *ctx) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (c->capturing) return -EBUSY;
+    if (c->rc) return c->rc;
+    CUDA_CHECK(cudaSetDevice(c->device), NULL, 0);
+    cudaGetLastError();
+    /* thread-local: tensor-parallel ranks record their own streams at once */
+    cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        log_warn("cuda backend: cannot start recording a graph: %s", cudaGetErrorString(e));
+        return -EIO;
+    }
+    c->capturing = 1;
+    c->cap_rc = 0;
+    c->cap_msg[0] = 0;
+    return 0;
+}
+
+static int cu_graph_end(void *ctx, struct op_graph **out) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    *out = NULL;
+    if (!c->capturing) return -EINVAL;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    c->capturing = 0;
+    int rc = c->cap_rc;
+    if (!rc && e != cudaSuccess) {
+        rc = -EIO;
+        snprintf(c->cap_msg, sizeof c->cap_msg, "cudaStreamEndCapture: %s", cudaGetErrorString(e));
+    }
+    cudaGraphExec_t ex = NULL;
+    if (!rc && g) {
+        e = cudaGraphInstantiateWithFlags(&ex, g, 0);
+        if (e != cudaSuccess) {
+            rc = -EIO;
+            ex = NULL;
+            snprintf(c->cap_msg, sizeof c->cap_msg, "cudaGraphInstantiate: %s", cudaGetErrorString(e));
+        }
+    } else if (!rc) {
+        rc = -EIO;
+        snprintf(c->cap_msg, sizeof c->cap_msg, "empty capture");
+    }
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError(); /* errors of a failed capture are not the stream's */
+    struct op_graph *og = NULL;
+    if (!rc) {
+        og = (struct op_graph *)calloc(1, sizeof *og);
+        if (!og) {
+            cudaGraphExecDestroy(ex);
+            rc = -ENOMEM;
+            snprintf(c->cap_msg, sizeof c->cap_msg, "out of memory");
+        }
+    }
+    if (rc) {
+        __atomic_add_fetch(&g_failed, 1, __ATOMIC_RELAXED);
+        log_warn("cuda backend: cannot record a graph (%s); running eagerly", c->cap_msg);
+        return rc;
+    }
+    __atomic_add_fetch(&g_recorded, 1, __ATOMIC_RELAXED);
+    og->exec = ex;
+    c->n_graphs++;
+    *out = og;
+    return 0;
+}
+
+static int cu_graph_run(void *ctx, struct op_graph *g) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (refuse_capturing(c, "graph_run")) return -EBUSY;
+    if (c->rc) return c->rc;
+    PROF_BEGIN(c, "graph replay", 0, 0);
+    cudaError_t e = cudaGraphLaunch(g->exec, c->stream);
+    PROF_END(c);
+    __atomic_add_fetch(&g_replayed, 1, __ATOMIC_RELAXED);
+    if (e != cudaSuccess) ops_cuda__fail(c, -EIO, "graph_run", cudaGetErrorString(e));
+    return c->rc;
+}
+
+static void cu_graph_free(void *ctx, struct op_graph *g) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!g || refuse_capturing(c, "graph_free")) return;
+    cudaSetDevice(c->device);
+    cudaStreamSynchronize(c->stream); /* a replay may still run */
+    cudaGraphExecDestroy(g->exec);
+    free(g);
+    c->n_graphs--;
 }
 
 static void cu_destroy(struct ops *ops) {
@@ -735,6 +889,8 @@ static void cu_destroy(struct ops *ops) {
         if (c->stream) cudaStreamSynchronize(c->stream);
         prof_free(c);
         ops_cuda__attn_free(&c->attn);
+        ops_cuda__attn_decode_free(c);
+        for (int i = 0; i < c->n_retired; i++) cudaFree(c->retired[i]);
         if (c->h_ring) cudaFreeHost(c->h_ring);
         cudaFree(c->lin_ws);
         cudaFree(c->d_gather);
@@ -775,6 +931,13 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     } while (0)
     TRY(cudaSetDevice(device));
     TRY(cudaDeviceGetAttribute(&c->n_sms, cudaDevAttrMultiProcessorCount, device));
+    int cc_major = 0;
+    TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
+    const char *pdl_env = getenv("AWQD_CUDA_PDL");
+    c->pdl = cc_major >= 9 && !(pdl_env && !strcmp(pdl_env, "0"));
+    const char *dec_env = getenv("AWQD_CUDA_DECODE_ATTN");
+    c->dec_off = dec_env && !strcmp(dec_env, "0");
+    c->dec_simt = dec_env && !strcmp(dec_env, "simt");
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     TRY(cudaEventCreateWithFlags(&c->attn.uploaded, cudaEventDisableTiming));
     TRY(cudaMallocHost((void **)&c->h_ring, RING_BYTES));
@@ -812,6 +975,13 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     o->lm_head = cu_lm_head;
     o->sample_topk = ops_cuda__sample_topk;
     o->sync = cu_sync;
+    const char *ge = getenv("AWQD_CUDA_GRAPHS");
+    if (!(ge && !strcmp(ge, "0"))) {
+        o->graph_begin = cu_graph_begin;
+        o->graph_end = cu_graph_end;
+        o->graph_run = cu_graph_run;
+        o->graph_free = cu_graph_free;
+    }
     *out = o;
     return 0;
 }

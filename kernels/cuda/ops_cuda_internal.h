@@ -64,12 +64,29 @@ struct cuda_ctx {
     size_t ring_off;
     /* AWQD_CUDA_PROFILE=1: per-op GPU time from events, printed at destroy */
     struct cuda_prof *prof;
+    /* graphs: while capturing (graph_begin .. graph_end), failures go to
+     * cap_rc / cap_msg (the capture fails, the backend stays usable) */
+    int capturing;
+    int cap_rc;
+    char cap_msg[256];
+    /* decode attention (attn_decode.cu): fp32 partials of the fixed-split
+     * kernel [dec_part_floats]; a buffer a graph may use is never freed
+     * before destroy: replaced ones wait in dec_retired */
+    float *dec_part;
+    size_t dec_part_floats;
+    /* device memory a live graph may still use, freed at destroy */
+    void *retired[32];
+    int n_retired;
+    int n_graphs;                 /* live graphs (graph_end .. graph_free) */
+    int pdl;                      /* launch the small kernels with programmatic dependent launch */
+    int dec_off;                  /* AWQD_CUDA_DECODE_ATTN=0: eager decode uses the general kernel */
+    int dec_simt;                 /* AWQD_CUDA_DECODE_ATTN=simt: the decode kernel without tensor cores */
 };
 
 void ops_cuda__prof_begin(struct cuda_ctx *c, const char *what, int k, int n);
 void ops_cuda__prof_end(struct cuda_ctx *c);
-#define PROF_BEGIN(c, what, k, n) do { if ((c)->prof) ops_cuda__prof_begin((c), (what), (k), (n)); } while (0)
-#define PROF_END(c) do { if ((c)->prof) ops_cuda__prof_end(c); } while (0)
+#define PROF_BEGIN(c, what, k, n) do { if ((c)->prof && !(c)->capturing) ops_cuda__prof_begin((c), (what), (k), (n)); } while (0)
+#define PROF_END(c) do { if ((c)->prof && !(c)->capturing) ops_cuda__prof_end(c); } while (0)
 
 /* Records the first asynchronous error (kernel launches). */
 void ops_cuda__fail(struct cuda_ctx *c, int rc, const char *what, const char *detail);
@@ -79,6 +96,41 @@ void ops_cuda__fail(struct cuda_ctx *c, int rc, const char *what, const char *de
         if (e_ != cudaSuccess) ops_cuda__fail((c), -EIO, (what), cudaGetErrorString(e_)); \
     } while (0)
 
+/* Programmatic dependent launch (sm_90+). A kernel launched through
+ * ops_cuda_launch with c->pdl may start before the previous kernel on the
+ * stream has finished: it must call ops_cuda_pdl_wait() before reading or
+ * writing anything another kernel touches (every CTA, unconditionally, before
+ * it may exit). ops_cuda_pdl_trigger() lets the next PDL-launched kernel
+ * start its prologue while this one drains (it still waits for our
+ * completion before touching memory). Both are no-ops without PDL. */
+__device__ __forceinline__ void ops_cuda_pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ops_cuda_pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+/* kernel<<<grid, block, smem, c->stream>>>(args...), with the PDL attribute
+ * when c->pdl (sm_90+, AWQD_CUDA_PDL != 0). */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t ops_cuda_launch(struct cuda_ctx *c, void (*kernel)(KArgs...), dim3 grid,
+                                          dim3 block, size_t smem, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
+}
+
 /* rows the shared w4a16 workspace is sized for (AWQD_W4A16_WS_ROWS, default 64) */
 extern "C" int ops_cuda_ws_rows(void);
 
@@ -87,5 +139,22 @@ void ops_cuda__attention(struct cuda_ctx *c, struct buf *out, const struct buf *
                          int nkv, int hd, float scale, const struct attn_batch *ab,
                          const struct buf *k_cache, const struct buf *v_cache);
 void ops_cuda__attn_free(struct cuda_attn *a);
+
+/* attn_decode.cu: decode-only batches (one row per sequence) with launch
+ * geometry from n_seqs only (graph-safe); contexts read from ab->past on the
+ * device, past < 0 = padding row (zeros). */
+void ops_cuda__attn_decode(struct cuda_ctx *c, struct buf *out, const struct buf *qkv, int nh,
+                           int nkv, int hd, float scale, const struct attn_batch *ab,
+                           const struct buf *k_cache, const struct buf *v_cache);
+/* 1 when the decode kernel handles G = nh / nkv query heads per KV head
+ * (1, 2, 4, 8, 16) */
+int ops_cuda__attn_decode_ok(int G);
+/* splits per (sequence, KV head) for a decode batch of n_seqs */
+int ops_cuda__attn_decode_splits(const struct cuda_ctx *c, int n_seqs, int nkv);
+void ops_cuda__attn_decode_free(struct cuda_ctx *c);
+
+/* Frees device memory that is being replaced, or keeps it until destroy when
+ * a graph exists or is being recorded (it may use it). 0 / -ENOMEM (list full). */
+int ops_cuda__retire(struct cuda_ctx *c, void *d);
 
 #endif

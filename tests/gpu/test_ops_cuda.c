@@ -296,7 +296,7 @@ static void geo_make(struct pair *p, struct geo *g, int n_seqs, const int *past,
     g->tpos = twin_new(p, BUF_I32, (size_t)g->n_rows, g->pos);
     g->tsl = twin_new(p, BUF_I32, (size_t)g->n_rows, g->slots);
     struct attn_batch ab = {n_seqs, g->n_rows, g->max_blocks, block_size, NULL, NULL, NULL, NULL,
-                            NULL, g->q_start, g->past};
+                            NULL, g->q_start, g->past, 0};
     g->abc = ab;
     g->abc.q_start = g->tq.c;
     g->abc.past = g->tp.c;

@@ -1,0 +1,656 @@
+/* attn_decode.cu — attention for decode-only batches (one new row per
+ * sequence) with launch geometry that depends on the number of sequences
+ * only, so a CUDA graph captured once replays for any contexts.
+ *
+ * Grid (ns, nkv, S): CTA (k, g, s) owns KV head g of sequence s and split k
+ * of its context. The context length is read on the device (past[s] + 1;
+ * past[s] < 0 marks a padding row: no keys). Split k takes keys
+ * [k * per, min(ctx, (k + 1) * per)) with per = max(ceil(ctx / ns),
+ * DEC_MIN_KEYS), so short contexts use few splits and the rest exit at once.
+ * ns = ops_cuda__attn_decode_splits(S, nkv): ~4 CTAs per SM when S * nkv
+ * alone gives fewer than 2, else 1.
+ *
+ * GQA: all G = nh / nkv query heads of the group share every K/V tile the
+ * CTA loads, so each KV head is read once per sequence. K and V tiles of TK
+ * keys stream into shared memory with 16-byte cp.async, double-buffered
+ * against the math (the next tile's K loads during this tile's softmax and
+ * P.V, its V during the next scores).
+ *
+ * Shared memory (128 threads):
+ *   k, v  fp16  [TK][HD + 8]       one tile (zero past the split's end)
+ *   q     float [G][HD]            pre-scaled by scale * log2(e)
+ *   s     float [G][TK]            scores, then probabilities
+ *   m, l, alpha float [G]          online-softmax state
+ * Scores: thread t computes key t % TK for heads t / TK + i (128 / TK),
+ * reading its K chunk once for all of them. P.V: thread t owns dims
+ * d = t % HDC + 128 j (HDC = min(HD, 128)) of heads t / HDC + i (128 / HDC),
+ * 4 keys per step (one float4 of probabilities per head); its fp32
+ * accumulators stay in registers for the whole split. G is a template
+ * parameter (1, 2, 4, 8, 16): no loop runs over absent heads. ns == 1 writes the normalized output; otherwise the partial
+ * (o, m, l) goes to fp32 scratch [S, nh, ns, HD + 2] and a combine kernel
+ * (grid (nh, S)) merges the splits in split order (deterministic). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops_cuda_internal.h"
+
+extern "C" {
+#include "engine/util.h"
+}
+
+#define DEC_NT 128
+#define DEC_MIN_KEYS 32 /* a split covers at least this many keys */
+#define DEC_MAX_SPLITS 64
+
+template <int HD, int G> struct dec_cfg {
+    static constexpr int TK = HD <= 128 ? 64 : 32;         /* keys per tile */
+    static constexpr int HPH = DEC_NT / TK;               /* score phases: heads hp, hp + HPH, ... */
+    static constexpr int SH = (G + HPH - 1) / HPH;        /* score heads per thread */
+    static constexpr int HDC = HD < 128 ? HD : 128;       /* dims per P.V column */
+    static constexpr int HSTEP = DEC_NT / HDC;            /* heads between a thread's P.V heads */
+    static constexpr int DPT = HD / HDC;                  /* P.V dims per thread */
+    static constexpr int NHT = (G + HSTEP - 1) / HSTEP;   /* P.V heads per thread */
+    static constexpr int KV_BYTES = 2 * TK * (HD + 8) * 2;
+};
+
+static size_t dec_smem_bytes(int hd, int G) {
+    int tk = hd <= 128 ? 64 : 32;
+    return (size_t)2 * tk * (hd + 8) * 2 + (size_t)G * hd * 4 + (size_t)G * tk * 4 + (size_t)3 * G * 4;
+}
+
+static __device__ __forceinline__ void dec_cp_async16(void *smem, const void *gmem, int src_bytes) {
+    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void dec_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+static __device__ __forceinline__ void dec_wait1(void) { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+static __device__ __forceinline__ void dec_wait0(void) { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+template <int HD, int G>
+static __global__ void __launch_bounds__(DEC_NT)
+attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
+                const int *block_table, const int *past, float *part, int nh, int nkv,
+                int max_blocks, int block_size, float qscale) {
+    typedef dec_cfg<HD, G> C;
+    constexpr int TK = C::TK;
+    ops_cuda_pdl_wait();
+    ops_cuda_pdl_trigger();
+    extern __shared__ __align__(16) unsigned char dec_smem[];
+    __half(*ks)[HD + 8] = (__half(*)[HD + 8])dec_smem;
+    __half(*vs)[HD + 8] = (__half(*)[HD + 8])(dec_smem + TK * (HD + 8) * 2);
+    float *qs = (float *)(dec_smem + C::KV_BYTES); /* [G][HD] */
+    float *ss = qs + G * HD;                       /* [G][TK] */
+    float *ms = ss + G * TK, *ls = ms + G, *as = ls + G;
+    const int k = blockIdx.x, g = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
+    const int ns = gridDim.x;
+    const int ps = past[s];
+    const int ctx = ps < 0 ? 0 : ps + 1;
+    int per = (ctx + ns - 1) / ns;
+    if (per < DEC_MIN_KEYS) per = DEC_MIN_KEYS;
+    const int kb = k * per < ctx ? k * per : ctx;
+    const int ke = kb + per < ctx ? kb + per : ctx;
+    const size_t width = (size_t)(nh + 2 * nkv) * HD;
+    const int *bt = block_table + (size_t)s * max_blocks;
+
+    for (int e = tid; e < G * HD; e += DEC_NT)
+        qs[e] = __half2float(qkv[(size_t)s * width + (size_t)g * G * HD + e]) * qscale;
+    for (int h = tid; h < G; h += DEC_NT) {
+        ms[h] = -INFINITY;
+        ls[h] = 0.0f;
+    }
+    const int head0 = tid / C::HDC, dim0 = tid % C::HDC;
+    float o[C::NHT][C::DPT];
+#pragma unroll
+    for (int i = 0; i < C::NHT; i++)
+#pragma unroll
+        for (int j = 0; j < C::DPT; j++) o[i][j] = 0.0f;
+
+    auto load = [&](__half(*dst)[HD + 8], const __half *cache, int t0) {
+        if (t0 < ke) {
+            constexpr int CH = HD / 8; /* 16-byte chunks per key */
+#pragma unroll
+            for (int it = 0; it < TK * CH / DEC_NT; it++) {
+                int e = tid + it * DEC_NT;
+                int t = e / CH, dc = e % CH, ta = t0 + t;
+                const __half *src = cache;
+                int bytes = 0;
+                if (ta < ke) {
+                    size_t sl = (size_t)bt[ta / block_size] * block_size + ta % block_size;
+                    src = cache + (sl * nkv + g) * HD + dc * 8;
+                    bytes = 16;
+                }
+                dec_cp_async16(&dst[t][dc * 8], src, bytes); /* zeros past ke */
+            }
+        }
+        dec_commit();
+    };
+    load(ks, kc, kb);
+    load(vs, vc, kb);
+    const int tk = tid % TK, hp = tid / TK;
+    const int warp = tid >> 5, lane = tid & 31;
+    for (int t0 = kb; t0 < ke; t0 += TK) {
+        dec_wait1(); /* K(t0) */
+        __syncthreads();
+        /* scores: key tk against heads hp, hp + HPH, ... (K chunk read once) */
+        {
+            float acc[C::SH];
+#pragma unroll
+            for (int i = 0; i < C::SH; i++) acc[i] = 0.0f;
+#pragma unroll 4
+            for (int d0 = 0; d0 < HD; d0 += 8) {
+                uint4 raw = *(const uint4 *)&ks[tk][d0];
+                const __half2 *h2 = (const __half2 *)&raw;
+                float2 f0 = __half22float2(h2[0]), f1 = __half22float2(h2[1]);
+                float2 f2 = __half22float2(h2[2]), f3 = __half22float2(h2[3]);
+#pragma unroll
+                for (int i = 0; i < C::SH; i++) {
+                    int h = hp + i * C::HPH;
+                    if (G % C::HPH == 0 || h < G) {
+                        const float *q = qs + h * HD + d0;
+                        float4 qa = *(const float4 *)q, qb = *(const float4 *)(q + 4);
+                        acc[i] += qa.x * f0.x + qa.y * f0.y + qa.z * f1.x + qa.w * f1.y +
+                                  qb.x * f2.x + qb.y * f2.y + qb.z * f3.x + qb.w * f3.y;
+                    }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < C::SH; i++) {
+                int h = hp + i * C::HPH;
+                if (G % C::HPH == 0 || h < G) ss[h * TK + tk] = t0 + tk < ke ? acc[i] : -INFINITY;
+            }
+        }
+        __syncthreads();
+        load(ks, kc, t0 + TK); /* K is free: the next tile */
+        /* online softmax: one warp per head */
+        for (int h = warp; h < G; h += DEC_NT / 32) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int t = lane; t < TK; t += 32) mx = fmaxf(mx, ss[h * TK + t]);
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            float m_old = ms[h], m_new = fmaxf(m_old, mx), sum = 0.0f;
+#pragma unroll
+            for (int t = lane; t < TK; t += 32) {
+                float e = m_new == -INFINITY ? 0.0f : exp2f(ss[h * TK + t] - m_new);
+                ss[h * TK + t] = e;
+                sum += e;
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+            if (lane == 0) {
+                float a = m_new == -INFINITY ? 1.0f : exp2f(m_old - m_new);
+                as[h] = a;
+                ms[h] = m_new;
+                ls[h] = ls[h] * a + sum;
+            }
+        }
+        dec_wait1(); /* V(t0) */
+        __syncthreads();
+        /* o = o * alpha + P V; 4 keys at a time (past the tile's valid keys
+         * p = 0 and V = 0) */
+#pragma unroll
+        for (int i = 0; i < C::NHT; i++) {
+            int h = head0 + i * C::HSTEP;
+            if (G % C::HSTEP == 0 || h < G) {
+                float a = as[h];
+#pragma unroll
+                for (int j = 0; j < C::DPT; j++) o[i][j] *= a;
+            }
+        }
+        const int tn = ke - t0 < TK ? ke - t0 : TK;
+        for (int t = 0; t < tn; t += 4) {
+            float vv[4][C::DPT];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int j = 0; j < C::DPT; j++) vv[u][j] = __half2float(vs[t + u][dim0 + 128 * j]);
+#pragma unroll
+            for (int i = 0; i < C::NHT; i++) {
+                int h = head0 + i * C::HSTEP;
+                if (G % C::HSTEP == 0 || h < G) {
+                    float4 p = *(const float4 *)&ss[h * TK + t];
+#pragma unroll
+                    for (int j = 0; j < C::DPT; j++)
+                        o[i][j] += p.x * vv[0][j] + p.y * vv[1][j] + p.z * vv[2][j] + p.w * vv[3][j];
+                }
+            }
+        }
+        __syncthreads();       /* V and S consumed */
+        load(vs, vc, t0 + TK); /* the next tile's V */
+    }
+    dec_wait0();
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < C::NHT; i++) {
+        int h = head0 + i * C::HSTEP;
+        if (!(G % C::HSTEP == 0 || h < G)) continue;
+        int qh = g * G + h;
+        if (ns == 1) {
+            float l = ls[h], inv = l > 0.0f ? 1.0f / l : 0.0f;
+            __half *dst = out + (size_t)s * nh * HD + (size_t)qh * HD;
+#pragma unroll
+            for (int j = 0; j < C::DPT; j++) dst[dim0 + 128 * j] = __float2half(o[i][j] * inv);
+        } else {
+            float *pp = part + (((size_t)s * nh + qh) * ns + k) * (HD + 2);
+#pragma unroll
+            for (int j = 0; j < C::DPT; j++) pp[dim0 + 128 * j] = o[i][j];
+            if (dim0 == 0) {
+                pp[HD] = ms[h];
+                pp[HD + 1] = ls[h];
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tensor-core variant (HD <= 128): the G query heads of the group are the M
+ * rows of mma.m16n8k16 (rows >= G are zero and never written). Each of the 4
+ * warps owns 16 keys of every 64-key tile: S = Q K^T (2 n-tiles), online
+ * softmax in registers, O += P V (P from the S accumulators, V's fragments
+ * from ldmatrix.trans) — each warp keeps its own (m, l, O) over the whole
+ * split; the 4 are merged through shared memory (the K/V tile area) at the
+ * end. Same split rule, partials and combine kernel as the SIMT kernel. */
+static __device__ __forceinline__ void dec_mma16816(float *c, const unsigned *a, unsigned b0,
+                                                    unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ unsigned dec_pack_half2(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(unsigned *)&h;
+}
+
+template <int HD, int G>
+static __global__ void __launch_bounds__(DEC_NT)
+attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
+                   const int *block_table, const int *past, float *part, int nh, int nkv,
+                   int max_blocks, int block_size, float qscale) {
+    constexpr int TK = 64, KS = HD / 16, DT = HD / 8;
+    ops_cuda_pdl_wait();
+    ops_cuda_pdl_trigger();
+    extern __shared__ __align__(16) unsigned char dec_smem[];
+    __half(*ks)[HD + 8] = (__half(*)[HD + 8])dec_smem;
+    __half(*vs)[HD + 8] = (__half(*)[HD + 8])(dec_smem + TK * (HD + 8) * 2);
+    __shared__ float wm[4][16], wl[4][16];
+    const int k = blockIdx.x, g = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const int ns = gridDim.x;
+    const int ps = past[s];
+    const int ctx = ps < 0 ? 0 : ps + 1;
+    int per = (ctx + ns - 1) / ns;
+    if (per < DEC_MIN_KEYS) per = DEC_MIN_KEYS;
+    const int kb = k * per < ctx ? k * per : ctx;
+    const int ke = kb + per < ctx ? kb + per : ctx;
+    const size_t width = (size_t)(nh + 2 * nkv) * HD;
+    const int *bt = block_table + (size_t)s * max_blocks;
+
+    auto load = [&](__half(*dst)[HD + 8], const __half *cache, int t0) {
+        if (t0 < ke) {
+            constexpr int CH = HD / 8;
+#pragma unroll
+            for (int it = 0; it < TK * CH / DEC_NT; it++) {
+                int e = tid + it * DEC_NT;
+                int t = e / CH, dc = e % CH, ta = t0 + t;
+                const __half *src = cache;
+                int bytes = 0;
+                if (ta < ke) {
+                    size_t sl = (size_t)bt[ta / block_size] * block_size + ta % block_size;
+                    src = cache + (sl * nkv + g) * HD + dc * 8;
+                    bytes = 16;
+                }
+                dec_cp_async16(&dst[t][dc * 8], src, bytes);
+            }
+        }
+        dec_commit();
+    };
+    load(ks, kc, kb);
+    load(vs, vc, kb);
+
+    /* Q A-fragments: rows gq, gq + 8 = query heads of the group (zero past G) */
+    unsigned qa[KS][4];
+    {
+        const __half *q0 = gq < G ? qkv + (size_t)s * width + (size_t)(g * G + gq) * HD : NULL;
+        const __half *q1 = gq + 8 < G ? qkv + (size_t)s * width + (size_t)(g * G + gq + 8) * HD : NULL;
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+            int d = kk * 16 + 2 * tq;
+            qa[kk][0] = q0 ? *(const unsigned *)(q0 + d) : 0u;
+            qa[kk][1] = q1 ? *(const unsigned *)(q1 + d) : 0u;
+            qa[kk][2] = q0 ? *(const unsigned *)(q0 + d + 8) : 0u;
+            qa[kk][3] = q1 ? *(const unsigned *)(q1 + d + 8) : 0u;
+        }
+    }
+    float o[DT][4];
+#pragma unroll
+    for (int j = 0; j < DT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+    const int kw = warp * 16; /* this warp's keys in a tile */
+
+    for (int t0 = kb; t0 < ke; t0 += TK) {
+        dec_wait1(); /* K(t0) */
+        __syncthreads();
+        float sc[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+            const __half *kr = &ks[kw + j * 8 + gq][2 * tq];
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                unsigned b0 = *(const unsigned *)(kr + kk * 16);
+                unsigned b1 = *(const unsigned *)(kr + kk * 16 + 8);
+                dec_mma16816(sc[j], qa[kk], b0, b1);
+            }
+        }
+        __syncthreads();
+        load(ks, kc, t0 + TK); /* K is free: the next tile */
+        /* online softmax over this warp's 16 keys (rows gq: e 0,1; gq + 8: e 2,3) */
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int ta = t0 + kw + j * 8 + 2 * tq + (e & 1);
+                float v = ta < ke ? sc[j][e] * qscale : -INFINITY;
+                sc[j][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            float mn = fmaxf(mrow[h], mx[h]);
+            alpha[h] = mn == -INFINITY ? 1.0f : exp2f(mrow[h] - mn);
+            mrow[h] = mn;
+        }
+        float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int h = e >> 1;
+                float pv = mrow[h] == -INFINITY ? 0.0f : exp2f(sc[j][e] - mrow[h]);
+                sc[j][e] = pv;
+                sum[h] += pv;
+            }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+            sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+            lrow[h] = lrow[h] * alpha[h] + sum[h];
+        }
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            o[j][0] *= alpha[0];
+            o[j][1] *= alpha[0];
+            o[j][2] *= alpha[1];
+            o[j][3] *= alpha[1];
+        }
+        dec_wait1(); /* V(t0) */
+        __syncthreads();
+        {
+            unsigned pa[4];
+            pa[0] = dec_pack_half2(sc[0][0], sc[0][1]);
+            pa[1] = dec_pack_half2(sc[0][2], sc[0][3]);
+            pa[2] = dec_pack_half2(sc[1][0], sc[1][1]);
+            pa[3] = dec_pack_half2(sc[1][2], sc[1][3]);
+            int key = kw + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int j = 0; j < DT; j += 2) {
+                int d = j * 8 + (lane >> 4) * 8;
+                unsigned sa = (unsigned)__cvta_generic_to_shared(&vs[key][d]);
+                unsigned b0, b1, b2, b3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                             : "r"(sa));
+                dec_mma16816(o[j], pa, b0, b1);
+                dec_mma16816(o[j + 1], pa, b2, b3);
+            }
+        }
+        __syncthreads();       /* V consumed */
+        load(vs, vc, t0 + TK); /* the next tile's V */
+    }
+    dec_wait0();
+    __syncthreads(); /* the tile area is free: it takes the warps' O */
+    float(*wo)[16][HD] = (float(*)[16][HD])dec_smem; /* [4 warps][16 rows][HD] */
+    if (tq == 0) {
+        wm[warp][gq] = mrow[0];
+        wm[warp][gq + 8] = mrow[1];
+        wl[warp][gq] = lrow[0];
+        wl[warp][gq + 8] = lrow[1];
+    }
+#pragma unroll
+    for (int j = 0; j < DT; j++) {
+        int d = j * 8 + 2 * tq;
+        if (gq < G) {
+            wo[warp][gq][d] = o[j][0];
+            wo[warp][gq][d + 1] = o[j][1];
+        }
+        if (gq + 8 < G) {
+            wo[warp][gq + 8][d] = o[j][2];
+            wo[warp][gq + 8][d + 1] = o[j][3];
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < G * HD; e += DEC_NT) {
+        int r = e / HD, d = e % HD;
+        float M = fmaxf(fmaxf(wm[0][r], wm[1][r]), fmaxf(wm[2][r], wm[3][r]));
+        float L = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            float f = wm[w][r] == -INFINITY ? 0.0f : exp2f(wm[w][r] - M);
+            L += f * wl[w][r];
+            acc += f * wo[w][r][d];
+        }
+        int qh = g * G + r;
+        if (ns == 1) {
+            out[(size_t)s * nh * HD + (size_t)qh * HD + d] = __float2half(L > 0.0f ? acc / L : 0.0f);
+        } else {
+            float *pp = part + (((size_t)s * nh + qh) * ns + k) * (HD + 2);
+            pp[d] = acc;
+            if (d == 0) {
+                pp[HD] = M;
+                pp[HD + 1] = L;
+            }
+        }
+    }
+}
+
+/* grid (nh, S): merges the ns partials of query head blockIdx.x of row s in
+ * split order. Splits with keys are a prefix (k < n_act); every thread loads
+ * one split's (m, l) at once, then each output dim sums the active splits
+ * (independent loads, unrolled). */
+template <int HD>
+static __global__ void __launch_bounds__(DEC_NT)
+attn_dec_combine_kernel(__half *out, const float *part, int nh, int ns) {
+    ops_cuda_pdl_wait();
+    ops_cuda_pdl_trigger();
+    const int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
+    const float *base = part + ((size_t)s * nh + h) * ns * (HD + 2);
+    __shared__ float wsh[DEC_MAX_SPLITS], lsh[DEC_MAX_SPLITS];
+    __shared__ float inv_l;
+    __shared__ int n_act;
+    if (tid < DEC_MAX_SPLITS) {
+        float m = tid < ns ? base[(size_t)tid * (HD + 2) + HD] : -INFINITY;
+        float l = tid < ns ? base[(size_t)tid * (HD + 2) + HD + 1] : 0.0f;
+        wsh[tid] = m;
+        lsh[tid] = l;
+    }
+    __syncthreads();
+    if (tid < 32) {
+        float M = -INFINITY;
+        int na = 0;
+        for (int k = tid; k < ns; k += 32) {
+            M = fmaxf(M, wsh[k]);
+            if (wsh[k] != -INFINITY) na = k + 1;
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+            na = max(na, __shfl_xor_sync(0xffffffffu, na, off));
+        }
+        __syncwarp();
+        for (int k = tid; k < na; k += 32) wsh[k] = wsh[k] == -INFINITY ? 0.0f : exp2f(wsh[k] - M);
+        __syncwarp();
+        if (tid == 0) {
+            float L = 0.0f;
+            for (int k = 0; k < na; k++) L += wsh[k] * lsh[k]; /* split order */
+            inv_l = L > 0.0f ? 1.0f / L : 0.0f;
+            n_act = na;
+        }
+    }
+    __syncthreads();
+    const int na = n_act;
+    for (int d = tid; d < HD; d += DEC_NT) {
+        float acc = 0.0f;
+        int k = 0;
+        for (; k + 4 <= na; k += 4) {
+            float p0 = base[(size_t)k * (HD + 2) + d], p1 = base[(size_t)(k + 1) * (HD + 2) + d];
+            float p2 = base[(size_t)(k + 2) * (HD + 2) + d], p3 = base[(size_t)(k + 3) * (HD + 2) + d];
+            acc += wsh[k] * p0;
+            acc += wsh[k + 1] * p1;
+            acc += wsh[k + 2] * p2;
+            acc += wsh[k + 3] * p3;
+        }
+        for (; k < na; k++) acc += wsh[k] * base[(size_t)k * (HD + 2) + d];
+        out[(size_t)s * nh * HD + (size_t)h * HD + d] = __float2half(acc * inv_l);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* host side                                                                 */
+/* ------------------------------------------------------------------------ */
+
+int ops_cuda__attn_decode_splits(const struct cuda_ctx *c, int n_seqs, int nkv) {
+    /* (sequence, KV head) pairs that already give >= 2 CTAs per SM run
+     * unsplit (more would spill into a second wave); fewer are split up to
+     * ~4 CTAs per SM (~6 fit at 38 KB of shared memory) */
+    int ctas = n_seqs * nkv;
+    if (ctas >= 2 * c->n_sms) return 1;
+    int ns = (4 * c->n_sms + ctas - 1) / ctas;
+    return ns < DEC_MAX_SPLITS ? ns : DEC_MAX_SPLITS;
+}
+
+void ops_cuda__attn_decode_free(struct cuda_ctx *c) {
+    cudaFree(c->dec_part);
+    c->dec_part = NULL;
+    c->dec_part_floats = 0;
+}
+
+/* Makes dec_part big enough for n_seqs. Sized generously (every n_seqs up
+ * to max(n, 64)) so graph captures rarely allocate; a capture that must
+ * allocates in relaxed capture mode; the old buffer is retired (a graph may
+ * use it), not freed. */
+static int dec_reserve(struct cuda_ctx *c, int n_seqs, int nh, int nkv, int hd) {
+    int ns = ops_cuda__attn_decode_splits(c, n_seqs, nkv);
+    size_t exact = ns > 1 ? (size_t)n_seqs * nh * ns * (hd + 2) : 0;
+    if (exact <= c->dec_part_floats) return 0;
+    size_t need = exact;
+    for (int s = 1; s <= 64; s++) {
+        int k = ops_cuda__attn_decode_splits(c, s, nkv);
+        size_t f = k > 1 ? (size_t)s * nh * k * (hd + 2) : 0;
+        if (f > need) need = f;
+    }
+    if (c->dec_part && c->n_retired == (int)(sizeof c->retired / sizeof c->retired[0]))
+        return -ENOMEM;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (c->capturing) cudaThreadExchangeStreamCaptureMode(&mode);
+    float *p = NULL;
+    cudaError_t e = cudaMalloc((void **)&p, need * sizeof(float));
+    if (c->capturing) cudaThreadExchangeStreamCaptureMode(&mode);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return -ENOMEM;
+    }
+    if (c->dec_part) ops_cuda__retire(c, c->dec_part);
+    c->dec_part = p;
+    c->dec_part_floats = need;
+    return 0;
+}
+
+template <int HD, int G>
+static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, const __half *kc,
+                         const __half *vc, const int *bt, const int *past, int nh, int nkv, int S,
+                         int ns, const struct attn_batch *ab, float qscale) {
+    cudaError_t e;
+    if (HD <= 128 && !c->dec_simt) {
+        /* tensor cores; K/V tiles only (the warps' O reuse them at the end) */
+        constexpr int HDT = HD <= 128 ? HD : 128;
+        size_t smem = (size_t)2 * 64 * (HDT + 8) * 2;
+        e = ops_cuda_launch(c, attn_dec_tc_kernel<HDT, G>, dim3(ns, nkv, S), dim3(DEC_NT), smem,
+                            out, qkv, kc, vc, bt, past, c->dec_part, nh, nkv, ab->max_blocks,
+                            ab->block_size, qscale);
+    } else {
+        size_t smem = dec_smem_bytes(HD, G);
+        if (smem > 48 * 1024)
+            cudaFuncSetAttribute(attn_dec_kernel<HD, G>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        e = ops_cuda_launch(c, attn_dec_kernel<HD, G>, dim3(ns, nkv, S), dim3(DEC_NT), smem, out,
+                            qkv, kc, vc, bt, past, c->dec_part, nh, nkv, ab->max_blocks,
+                            ab->block_size, qscale);
+    }
+    if (e != cudaSuccess) {
+        ops_cuda__fail(c, -EIO, "attention (decode)", cudaGetErrorString(e));
+        return;
+    }
+    if (ns > 1) {
+        e = ops_cuda_launch(c, attn_dec_combine_kernel<HD>, dim3(nh, S), dim3(DEC_NT), 0, out,
+                            (const float *)c->dec_part, nh, ns);
+        if (e != cudaSuccess) ops_cuda__fail(c, -EIO, "attention (decode combine)", cudaGetErrorString(e));
+    }
+}
+
+template <int HD>
+static void dec_launch(struct cuda_ctx *c, __half *out, const __half *qkv, const __half *kc,
+                       const __half *vc, const int *bt, const int *past, int nh, int nkv, int S,
+                       int ns, const struct attn_batch *ab, float qscale) {
+    switch (nh / nkv) {
+    case 1: dec_launch_g<HD, 1>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    case 2: dec_launch_g<HD, 2>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    case 4: dec_launch_g<HD, 4>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    case 8: dec_launch_g<HD, 8>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    default: dec_launch_g<HD, 16>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    }
+}
+
+/* query heads per KV head the decode kernel handles */
+int ops_cuda__attn_decode_ok(int G) { return G == 1 || G == 2 || G == 4 || G == 8 || G == 16; }
+
+void ops_cuda__attn_decode(struct cuda_ctx *c, struct buf *out, const struct buf *qkv, int nh,
+                           int nkv, int hd, float scale, const struct attn_batch *ab,
+                           const struct buf *k_cache, const struct buf *v_cache) {
+    const int S = ab->n_seqs;
+    AWQD_ASSERT(ab->n_rows == S && nkv > 0 && nh % nkv == 0 && ops_cuda__attn_decode_ok(nh / nkv));
+    AWQD_ASSERT(hd == 32 || hd == 64 || hd == 128 || hd == 256);
+    if (S <= 0) return;
+    if (c->rc && !c->capturing) return;
+    int ns = ops_cuda__attn_decode_splits(c, S, nkv);
+    int rc = dec_reserve(c, S, nh, nkv, hd);
+    if (rc) {
+        ops_cuda__fail(c, rc, "attention (decode)", "out of memory for the split partials");
+        return;
+    }
+    const float qscale = scale * 1.4426950408889634f; /* exp2 domain */
+    __half *o = (__half *)out->d;
+    const __half *q = (const __half *)qkv->d, *kc = (const __half *)k_cache->d,
+                 *vc = (const __half *)v_cache->d;
+    const int *bt = (const int *)ab->block_table->d, *past = (const int *)ab->past->d;
+    switch (hd) {
+    case 32: dec_launch<32>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    case 64: dec_launch<64>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    case 128: dec_launch<128>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    default: dec_launch<256>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    }
+}

@@ -1,0 +1,19 @@
+/* ops_cuda_graph.h — counters of the CUDA backend's graphs (ops->graph_*),
+ * for tests and logs: how many graphs were recorded and replayed by every
+ * backend instance of this process since it started. Plain C; CUDA builds. */
+#ifndef AWQD_OPS_CUDA_GRAPH_H
+#define AWQD_OPS_CUDA_GRAPH_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* recorded: successful graph_end calls; failed: graph_end calls that failed;
+ * replayed: graph_run calls (any pointer may be NULL). */
+void ops_cuda_graph_counts(long *recorded, long *failed, long *replayed);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

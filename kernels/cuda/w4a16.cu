@@ -333,7 +333,7 @@ static __device__ __forceinline__ int cluster_reduce(float *acc, float *red, int
 /* ------------------------------------------------------------------------ */
 
 #define SK_WARPS 8
-#define SK_STAGES 8 /* default ring depth; k_skinny<MT, ST> also exists for ST = 16, 24 */
+#define SK_STAGES 8 /* ring depth (16 and 24 measured slower on H200: fewer resident blocks) */
 #define SK_X_BYTES_MAX (48 * 1024) /* x slice limit -> K range per split */
 
 struct sk_smem {
@@ -1155,15 +1155,7 @@ static int occ_query(F *fn, int threads, size_t smem) {
     return n < 1 ? 1 : n;
 }
 
-/* Skinny ring depth: SK_STAGES, or AWQD_W4A16_SK_STAGES = 16 / 24 (experiment knob). */
-static int sk_stages(void) {
-    static const int st = [] {
-        const char *e = getenv("AWQD_W4A16_SK_STAGES");
-        int v = e ? atoi(e) : SK_STAGES;
-        return v == 16 || v == 24 ? v : SK_STAGES;
-    }();
-    return st;
-}
+static int sk_stages(void) { return SK_STAGES; }
 
 /* GEMV ring depth (3 and 6 were measured slower; 3 and 6 also hit an
  * illegal address in a long sweep that was not tracked down: not built). */
@@ -1580,11 +1572,7 @@ static int launch_skinny_st(const struct w4a16_weight *w, const uint16_t *x, epi
 template <int MT>
 static int launch_skinny(const struct w4a16_weight *w, const uint16_t *x, epi_args ep, int ksplit,
                          float *part, cudaStream_t s, char *err, size_t errlen) {
-    switch (sk_stages()) {
-    case 16: return launch_skinny_st<MT, 16>(w, x, ep, ksplit, part, s, err, errlen);
-    case 24: return launch_skinny_st<MT, 24>(w, x, ep, ksplit, part, s, err, errlen);
-    default: return launch_skinny_st<MT, SK_STAGES>(w, x, ep, ksplit, part, s, err, errlen);
-    }
+    return launch_skinny_st<MT, SK_STAGES>(w, x, ep, ksplit, part, s, err, errlen);
 }
 
 extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, int m,

@@ -938,6 +938,16 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     const char *dec_env = getenv("AWQD_CUDA_DECODE_ATTN");
     c->dec_off = dec_env && !strcmp(dec_env, "0");
     c->dec_simt = dec_env && !strcmp(dec_env, "simt");
+    c->dec_lo = 4;
+    c->dec_hi = 4;
+    const char *split_env = getenv("AWQD_CUDA_DEC_SPLIT");
+    if (split_env) {
+        int lo = 0, hi = 0;
+        if (sscanf(split_env, "%d,%d", &lo, &hi) == 2 && lo >= 1 && hi >= 1 && lo <= 64 && hi <= 64) {
+            c->dec_lo = lo;
+            c->dec_hi = hi;
+        }
+    }
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     TRY(cudaEventCreateWithFlags(&c->attn.uploaded, cudaEventDisableTiming));
     TRY(cudaMallocHost((void **)&c->h_ring, RING_BYTES));

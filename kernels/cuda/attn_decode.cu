@@ -257,7 +257,9 @@ attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *
  * softmax in registers, O += P V (P from the S accumulators, V's fragments
  * from ldmatrix.trans) — each warp keeps its own (m, l, O) over the whole
  * split; the 4 are merged through shared memory (the K/V tile area) at the
- * end. Same split rule, partials and combine kernel as the SIMT kernel. */
+ * end. Q sits in shared memory (A fragments read per k-step) to keep the
+ * registers at <= 128 (4 CTAs per SM; with Q in registers 167, 3 per SM).
+ * Same split rule, partials and combine kernel as the SIMT kernel. */
 static __device__ __forceinline__ void dec_mma16816(float *c, const unsigned *a, unsigned b0,
                                                     unsigned b1) {
     asm volatile(
@@ -273,7 +275,7 @@ static __device__ __forceinline__ unsigned dec_pack_half2(float lo, float hi) {
 }
 
 template <int HD, int G>
-static __global__ void __launch_bounds__(DEC_NT)
+static __global__ void __launch_bounds__(DEC_NT, 4)
 attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
                    const int *block_table, const int *past, float *part, int nh, int nkv,
                    int max_blocks, int block_size, float qscale) {
@@ -318,19 +320,15 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
     load(ks, kc, kb);
     load(vs, vc, kb);
 
-    /* Q A-fragments: rows gq, gq + 8 = query heads of the group (zero past G) */
-    unsigned qa[KS][4];
-    {
-        const __half *q0 = gq < G ? qkv + (size_t)s * width + (size_t)(g * G + gq) * HD : NULL;
-        const __half *q1 = gq + 8 < G ? qkv + (size_t)s * width + (size_t)(g * G + gq + 8) * HD : NULL;
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            int d = kk * 16 + 2 * tq;
-            qa[kk][0] = q0 ? *(const unsigned *)(q0 + d) : 0u;
-            qa[kk][1] = q1 ? *(const unsigned *)(q1 + d) : 0u;
-            qa[kk][2] = q0 ? *(const unsigned *)(q0 + d + 8) : 0u;
-            qa[kk][3] = q1 ? *(const unsigned *)(q1 + d + 8) : 0u;
-        }
+    /* Q: 16 rows = the group's query heads (zero past G), in shared memory
+     * after the K/V tiles (A fragments are read per tile: fewer registers,
+     * 4 CTAs per SM) */
+    __half(*qsh)[HD + 8] = (__half(*)[HD + 8])(dec_smem + 2 * TK * (HD + 8) * 2);
+    for (int e = tid; e < 16 * (HD / 2); e += DEC_NT) {
+        int r = e / (HD / 2), d = 2 * (e % (HD / 2));
+        unsigned v = 0u;
+        if (r < G) v = *(const unsigned *)(qkv + (size_t)s * width + (size_t)(g * G + r) * HD + d);
+        *(unsigned *)&qsh[r][d] = v;
     }
     float o[DT][4];
 #pragma unroll
@@ -348,9 +346,14 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
             const __half *kr = &ks[kw + j * 8 + gq][2 * tq];
 #pragma unroll
             for (int kk = 0; kk < KS; kk++) {
+                unsigned qa[4];
+                qa[0] = *(const unsigned *)&qsh[gq][kk * 16 + 2 * tq];
+                qa[1] = *(const unsigned *)&qsh[gq + 8][kk * 16 + 2 * tq];
+                qa[2] = *(const unsigned *)&qsh[gq][kk * 16 + 2 * tq + 8];
+                qa[3] = *(const unsigned *)&qsh[gq + 8][kk * 16 + 2 * tq + 8];
                 unsigned b0 = *(const unsigned *)(kr + kk * 16);
                 unsigned b1 = *(const unsigned *)(kr + kk * 16 + 8);
-                dec_mma16816(sc[j], qa[kk], b0, b1);
+                dec_mma16816(sc[j], qa, b0, b1);
             }
         }
         __syncthreads();
@@ -590,7 +593,7 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
     if (HD <= 128 && !c->dec_simt) {
         /* tensor cores; K/V tiles only (the warps' O reuse them at the end) */
         constexpr int HDT = HD <= 128 ? HD : 128;
-        size_t smem = (size_t)2 * 64 * (HDT + 8) * 2;
+        size_t smem = (size_t)(2 * 64 + 16) * (HDT + 8) * 2; /* K, V tiles + Q */
         e = ops_cuda_launch(c, attn_dec_tc_kernel<HDT, G>, dim3(ns, nkv, S), dim3(DEC_NT), smem,
                             out, qkv, kc, vc, bt, past, c->dec_part, nh, nkv, ab->max_blocks,
                             ab->block_size, qscale);

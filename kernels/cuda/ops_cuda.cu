@@ -933,8 +933,8 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     TRY(cudaDeviceGetAttribute(&c->n_sms, cudaDevAttrMultiProcessorCount, device));
     int cc_major = 0;
     TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
-    const char *pdl_env = getenv("AWQD_CUDA_PDL");
-    c->pdl = cc_major >= 9 && !(pdl_env && !strcmp(pdl_env, "0"));
+    /* one switch for every kernel: w4a16 reads AWQD_CUDA_PDL (w4a16_pdl) */
+    c->pdl = cc_major >= 9 && w4a16_pdl(-1);
     const char *dec_env = getenv("AWQD_CUDA_DECODE_ATTN");
     c->dec_off = dec_env && !strcmp(dec_env, "0");
     c->dec_simt = dec_env && !strcmp(dec_env, "simt");

@@ -1355,14 +1355,14 @@ static int smem_limit_once(std::atomic<unsigned long long> *done, const void *fn
     return 0;
 }
 
-/* Programmatic dependent launch: on by default on sm_90+, AWQD_PDL=0 turns it
+/* Programmatic dependent launch: on by default on sm_90+, AWQD_CUDA_PDL=0 turns it
  * off, w4a16_pdl() overrides both. */
 static std::atomic<int> g_pdl{-1};
 
 static int pdl_mode(void) {
     int v = g_pdl.load(std::memory_order_relaxed);
     if (v < 0) {
-        const char *e = getenv("AWQD_PDL");
+        const char *e = getenv("AWQD_CUDA_PDL");
         v = e && !strcmp(e, "0") ? 0 : 1;
         int expect = -1;
         g_pdl.compare_exchange_strong(expect, v);

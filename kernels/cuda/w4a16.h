@@ -41,7 +41,7 @@
  * Errors: negative errno with a message in err (NULL ok): -EINVAL for shapes
  * and arguments, -ENOMEM / -EIO from CUDA (every CUDA call is checked).
  *
- * Programmatic dependent launch (sm_90+, on by default; AWQD_PDL=0 or
+ * Programmatic dependent launch (sm_90+, on by default; AWQD_CUDA_PDL=0 or
  * w4a16_pdl(0) turns it off): the GEMV / skinny / tc64 kernels are launched
  * with cudaLaunchAttributeProgrammaticStreamSerialization, so they may start
  * while the previous kernel on the stream is still running. Before their
@@ -131,7 +131,7 @@ void w4a16_choice(const struct w4a16_weight *w, int m, enum w4a16_kernel *kernel
 
 /* Programmatic dependent launch (PDL, sm_90+). mode 1: on, 0: off, < 0: only
  * query. Returns the mode now in effect (process-wide; default on unless the
- * environment has AWQD_PDL=0). See "Programmatic dependent launch" above. */
+ * environment has AWQD_CUDA_PDL=0). See "Programmatic dependent launch" above. */
 int w4a16_pdl(int mode);
 
 /* Split-K reduction of the skinny (decode) kernel inside a thread-block

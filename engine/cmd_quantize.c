@@ -157,11 +157,7 @@ static int write_text(const char *dir, const char *name, const char *text, char 
                       size_t errlen) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    if (!f) return util_err(err, errlen, -errno, "%s: %s", path, strerror(errno));
-    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    ok = fclose(f) == 0 && ok;
-    return ok ? 0 : util_err(err, errlen, -EIO, "%s: write failed", path);
+    return util_write_file(path, text, strlen(text), 1, err, errlen);
 }
 
 /* Writes the planned tensors into outdir (shards + index) with `threads`. */
@@ -215,11 +211,7 @@ static void copy_if_exists(const char *in, const char *out, const char *name) {
     if (access(src, R_OK)) return;
     if (util_read_file(src, 0, &buf, &len, e, sizeof e)) return;
     snprintf(dst, sizeof dst, "%s/%s", out, name);
-    FILE *f = fopen(dst, "wb");
-    if (f) {
-        if (fwrite(buf, 1, len, f) != len) log_warn("%s: short write", dst);
-        fclose(f);
-    }
+    if (util_write_file(dst, buf, len, 0, e, sizeof e)) log_warn("%s", e);
     free(buf);
 }
 

@@ -462,16 +462,9 @@ static int write_json(const char *dir, const char *name, cJSON *j, char *err, si
     snprintf(path, sizeof path, "%s/%s", dir, name);
     char *text = cJSON_Print(j);
     if (!text) return util_err(err, errlen, -ENOMEM, "out of memory");
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        int e = errno;
-        free(text);
-        return util_err(err, errlen, -e, "%s: %s", path, strerror(e));
-    }
-    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    ok = (fclose(f) == 0) && ok;
+    int rc = util_write_file(path, text, strlen(text), 1, err, errlen);
     free(text);
-    return ok ? 0 : util_err(err, errlen, -EIO, "%s: write failed", path);
+    return rc;
 }
 
 static cJSON *ids_json(const int *ids, int n) {
@@ -566,16 +559,9 @@ static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
     size_t len;
     int rc = util_read_file(src, 0, &buf, &len, err, errlen);
     if (rc) return rc;
-    FILE *f = fopen(dst, "wb");
-    if (!f) {
-        int e = errno;
-        free(buf);
-        return util_err(err, errlen, -e, "%s: %s", dst, strerror(e));
-    }
-    int ok = fwrite(buf, 1, len, f) == len;
-    ok = (fclose(f) == 0) && ok;
+    rc = util_write_file(dst, buf, len, 0, err, errlen);
     free(buf);
-    return ok ? 0 : util_err(err, errlen, -EIO, "%s: write failed", dst);
+    return rc;
 }
 
 int mkmodel_write(const struct mkmodel_spec *s, const char *outdir, uint64_t seed, int threads,

@@ -73,16 +73,9 @@ static int write_index(const char *outdir, const struct st_desc *t, int n, const
     cJSON_Delete(ix);
     if (!text) return util_err(err, errlen, -ENOMEM, "out of memory");
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", outdir);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        int e = errno;
-        free(text);
-        return util_err(err, errlen, -e, "%s: %s", path, strerror(e));
-    }
-    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    ok = fclose(f) == 0 && ok;
+    int rc = util_write_file(path, text, strlen(text), 1, err, errlen);
     free(text);
-    return ok ? 0 : util_err(err, errlen, -EIO, "%s: write failed", path);
+    return rc;
 }
 
 int sw_open(const char *outdir, const struct st_desc *t, int n, const int *shard, int n_shards,

@@ -54,6 +54,18 @@ int util_err(char *err, size_t errlen, int rc, const char *fmt, ...) {
     return rc;
 }
 
+int util_write_file(const char *path, const void *data, size_t len, int newline, char *err,
+                    size_t errlen) {
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        int e = errno;
+        return util_err(err, errlen, -e, "%s: %s", path, strerror(e));
+    }
+    int ok = fwrite(data, 1, len, f) == len && (!newline || fputc('\n', f) != EOF);
+    ok = fclose(f) == 0 && ok;
+    return ok ? 0 : util_err(err, errlen, -EIO, "%s: write failed", path);
+}
+
 int util_read_file(const char *path, size_t max_bytes, char **out, size_t *len,
                    char *err, size_t errlen) {
     *out = NULL;

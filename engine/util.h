@@ -33,6 +33,11 @@ int util_err(char *err, size_t errlen, int rc, const char *fmt, ...)
 int util_read_file(const char *path, size_t max_bytes, char **out, size_t *len,
                    char *err, size_t errlen);
 
+/* Writes data[0..len) to path (created or truncated), then, when
+ * newline, a '\n'. Fails with -errno / -EIO and a message naming the file. */
+int util_write_file(const char *path, const void *data, size_t len, int newline, char *err,
+                    size_t errlen);
+
 /* Monotonic time in nanoseconds and seconds. */
 uint64_t util_now_ns(void);
 double util_now_s(void);

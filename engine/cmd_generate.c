@@ -288,8 +288,10 @@ int cmd_generate(int argc, char **argv) {
     }
     float inv_t = sampler_inv_t(&sp);
     int32_t no_adj[2] = {0, 0};
+    int32_t race[3]; /* this step's race (the key follows n_out) */
+    sampler_race_row(&sp, 0, race);
     struct model_out mo = {.logits = logits, .k = K, .inv_t = &inv_t, .adj_start = no_adj,
-                           .cands = cands};
+                           .cands = cands, .race = race};
     if (a.logits_out) {
         all_logits = malloc((size_t)n_prompt * V * sizeof *all_logits);
         if (!all_logits) goto oom;
@@ -348,6 +350,7 @@ int cmd_generate(int argc, char **argv) {
         }
         if (n_out == a.max_tokens || n_prompt + n_out >= cfg->max_position) break;
         int p = n_prompt + n_out - 1; /* position of the token just sampled */
+        sampler_race_row(&sp, n_out, race); /* the next forward's row samples token n_out */
         if ((rc = kv_seq_reserve(&kv, &seq, p + 1))) {
             fprintf(stderr, "awqd generate: out of KV blocks\n");
             goto out;

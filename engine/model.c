@@ -66,6 +66,7 @@ struct model {
     int logits_chunk;                               /* sample chunk m->logits holds, -1: none */
     struct buf *s_inv_t;                            /* F32 [LOGIT_CHUNK] */
     struct buf *s_adj_start;                        /* I32 [LOGIT_CHUNK + 1] */
+    struct buf *s_race;                             /* I32 [3 * LOGIT_CHUNK] race triples */
     struct buf *s_adj;                              /* I32 [2 * s_cap_adj] */
     struct buf *s_out;                              /* F32 [SAMPLE_OUT_FLOATS(LOGIT_CHUNK, SAMPLE_MAX_K, s_cap_adj)] */
     struct buf *s_work;                             /* F32 [sample_work_floats(LOGIT_CHUNK, vocab_rows, SAMPLE_MAX_K)] */
@@ -184,6 +185,7 @@ void model_free(struct model *m) {
     free(m->h_logits);
     o->free(c, m->s_inv_t);
     o->free(c, m->s_adj_start);
+    o->free(c, m->s_race);
     o->free(c, m->s_adj);
     o->free(c, m->s_out);
     o->free(c, m->s_work);
@@ -602,9 +604,11 @@ static int sample_reserve(struct model *m, size_t n_adj) {
         m->s_work = O->alloc(c, BUF_F32, sample_work_floats(LOGIT_CHUNK, m->vocab_rows, SAMPLE_MAX_K));
         m->s_inv_t = O->alloc(c, BUF_F32, LOGIT_CHUNK);
         m->s_adj_start = O->alloc(c, BUF_I32, LOGIT_CHUNK + 1);
+        m->s_race = O->alloc(c, BUF_I32, 3 * LOGIT_CHUNK);
         m->h_inv_t = malloc(sizeof(float) * LOGIT_CHUNK);
         m->h_adj_start = malloc(sizeof(int32_t) * (LOGIT_CHUNK + 1));
-        if (!m->s_work || !m->s_inv_t || !m->s_adj_start || !m->h_inv_t || !m->h_adj_start)
+        if (!m->s_work || !m->s_inv_t || !m->s_adj_start || !m->s_race || !m->h_inv_t ||
+            !m->h_adj_start)
             return -ENOMEM;
     }
     if (!m->s_out || n_adj > m->s_cap_adj) {
@@ -666,12 +670,14 @@ static int sample_rows(struct model *m, const struct batch *b, int cols, char *e
         if ((rc = O->upload(c, m->s_inv_t, 0, m->h_inv_t, (size_t)mr)) ||
             (rc = O->upload(c, m->s_adj_start, 0, m->h_adj_start, (size_t)mr + 1)) ||
             (na && (rc = O->upload(c, m->s_adj, 0, m->h_adj, 2 * na))) ||
+            (o->race && (rc = O->upload(c, m->s_race, 0, o->race + 3 * (size_t)c0, 3 * (size_t)mr))) ||
             (rc = sample_chunk_logits(m, c0 / LOGIT_CHUNK)))
             return util_err(err, errlen, rc, "model: upload failed");
         struct sample_batch sb = {.m = mr, .k = k, .ld = m->vocab_rows, .n_cols = cols,
                                   .vocab_start = m->vocab_start, .inv_t = m->s_inv_t,
                                   .adj_start = m->s_adj_start, .adj = m->s_adj,
-                                  .h_adj_start = m->h_adj_start};
+                                  .h_adj_start = m->h_adj_start,
+                                  .race = o->race ? m->s_race : NULL};
         O->sample_topk(c, m->s_out, m->logits, m->s_work, &sb);
         size_t nf = SAMPLE_OUT_FLOATS(mr, k, na);
         if ((rc = O->download(c, m->h_sout, m->s_out, 0, nf)))

@@ -116,6 +116,8 @@ struct model_out {
     const int32_t *adj;           /* [2 * adj_start[rows]] */
     float *cands;                 /* [tp, rows, SAMPLE_ROW_FLOATS(k)] */
     float *adj_raw;               /* [adj_start[rows]] */
+    const int32_t *race;          /* [3 * rows] each row's race (sampler_race_row), or NULL:
+                                     no race (a sampled row then needs the full row) */
 };
 
 int model_sample_rows(const struct batch *b);

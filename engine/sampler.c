@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/util.h"
+#include "kernels/cpu/sample_cpu.h"
 
 void sampling_params_default(struct sampling_params *p) {
     memset(p, 0, sizeof *p);
@@ -70,6 +71,21 @@ static uint64_t splitmix64(uint64_t x) {
 double sampler_uniform(uint64_t seed, uint64_t index) {
     uint64_t h = splitmix64(splitmix64(seed) ^ splitmix64(index ^ 0x5851f42d4c957f2dull));
     return (double)(h >> 11) * (1.0 / 9007199254740992.0);
+}
+
+uint64_t sampler_race_key(uint64_t seed, uint64_t n_output) {
+    return splitmix64(splitmix64(seed) ^ splitmix64(n_output ^ 0x5851f42d4c957f2dull));
+}
+
+double sampler_race_score(uint64_t key, int32_t id, float w, float inv_t) {
+    return sample_race_score(key, id, w, inv_t);
+}
+
+void sampler_race_row(const struct sampling_params *p, int n_output, int32_t race[3]) {
+    uint64_t key = sampler_race_key(p->seed, (uint64_t)n_output);
+    race[0] = (int32_t)(uint32_t)key;
+    race[1] = (int32_t)(uint32_t)(key >> 32);
+    race[2] = p->temperature > 0.0f;
 }
 
 /* qsort has no context argument in C11; qsort_r (glibc, _GNU_SOURCE) does. */
@@ -244,75 +260,74 @@ int sampler_sample(struct sampler *s, const struct sampling_params *p, const flo
         for (int i = 1; i < V; i++)
             if (logits[i] > logits[token]) token = i;
     } else {
-        for (int i = 0; i < V; i++) {
-            prob[i] = expf((w[i] - mx) * inv_t);
-            total += prob[i];
-        }
-        have_total = 1;
-        /* min_p relative to the most likely token (whose unnormalised p is 1);
-         * candidates: every token above it with nonzero probability */
-        float thresh = p->min_p > 0 ? p->min_p : 0.0f;
+        uint64_t key = sampler_race_key(p->seed, (uint64_t)n_output);
+        int filt = p->top_k > 0 || p->top_p < 1.0f || p->min_p > 0;
         int n = 0;
-        for (int i = 0; i < V; i++)
-            if (prob[i] > 0 && prob[i] >= thresh) cand[n++] = i;
-        int restricted = p->min_p > 0; /* sums over the kept set, in order */
-        int sorted = 0;                /* cand[0..sorted) = the best, in order */
-        if (p->top_k > 0 && p->top_k <= n) { /* (== n: the same set, summed in order) */
-            sorted_prefix(cand, n, p->top_k, w);
-            n = sorted = p->top_k;
-            restricted = 1;
-        }
-        if (restricted && sorted < n) {
-            sort_cands(cand, n, w);
-            sorted = n;
-        }
-/* grows the sorted prefix until it covers index i */
-#define COVER(i)                                                                   \
-    do {                                                                           \
-        if ((i) >= sorted) {                                                       \
-            int L_ = sorted ? sorted * 4 : 256;                                    \
-            if (L_ < (i) + 1) L_ = (i) + 1;                                        \
-            if (L_ > n) L_ = n;                                                    \
-            sorted_prefix(cand, n, L_, w);                                         \
-            sorted = L_;                                                           \
-        }                                                                          \
-    } while (0)
-        double kept = 0;
-        if (restricted)
-            for (int i = 0; i < n; i++) kept += prob[cand[i]];
-        else
-            kept = total;
-        if (p->top_p < 1.0f) {
-            double cum = 0, target = p->top_p * kept;
-            int k = 0;
-            while (k < n) {
-                COVER(k);
-                cum += prob[cand[k++]];
-                if (cum >= target) break;
+        if (!filt) {
+            /* every token with a finite w races (those whose expf term
+             * underflows to 0 can never win: they trail by > 100) */
+            for (int i = 0; i < V; i++) cand[i] = i;
+            n = V;
+        } else {
+            for (int i = 0; i < V; i++) {
+                prob[i] = expf((w[i] - mx) * inv_t);
+                total += prob[i];
             }
-            n = k;
-            restricted = 1;
+            have_total = 1;
+            /* min_p relative to the most likely token (whose unnormalised p is 1);
+             * candidates: every token above it with nonzero probability */
+            float thresh = p->min_p > 0 ? p->min_p : 0.0f;
+            for (int i = 0; i < V; i++)
+                if (prob[i] > 0 && prob[i] >= thresh) cand[n++] = i;
+            int restricted = p->min_p > 0; /* sums over the kept set, in order */
+            int sorted = 0;                /* cand[0..sorted) = the best, in order */
+            if (p->top_k > 0 && p->top_k <= n) { /* (== n: the same set, summed in order) */
+                if (p->top_p < 1.0f) sorted_prefix(cand, n, p->top_k, w);
+                else select_top(cand, n, p->top_k, w); /* the set is enough: no order */
+                n = p->top_k;
+                sorted = p->top_p < 1.0f ? n : 0;
+                restricted = 1;
+            }
+            if (p->top_p < 1.0f) {
+                if (restricted && sorted < n) {
+                    sort_cands(cand, n, w);
+                    sorted = n;
+                }
+                double kept = 0;
+                if (restricted)
+                    for (int i = 0; i < n; i++) kept += prob[cand[i]];
+                else
+                    kept = total;
+                /* the smallest prefix reaching top_p * kept: sorted only as far
+                 * as needed (select the best 256, then 4x more, ...) */
+                double cum = 0, target = p->top_p * kept;
+                int k = 0;
+                while (k < n) {
+                    if (k >= sorted) {
+                        int L = sorted ? sorted * 4 : 256;
+                        if (L > n) L = n;
+                        sorted_prefix(cand, n, L, w);
+                        sorted = L;
+                    }
+                    cum += prob[cand[k++]];
+                    if (cum >= target) break;
+                }
+                n = k;
+            }
         }
-        double mass = 0;
-        if (restricted)
-            for (int i = 0; i < n; i++) mass += prob[cand[i]];
-        else
-            mass = total;
-        double u = sampler_uniform(p->seed, (uint64_t)n_output) * mass, cum = 0;
+        /* the race over cand[0..n): the highest score, lowest id on ties */
         token = -1;
+        double best = -INFINITY;
         for (int i = 0; i < n; i++) {
-            COVER(i);
-            cum += prob[cand[i]];
-            if (u < cum) {
-                token = cand[i];
-                break;
-            }
+            int32_t t = cand[i];
+            double sc = sample_race_score(key, t, w[t], inv_t);
+            if (sc > best || (sc == best && token >= 0 && sc > -INFINITY && t < token)) best = sc, token = t;
         }
-        if (token < 0) {
-            COVER(n - 1);
-            token = cand[n - 1];
+        if (token < 0) { /* no finite w (a +inf bias): the raw argmax */
+            token = 0;
+            for (int i = 1; i < V; i++)
+                if (logits[i] > logits[token]) token = i;
         }
-#undef COVER
     }
     res->token = token;
     if (p->n_logprobs < 0) {
@@ -366,6 +381,22 @@ void sampler_cands_merge(struct sample_cands *c, const float *const *rows, int t
     }
     c->max_w = mw;
     c->max_raw = mr;
+    /* the race: the highest score over the ranks, lowest id on ties */
+    c->race_id = -1;
+    c->race_score = -INFINITY;
+    c->race_w = c->race_raw = -INFINITY;
+    for (int r = 0; r < tp; r++) {
+        int32_t id;
+        memcpy(&id, rows[r] + 7, sizeof id);
+        double sc = get_double(rows[r] + 8);
+        if (id < 0) continue;
+        if (c->race_id < 0 || sc > c->race_score || (sc == c->race_score && id < c->race_id)) {
+            c->race_id = id;
+            c->race_score = sc;
+            c->race_w = rows[r][10];
+            c->race_raw = rows[r][11];
+        }
+    }
     c->sum_w = sw;
     c->sum_raw = sr;
     int pos[64] = {0}, nv[64], total = 0;
@@ -412,79 +443,98 @@ int sampler_finish(const struct sampling_params *p, const struct sample_cands *c
     if (n < 1) return SAMPLER_NEED_FULL;
     float inv_t = sampler_inv_t(p);
     float prob[SAMPLE_MAX_K];
-    int tj;
+    int tj;                       /* the token's candidate index, -1: not a candidate */
+    int32_t token;
+    float tw, traw;               /* its w and raw logit */
     if (p->temperature <= 0.0f) {
         tj = 0;
+        token = c->ids[0];
     } else {
         if (!(c->max_w > -INFINITY)) return SAMPLER_NEED_FULL; /* all banned: raw argmax */
-        float thresh = p->min_p > 0 ? p->min_p : 0.0f;
-        for (int j = 0; j < n; j++) prob[j] = expf((c->w[j] - c->max_w) * inv_t);
-        int nc = 0; /* the kept set C is a prefix: prob falls along the list */
-        while (nc < n && prob[nc] > 0 && prob[nc] >= thresh) nc++;
-        int known = nc < n || c->complete; /* all of C is here */
-        int restricted = p->min_p > 0, nset = nc;
-        if (p->top_k > 0) {
-            if (nc >= p->top_k) {
+        int filt = p->top_k > 0 || p->top_p < 1.0f || p->min_p > 0;
+        int wj = -1; /* the backend's race winner among the candidates */
+        for (int j = 0; j < n && c->race_id >= 0 && wj < 0; j++)
+            if (c->ids[j] == c->race_id) wj = j;
+        if (!filt) {
+            /* every finite token races: the backend's winner is the token */
+            if (c->race_id < 0) return SAMPLER_NEED_FULL;
+            tj = wj;
+            token = c->race_id;
+        } else {
+            /* The allowed set is a prefix of the candidates' order. known: it
+             * is exactly the first nset candidates; else it contains them. */
+            float thresh = p->min_p > 0 ? p->min_p : 0.0f;
+            for (int j = 0; j < n; j++) prob[j] = expf((c->w[j] - c->max_w) * inv_t);
+            int nc = 0; /* the kept set C is a prefix: prob falls along the list */
+            while (nc < n && prob[nc] > 0 && prob[nc] >= thresh) nc++;
+            int known = nc < n || c->complete; /* all of C is here */
+            int restricted = p->min_p > 0, nset = nc;
+            if (p->top_k > 0 && nc >= p->top_k) {
                 nset = p->top_k;
                 restricted = known = 1;
-            } else if (!known) {
-                return SAMPLER_NEED_FULL; /* |C| vs top_k unknown */
+            } else if (p->top_k > 0 && !known) {
+                restricted = 1; /* top_k may cut C beyond the candidates */
             }
-        }
-        if (restricted && !known) return SAMPLER_NEED_FULL;
-        double total = c->sum_w;
-        if (known && !restricted) { /* C = every token with p > 0: the id-order sum */
-            int32_t ord[SAMPLE_MAX_K];
-            memcpy(ord, c->ids, sizeof(int32_t) * (size_t)nc);
-            qsort(ord, (size_t)nc, sizeof *ord, cmp_i32);
-            total = 0;
-            for (int i = 0; i < nc; i++)
-                for (int j = 0; j < nc; j++)
-                    if (c->ids[j] == ord[i]) {
-                        total += prob[j];
-                        break;
-                    }
-        }
-        double kept = 0;
-        if (restricted)
-            for (int j = 0; j < nset; j++) kept += prob[j];
-        else
-            kept = total;
-        if (p->top_p < 1.0f) {
-            double cum = 0, target = p->top_p * kept;
-            int lim = known ? nset : n, k = 0;
-            while (k < lim) {
-                cum += prob[k++];
-                if (cum >= target) break;
+            if (p->top_p < 1.0f) {
+                double total = c->sum_w;
+                if (known && !restricted) { /* C = every token with p > 0: the id-order sum */
+                    int32_t ord[SAMPLE_MAX_K];
+                    memcpy(ord, c->ids, sizeof(int32_t) * (size_t)nc);
+                    qsort(ord, (size_t)nc, sizeof *ord, cmp_i32);
+                    total = 0;
+                    for (int i = 0; i < nc; i++)
+                        for (int j = 0; j < nc; j++)
+                            if (c->ids[j] == ord[i]) {
+                                total += prob[j];
+                                break;
+                            }
+                }
+                /* kept: exact, or (restricted, not known) a lower bound, which
+                 * gives a lower bound of the prefix */
+                double kept = 0;
+                if (restricted)
+                    for (int j = 0; j < nset; j++) kept += prob[j];
+                else
+                    kept = total;
+                double cum = 0, target = p->top_p * kept;
+                int k = 0;
+                while (k < nset) {
+                    cum += prob[k++];
+                    if (cum >= target) break;
+                }
+                if (cum >= target || known) {
+                    nset = k;
+                    if (!restricted) known = 1;
+                }
             }
-            if (!(cum >= target) && !known) return SAMPLER_NEED_FULL;
-            nset = k;
-            restricted = known = 1;
-        }
-        double mass = 0;
-        if (restricted)
-            for (int j = 0; j < nset; j++) mass += prob[j];
-        else
-            mass = total;
-        double u = sampler_uniform(p->seed, (uint64_t)n_output) * mass, cum = 0;
-        int lim = known ? nset : n;
-        tj = -1;
-        for (int j = 0; j < lim; j++) {
-            cum += prob[j];
-            if (u < cum) {
-                tj = j;
-                break;
+            if (wj >= 0 && wj < nset) { /* the overall winner is allowed: it wins */
+                tj = wj;
+            } else {
+                if (!known) return SAMPLER_NEED_FULL;
+                uint64_t key = sampler_race_key(p->seed, (uint64_t)n_output);
+                double best = -INFINITY;
+                tj = -1;
+                for (int j = 0; j < nset; j++) {
+                    double sc = sample_race_score(key, c->ids[j], c->w[j], inv_t);
+                    if (sc > best || (sc == best && tj >= 0 && sc > -INFINITY && c->ids[j] < c->ids[tj]))
+                        best = sc, tj = j;
+                }
+                if (tj < 0) return SAMPLER_NEED_FULL;
             }
+            token = c->ids[tj];
         }
-        if (tj < 0) {
-            if (!known) return SAMPLER_NEED_FULL;
-            tj = lim - 1;
-        }
+    }
+    if (tj >= 0) {
+        tw = c->w[tj];
+        traw = c->raw[tj];
+    } else {
+        tw = c->race_w;
+        traw = c->race_raw;
     }
 
     struct sample_result r;
     memset(&r, 0, sizeof r);
-    r.token = c->ids[tj];
+    r.token = token;
     if (p->n_logprobs < 0) {
         r.logprob = NAN;
         *res = r;
@@ -498,7 +548,7 @@ int sampler_finish(const struct sampling_params *p, const struct sample_cands *c
         double ls = log(c->sum_w);
         float mx = c->max_w;
 #define PLP(v) (mx > -INFINITY ? (float)((double)(((v) - mx) * inv_t) - ls) : -INFINITY)
-        r.logprob = PLP(c->w[tj]);
+        r.logprob = PLP(tw);
         for (int j = 0; j < N && j < n; j++) {
             r.top_ids[j] = c->ids[j];
             r.top_logprobs[j] = PLP(c->w[j]);
@@ -508,7 +558,7 @@ int sampler_finish(const struct sampling_params *p, const struct sample_cands *c
         return 0;
     }
     double lse = c->max_raw > -INFINITY ? c->max_raw + log(c->sum_raw) : INFINITY;
-    r.logprob = (float)((double)c->raw[tj] - lse);
+    r.logprob = (float)((double)traw - lse);
     /* raw top N: the first N candidates the adjustments did not touch (their
      * raw order is the list's order), merged with the adjusted tokens */
     int nt = 0;

@@ -118,8 +118,18 @@ int sampler_sample(struct sampler *s, const struct sampling_params *p, const flo
 void sampler_logprobs(const float *logits, int vocab, int32_t token, int n_top,
                       struct sample_result *res);
 
-/* The uniform draw in [0, 1) used for (seed, index); exposed for tests. */
+/* A uniform in [0, 1) from (seed, index) (splitmix64; no longer used by the
+ * draw, kept for tests and callers). */
 double sampler_uniform(uint64_t seed, uint64_t index);
+
+/* The race of output token n_output of a request with this seed: its key,
+ * and each token's score (kernels/ops.h, sampling: (double)w * inv_t -
+ * log(-log(u(key, id))); -inf when w is not finite). */
+uint64_t sampler_race_key(uint64_t seed, uint64_t n_output);
+double sampler_race_score(uint64_t key, int32_t id, float w, float inv_t);
+/* The op's race triple (ops.h sample_batch.race) of a row: key low, key
+ * high, and 1 when p samples (temperature > 0), 0 for greedy. */
+void sampler_race_row(const struct sampling_params *p, int n_output, int32_t race[3]);
 
 /* ------------------------------------------------------------------------ */
 /* Candidates (ops->sample_topk)                                            */
@@ -135,6 +145,12 @@ struct sample_cands {
     float max_w, max_raw;         /* over the vocabulary */
     double sum_w;                 /* sum of expf((w - max_w) * inv_t) (the row's inv_t) */
     double sum_raw;               /* sum of expf(raw - max_raw) */
+    int32_t race_id;              /* the race winner over every finite w (-1: none / no race);
+                                     valid only for the key sampler_finish is called with
+                                     (sampler_race_key(p->seed, n_output)): set it to -1
+                                     when the op raced with another key */
+    double race_score;            /* its score */
+    float race_w, race_raw;       /* its w and raw logit */
     /* the row's adjustments as given to the op, and the raw logit of each
      * entry's token (for the raw top-N when adjustments moved tokens) */
     const int32_t *adj;           /* [2 * n_adj] */

@@ -136,6 +136,7 @@ struct engine {
     int tp;
     int n_srows, cap_srows;
     float *s_inv_t;             /* [cap_srows] */
+    int32_t *s_race;            /* [3 * cap_srows] race triples (sampler_race_row) */
     int32_t *s_adj_start;       /* [cap_srows + 1] */
     int32_t *s_adj;             /* [2 * cap_adj] */
     float *s_adj_raw;           /* [cap_adj] */
@@ -396,6 +397,7 @@ void engine_free(struct engine *e) {
         log_info("engine: sampled %llu tokens from candidates, %llu from full rows",
                  (unsigned long long)e->c_cand, (unsigned long long)e->c_full);
     free(e->s_inv_t);
+    free(e->s_race);
     free(e->s_adj_start);
     free(e->s_adj);
     free(e->s_adj_raw);
@@ -770,6 +772,11 @@ static void sample_into(struct engine *e, struct evlist *l, struct seq *s, const
         cd->adj = e->s_adj + 2 * (size_t)e->s_adj_start[srow];
         cd->adj_raw = e->s_adj_raw + e->s_adj_start[srow];
         cd->n_adj = e->s_adj_start[srow + 1] - e->s_adj_start[srow];
+        /* the row raced with the staging sequence's key: a fork sampling its
+         * first token from choice 0's row has another seed */
+        int32_t race[3];
+        sampler_race_row(&p, s->n_out, race);
+        if (memcmp(race, e->s_race + 3 * (size_t)srow, sizeof race) != 0) cd->race_id = -1;
         if (sampler_finish(&p, cd, s->n_out, &res) == 0) {
             e->c_cand++;
             seq_accept(e, l, s, &res);
@@ -807,6 +814,9 @@ static int stage_sample_row(struct engine *e, struct seq *s) {
         float *a = realloc(e->s_inv_t, sizeof *a * (size_t)cap);
         if (!a) return -ENOMEM;
         e->s_inv_t = a;
+        int32_t *rc3 = realloc(e->s_race, sizeof *rc3 * 3 * (size_t)cap);
+        if (!rc3) return -ENOMEM;
+        e->s_race = rc3;
         int32_t *b = realloc(e->s_adj_start, sizeof *b * (size_t)(cap + 1));
         if (!b) return -ENOMEM;
         e->s_adj_start = b;
@@ -835,6 +845,7 @@ static int stage_sample_row(struct engine *e, struct seq *s) {
     int n = sampler_adj_build(&p, pen ? &s->hist : NULL, e->info.vocab, e->s_adj + 2 * (size_t)e->s_adj_start[i]);
     if (n < 0) return n;
     e->s_inv_t[i] = sampler_inv_t(&p);
+    sampler_race_row(&p, s->n_out, e->s_race + 3 * (size_t)i);
     e->s_adj_start[i + 1] = e->s_adj_start[i] + n;
     s->step_srow = i;
     e->n_srows++;
@@ -1100,7 +1111,7 @@ static void step(struct engine *e, struct evlist *l) {
     }
     struct batch b = {e->bseqs, nb};
     char err[256];
-    struct model_out mo = {.logits = e->logits, .k = e->cand_k, .inv_t = e->s_inv_t,
+    struct model_out mo = {.logits = e->logits, .k = e->cand_k, .inv_t = e->s_inv_t, .race = e->s_race,
                            .adj_start = e->s_adj_start, .adj = e->s_adj, .cands = e->s_cands,
                            .adj_raw = e->s_adj_raw};
     int rc = model_group_forward_out(e->mg, &b, &mo, err, sizeof err);

@@ -102,16 +102,29 @@ struct attn_batch {
  * out, per row r at r * SAMPLE_ROW_FLOATS(k):
  *   [0] max of w over the columns      [1..2] double: sum of expf((w - max) * inv_t)
  *   [3] max of raw                     [4..5] double: sum of expf(raw - max raw)
- *   [6] int32: valid candidates (min(k, n_cols))   [7] unused
- *   [8, 8+k)     w of the top k tokens, best first
- *   [8+k, 8+2k)  raw logits of the same tokens
- *   [8+2k, 8+3k) their global ids (int32 bit patterns; -1 past the valid ones)
+ *   [6] int32: valid candidates (min(k, n_cols))
+ *   [7] int32: race winner's global id (-1: no race, or no finite w)
+ *   [8..9] double: the winner's race score (-inf when none)
+ *   [10] the winner's w    [11] the winner's raw logit (-inf when none)
+ *   [12, 12+k)     w of the top k tokens, best first
+ *   [12+k, 12+2k)  raw logits of the same tokens
+ *   [12+2k, 12+3k) their global ids (int32 bit patterns; -1 past the valid ones)
  * ("double" = the 8 bytes of a host double in two float slots; sums run in
  * double over fp32 expf terms; -inf max: sum 0.) After the m rows, out[m *
  * SAMPLE_ROW_FLOATS(k) + e] = raw logit of adjustment e's token when that token
- * is in this rank's columns (else left as it was). */
+ * is in this rank's columns (else left as it was).
+ *
+ * The race (exponential race = Gumbel-max; engine/sampler.h defines it): for
+ * rows whose race[3r + 2] is nonzero, the column with the largest
+ *   score(id) = (double)w * (double)inv_t + g(key, id),
+ *   g = -log(-log(u)), u = ((h >> 12) + 0.5) * 2^-52, h = splitmix64(key ^
+ *   ((uint64)id * 0x9E3779B97F4A7C15)), key = race[3r] | race[3r + 1] << 32
+ * over the columns whose w is finite, lowest id on equal scores. The product
+ * is exact in double, so only log() can differ between backends (CUDA's log
+ * is within 1 ulp of glibc's): winners can differ only where two scores are
+ * within ~1 ulp. */
 #define SAMPLE_MAX_K 256
-#define SAMPLE_HDR 8
+#define SAMPLE_HDR 12
 #define SAMPLE_ROW_FLOATS(k) (SAMPLE_HDR + 3 * (size_t)(k))
 #define SAMPLE_OUT_FLOATS(m, k, n_adj) ((size_t)(m) * SAMPLE_ROW_FLOATS(k) + (size_t)(n_adj))
 enum sample_adj_op { SAMPLE_ADJ_ADD = 0, SAMPLE_ADJ_REP = 1, SAMPLE_ADJ_SUB = 2 };
@@ -126,12 +139,14 @@ struct sample_batch {
     const struct buf *adj_start;  /* I32 [m + 1] */
     const struct buf *adj;        /* I32 [2 * n_adj] (may be NULL when n_adj == 0) */
     const int32_t *h_adj_start;   /* host copy of adj_start (launch decisions) */
+    const struct buf *race;       /* I32 [3 m]: per row key low word, key high word, 1 = run
+                                     the race (0: winner -1); NULL: no race in any row */
 };
 
 /* Scratch floats sample_topk needs (processed rows, candidate keys). */
 static inline size_t sample_work_floats(int m, int ld, int k) {
     size_t chunks = ((size_t)ld + 8191) / 8192 + 1; /* CUDA: 8192 columns per block */
-    size_t per_row = (size_t)ld + 2 * 256 * chunks + 2 * 32 * (size_t)k + 16 + 8 * chunks;
+    size_t per_row = (size_t)ld + 2 * 256 * chunks + 2 * 32 * (size_t)k + 16 + 12 * chunks;
     return (size_t)m * per_row + 64;
 }
 

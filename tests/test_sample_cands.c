@@ -33,13 +33,16 @@ static double gauss(void) {
  * with vocab_start c0 and row stride ld (>= nc). out_row: SAMPLE_ROW_FLOATS(k)
  * floats; adj_raw[n_adj] receives this rank's tokens' raw logits. */
 static void run_op(struct ops *o, const float *row, int c0, int nc, int ld, int k, float inv_t,
-                   const int32_t *adj, int n_adj, float *out_row, float *adj_raw) {
+                   const int32_t *race, const int32_t *adj, int n_adj, float *out_row,
+                   float *adj_raw) {
     void *c = o->ctx;
     struct buf *lg = o->alloc(c, BUF_F32, (size_t)ld);
     struct buf *wk = o->alloc(c, BUF_F32, sample_work_floats(1, ld, k));
     struct buf *out = o->alloc(c, BUF_F32, SAMPLE_OUT_FLOATS(1, k, n_adj));
     struct buf *it = o->alloc(c, BUF_F32, 1);
     struct buf *as = o->alloc(c, BUF_I32, 2);
+    struct buf *rc3 = o->alloc(c, BUF_I32, 3);
+    if (race) o->upload(c, rc3, 0, race, 3);
     struct buf *ad = o->alloc(c, BUF_I32, (size_t)(2 * n_adj + 2));
     float *pad = malloc(sizeof(float) * (size_t)ld);
     for (int i = 0; i < ld; i++) pad[i] = i < nc ? row[c0 + i] : 1e30f; /* padding never read */
@@ -49,7 +52,8 @@ static void run_op(struct ops *o, const float *row, int c0, int nc, int ld, int 
     o->upload(c, as, 0, hs, 2);
     if (n_adj) o->upload(c, ad, 0, adj, (size_t)(2 * n_adj));
     struct sample_batch sb = {.m = 1, .k = k, .ld = ld, .n_cols = nc, .vocab_start = c0,
-                              .inv_t = it, .adj_start = as, .adj = ad, .h_adj_start = hs};
+                              .inv_t = it, .adj_start = as, .adj = ad, .h_adj_start = hs,
+                              .race = race ? rc3 : NULL};
     o->sample_topk(c, out, lg, wk, &sb);
     float *h = malloc(sizeof(float) * SAMPLE_OUT_FLOATS(1, k, n_adj));
     o->download(c, h, out, 0, SAMPLE_OUT_FLOATS(1, k, n_adj));
@@ -65,6 +69,7 @@ static void run_op(struct ops *o, const float *row, int c0, int nc, int ld, int 
     o->free(c, out);
     o->free(c, it);
     o->free(c, as);
+    o->free(c, rc3);
     o->free(c, ad);
 }
 
@@ -176,7 +181,9 @@ static void one_case(struct ops *o, struct sampler *s, int V, int k, int variant
     /* tp = 1 */
     float *r1 = malloc(sizeof(float) * SAMPLE_ROW_FLOATS(k));
     float *ar1 = calloc((size_t)n_adj + 1, sizeof(float));
-    run_op(o, row, 0, V, V, k, inv_t, adj, n_adj, r1, ar1);
+    int32_t race[3];
+    sampler_race_row(&p, no, race);
+    run_op(o, row, 0, V, V, k, inv_t, race, adj, n_adj, r1, ar1);
     const float *rows1[1] = {r1};
     struct sample_cands *c1 = malloc(sizeof *c1);
     sampler_cands_merge(c1, rows1, 1, k, V, inv_t);
@@ -204,8 +211,8 @@ static void one_case(struct ops *o, struct sampler *s, int V, int k, int variant
     float *r2a = malloc(sizeof(float) * SAMPLE_ROW_FLOATS(k));
     float *r2b = malloc(sizeof(float) * SAMPLE_ROW_FLOATS(k));
     float *ar2 = calloc((size_t)n_adj + 1, sizeof(float));
-    run_op(o, row, 0, half, ld > half ? ld : half, k, inv_t, adj, n_adj, r2a, ar2);
-    run_op(o, row, half, V - half, ld, k, inv_t, adj, n_adj, r2b, ar2);
+    run_op(o, row, 0, half, ld > half ? ld : half, k, inv_t, race, adj, n_adj, r2a, ar2);
+    run_op(o, row, half, V - half, ld, k, inv_t, race, adj, n_adj, r2b, ar2);
     const float *rows2[2] = {r2a, r2b};
     struct sample_cands *c2 = malloc(sizeof *c2);
     sampler_cands_merge(c2, rows2, 2, k, V, inv_t);
@@ -220,6 +227,14 @@ static void one_case(struct ops *o, struct sampler *s, int V, int k, int variant
                    "merged candidate %d: %d vs %d", i, c1->ids[i], c2->ids[i]);
     }
     ASSERT(same_f(c1->max_w, c2->max_w) && same_f(c1->max_raw, c2->max_raw));
+    /* the race: the merged winner is the one-rank winner, same score */
+    ASSERT_MSG(c1->race_id == c2->race_id && c1->race_score == c2->race_score &&
+                   same_f(c1->race_w, c2->race_w) && same_f(c1->race_raw, c2->race_raw),
+               "race winner %d (%.17g) vs %d (%.17g)", c1->race_id, c1->race_score, c2->race_id,
+               c2->race_score);
+    if (p.temperature > 0 && c1->race_id >= 0)
+        ASSERT(c1->race_score == sampler_race_score(sampler_race_key(p.seed, (uint64_t)no),
+                                                    c1->race_id, c1->race_w, inv_t));
     ASSERT(fabs(c1->sum_w - c2->sum_w) <= 1e-6 * c1->sum_w);
     ASSERT(fabs(c1->sum_raw - c2->sum_raw) <= 1e-6 * c1->sum_raw);
     for (int e = 0; e < n_adj; e++) ASSERT(same_f(ar1[e], ar2[e]));
@@ -282,42 +297,71 @@ TEST(sample_cands, full_vocabulary_rows) {
 }
 
 TEST(sample_cands, forced_fallbacks) {
-    /* flat row, K = 16: pure temperature draws beyond the candidates' mass,
-     * top_k > K and a wide top_p must all ask for the full row */
+    /* flat row, K = 16: pure temperature draws are decided by the race (and
+     * need the full row without it); top_k > K, a wide top_p and a wide min_p
+     * are decided when the race winner is among the candidates (rarely here),
+     * else they ask for the full row; decided results equal the reference */
     enum { V = 2000, K = 16 };
     struct ops *o;
     char err[128];
     ASSERT_EQ_INT(ops_cpu_create(1, &o, err, sizeof err), 0);
+    struct sampler s;
+    ASSERT_EQ_INT(sampler_init(&s, V), 0);
     float *row = malloc(sizeof(float) * V);
     for (int i = 0; i < V; i++) row[i] = (float)(gauss() * 0.01);
     float out[SAMPLE_ROW_FLOATS(K)];
     float dummy[1];
     struct sampling_params p;
     sampling_params_default(&p);
-    run_op(o, row, 0, V, V, K, sampler_inv_t(&p), NULL, 0, out, dummy);
-    const float *rows[1] = {out};
     struct sample_cands *c = malloc(sizeof *c);
+    struct sample_result r, ref;
+    const float *rows[1] = {out};
+    /* without the race: every pure-temperature draw needs the full row */
+    run_op(o, row, 0, V, V, K, sampler_inv_t(&p), NULL, NULL, 0, out, dummy);
     sampler_cands_merge(c, rows, 1, K, V, sampler_inv_t(&p));
     ASSERT_EQ_INT(c->n, K);
     ASSERT_EQ_INT(c->complete, 0);
-    struct sample_result r;
-    int full = 0;
+    ASSERT_EQ_INT(c->race_id, -1);
+    ASSERT_EQ_INT(sampler_finish(&p, c, 0, &r), SAMPLER_NEED_FULL);
+    /* with it: never; and the same token as the reference */
+    int beyond = 0;
     for (int i = 0; i < 50; i++) {
         p.seed = (uint64_t)i;
-        full += sampler_finish(&p, c, 0, &r) == SAMPLER_NEED_FULL;
+        int32_t race[3];
+        sampler_race_row(&p, 3, race);
+        run_op(o, row, 0, V, V, K, sampler_inv_t(&p), race, NULL, 0, out, dummy);
+        sampler_cands_merge(c, rows, 1, K, V, sampler_inv_t(&p));
+        ASSERT_EQ_INT(sampler_finish(&p, c, 3, &r), 0);
+        sampler_sample(&s, &p, row, NULL, 0, NULL, 3, &ref);
+        ASSERT_EQ_INT(r.token, ref.token);
+        ASSERT(r.logprob == ref.logprob);
+        int in = 0;
+        for (int j = 0; j < K; j++) in |= c->ids[j] == r.token;
+        beyond += !in;
+        /* the filters that reach beyond the candidates */
+        int full = 0;
+        const int tks[3] = {K + 1, 0, 0};
+        const float tps[3] = {1.0f, 0.9f, 1.0f}, mps[3] = {0, 0, 0.5f};
+        for (int f = 0; f < 3; f++) {
+            p.top_k = tks[f];
+            p.top_p = tps[f];
+            p.min_p = mps[f];
+            int rc = sampler_finish(&p, c, 3, &r);
+            sampler_sample(&s, &p, row, NULL, 0, NULL, 3, &ref);
+            if (rc == SAMPLER_NEED_FULL) full++;
+            else ASSERT_EQ_INT(r.token, ref.token);
+            ASSERT_EQ_INT(rc == 0, in); /* decided exactly when the winner is a candidate */
+        }
+        p.top_k = 0;
+        p.top_p = 1;
+        p.min_p = 0;
     }
-    ASSERT_MSG(full >= 45, "only %d of 50 pure-temperature draws fell back", full);
-    p.top_k = K + 1;
-    ASSERT_EQ_INT(sampler_finish(&p, c, 0, &r), SAMPLER_NEED_FULL);
-    p.top_k = K; /* exactly K: decided */
-    ASSERT_EQ_INT(sampler_finish(&p, c, 0, &r), 0);
+    ASSERT_MSG(beyond >= 40, "only %d of 50 race winners beyond the candidates", beyond);
+    p.top_k = K; /* exactly K: decided (a race over the candidates on the host) */
+    ASSERT_EQ_INT(sampler_finish(&p, c, 3, &r), 0);
+    sampler_sample(&s, &p, row, NULL, 0, NULL, 3, &ref);
+    ASSERT_EQ_INT(r.token, ref.token);
     p.top_k = 0;
-    p.top_p = 0.9f;
-    ASSERT_EQ_INT(sampler_finish(&p, c, 0, &r), SAMPLER_NEED_FULL);
-    p.top_p = 1;
-    p.min_p = 0.5f; /* every token within 0.5 of the max: more than K kept */
-    ASSERT_EQ_INT(sampler_finish(&p, c, 0, &r), SAMPLER_NEED_FULL);
-    p.min_p = 0;
     p.temperature = 0; /* greedy never needs more */
     p.n_logprobs = K + 4 > SAMPLER_MAX_LOGPROBS ? SAMPLER_MAX_LOGPROBS : K + 4;
     ASSERT_EQ_INT(sampler_finish(&p, c, 0, &r), SAMPLER_NEED_FULL); /* 20 > 16 logprobs */
@@ -326,6 +370,7 @@ TEST(sample_cands, forced_fallbacks) {
     ASSERT_EQ_INT(r.token, c->ids[0]);
     free(c);
     free(row);
+    sampler_free(&s);
     ops_destroy(o);
 }
 

@@ -1,6 +1,6 @@
 /* test_sampler.c — the sampler on synthetic logits: greedy, temperature,
  * top-k / top-p / min-p masks, penalties, logit_bias, seeds, logprobs, and
- * the draw's walking order (processed logit desc, id asc). The candidate
+ * the draw (the exponential race: its definition, a chi-square fit). The candidate
  * path (sampler_finish) is checked against this reference in
  * test_sample_cands.c. */
 #include "tests/harness/test.h"
@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "engine/sampler.h"
+#include "kernels/cpu/sample_cpu.h"
 
 #define N_DRAWS 20000
 
@@ -426,42 +427,111 @@ TEST(sampler, processed_logprobs_and_prompt_logprobs) {
     sampler_free(&s);
 }
 
-TEST(sampler, draw_walks_tokens_by_descending_logit) {
-    /* ids ascending are NOT the walking order: the draw for seed s is the first
-     * token, by processed logit desc then id asc, whose cumulative probability
-     * exceeds u(s, i) * total */
+TEST(sampler, draw_is_the_exponential_race) {
+    /* the draw for (seed, n_output) is the argmax over the allowed tokens of
+     * (double)w * inv_t - log(-log(u(key, id))), lowest id on equal scores */
     enum { V = 6 };
     const float l[V] = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f, 0.0f};
-    const int order[V] = {1, 3, 4, 0, 5, 2};
     struct sampler s;
     ASSERT_EQ_INT(sampler_init(&s, V), 0);
     struct sampling_params p;
     sampling_params_default(&p);
     p.temperature = 0.9f;
     p.n_logprobs = -1;
-    float pr[V];
-    double total = 0;
-    for (int i = 0; i < V; i++) {
-        pr[i] = expf((l[i] - 2.0f) * (1.0f / 0.9f));
-        total += pr[i];
-    }
+    float it = sampler_inv_t(&p);
+    int32_t out3[3] = {0, 0, 0};
     for (uint64_t seed = 0; seed < 200; seed++) {
         p.seed = seed;
-        struct sample_result r;
-        double u = sampler_uniform(seed, 3) * total, cum = 0;
-        int want = order[V - 1];
+        uint64_t key = sampler_race_key(seed, 3);
+        int want = -1;
+        double best = -INFINITY;
         for (int i = 0; i < V; i++) {
-            cum += pr[order[i]];
-            if (u < cum) {
-                want = order[i];
-                break;
-            }
+            double u = sample_race_uniform(key, i);
+            ASSERT(u > 0 && u < 1);
+            double sc = (double)l[i] * (double)it - log(-log(u));
+            ASSERT(sc == sampler_race_score(key, i, l[i], it));
+            if (sc > best) best = sc, want = i;
         }
-        /* index 3: the draw of output token 3 (n_output = 3) */
-        int32_t out3[3] = {0, 0, 0};
+        struct sample_result r;
         ASSERT_EQ_INT(sampler_sample(&s, &p, l, NULL, 0, out3, 3, &r), 0);
-        ASSERT_MSG(r.token == want, "seed %llu: token %d, walking order gives %d",
-                   (unsigned long long)seed, r.token, want);
+        ASSERT_MSG(r.token == want, "seed %llu: token %d, race gives %d", (unsigned long long)seed,
+                   r.token, want);
+        /* top_k 2 keeps {1, 3} (the tie at 2.0): the race over those two */
+        p.top_k = 2;
+        ASSERT_EQ_INT(sampler_sample(&s, &p, l, NULL, 0, out3, 3, &r), 0);
+        double s1 = sampler_race_score(key, 1, l[1], it), s3 = sampler_race_score(key, 3, l[3], it);
+        ASSERT_EQ_INT(r.token, s3 > s1 ? 3 : 1);
+        p.top_k = 0;
+    }
+    /* the uniform's extremes stay inside (0, 1): g is always finite */
+    ASSERT(sampler_race_score(0, 0, 1e30f, 1.0f) > 0 && isfinite(sampler_race_score(0, 0, 1e30f, 1.0f)));
+    ASSERT(sampler_race_score(1, 2, INFINITY, 1.0f) == -INFINITY);
+    ASSERT(sampler_race_score(1, 2, -INFINITY, 1.0f) == -INFINITY);
+    sampler_free(&s);
+}
+
+/* Pearson's chi-square of counts[n] against probabilities want[n] (> 0). */
+static double chi_square(const int *cnt, const double *want, int n, int draws) {
+    double x2 = 0;
+    for (int i = 0; i < n; i++) {
+        double e = want[i] * draws;
+        x2 += (cnt[i] - e) * (cnt[i] - e) / e;
+    }
+    return x2;
+}
+
+TEST(sampler, race_chi_square) {
+    /* one seed, output indices 0..N-1 (each its own race): the frequencies
+     * fit softmax(l / T) (restricted by top_k / min_p) by Pearson's test at
+     * p = 0.001 (fixed seed: deterministic) */
+    enum { V = 10, N = 40000 };
+    const float l[V] = {1.0f, 0.3f, -0.4f, 2.1f, 0.0f, 1.5f, -2.0f, 0.8f, 0.8f, -0.9f};
+    const double crit[V] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12, 27.88};
+    struct sampler s;
+    ASSERT_EQ_INT(sampler_init(&s, V), 0);
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.n_logprobs = -1;
+    p.seed = 0x1234abcdull;
+    const float temps[3] = {1.0f, 0.6f, 1.7f};
+    for (int mode = 0; mode < 4 && !test_failed(); mode++) {
+        p.temperature = temps[mode % 3];
+        p.top_k = mode == 2 ? 4 : 0;
+        p.min_p = mode == 3 ? 0.2f : 0.0f;
+        /* the expected distribution over the kept tokens */
+        double q[V], mx = -1e30, sum = 0;
+        for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+        int keep[V], nk = 0;
+        for (int i = 0; i < V; i++) {
+            double pr = exp((l[i] - mx) / p.temperature);
+            int rank = 0;
+            for (int j = 0; j < V; j++) rank += l[j] > l[i] || (l[j] == l[i] && j < i);
+            keep[i] = (p.top_k == 0 || rank < p.top_k) && pr >= p.min_p;
+            q[i] = keep[i] ? pr : 0;
+            sum += q[i];
+            nk += keep[i];
+        }
+        int cnt[V] = {0};
+        for (int n = 0; n < N; n++) {
+            struct sample_result r;
+            ASSERT_EQ_INT(sampler_sample(&s, &p, l, NULL, 0, NULL, n, &r), 0);
+            cnt[r.token]++;
+        }
+        int ci[V];
+        double cw[V];
+        int m = 0;
+        for (int i = 0; i < V; i++) {
+            if (!keep[i]) {
+                ASSERT_MSG(cnt[i] == 0, "mode %d: masked token %d drawn %d times", mode, i, cnt[i]);
+                continue;
+            }
+            ci[m] = cnt[i];
+            cw[m++] = q[i] / sum;
+        }
+        ASSERT(m == nk && m >= 2);
+        double x2 = chi_square(ci, cw, m, N);
+        ASSERT_MSG(x2 < crit[m - 1], "mode %d (T %g top_k %d min_p %g): chi-square %.2f >= %.2f (df %d)",
+                   mode, p.temperature, p.top_k, p.min_p, x2, crit[m - 1], m - 1);
     }
     sampler_free(&s);
 }

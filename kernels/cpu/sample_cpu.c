@@ -2,7 +2,8 @@
  * (kernels/cuda/sample.cu) and what the CPU backend serves with. One row at a
  * time on the calling thread: sums run in column order, in double, over the
  * same fp32 expf terms engine/sampler.c uses, so at tp = 1 the sums equal the
- * host sampler's bit for bit. */
+ * host sampler's bit for bit. The race (kernels/ops.h) scans the columns in
+ * id order with sample_race_score, the function the host sampler uses. */
 #include "kernels/cpu/sample_cpu.h"
 
 #include <math.h>
@@ -38,6 +39,26 @@ static void sift_down(uint64_t *h, int n, int i) { /* min-heap */
 
 static void put_double(float *dst, double v) { memcpy(dst, &v, sizeof v); }
 
+static uint64_t race_mix(uint64_t x) { /* splitmix64 */
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+double sample_race_uniform(uint64_t key, int32_t id) {
+    uint64_t h = race_mix(key ^ ((uint64_t)(uint32_t)id * 0x9e3779b97f4a7c15ull));
+    /* (h >> 12) + 0.5 < 2^52 is exact; * 2^-52 is exact: u in (0, 1) */
+    return ((double)(h >> 12) + 0.5) * (1.0 / 4503599627370496.0);
+}
+
+double sample_race_score(uint64_t key, int32_t id, float w, float inv_t) {
+    if (!isfinite(w)) return -INFINITY;
+    double g = -log(-log(sample_race_uniform(key, id)));
+    /* w * inv_t is exact in double (24 x 24 bits): one rounding, FMA or not */
+    return (double)w * (double)inv_t + g;
+}
+
 void cpu_sample_topk(void *ctx, struct buf *out, const struct buf *logits, struct buf *work,
                      const struct sample_batch *sb) {
     (void)ctx;
@@ -49,6 +70,7 @@ void cpu_sample_topk(void *ctx, struct buf *out, const struct buf *logits, struc
     AWQD_ASSERT(logits->n >= (size_t)m * ld && work->n >= sample_work_floats(m, ld, k));
     const int32_t *adj = n_adj ? cpu_i32(sb->adj) : NULL;
     const float *inv = cpu_f32(sb->inv_t);
+    const int32_t *race = sb->race ? cpu_i32(sb->race) : NULL; /* [3 m] */
     float *o = cpu_f32(out);
     uint64_t heap[SAMPLE_MAX_K];
     for (int r = 0; r < m; r++) {
@@ -118,6 +140,19 @@ void cpu_sample_topk(void *ctx, struct buf *out, const struct buf *logits, struc
             memcpy(&row[SAMPLE_HDR + 2 * k + i], &none, sizeof none);
         }
         memcpy(&row[6], &kk, sizeof kk);
-        row[7] = 0;
+        /* the race over the finite columns */
+        int32_t wid = -1;
+        double ws = -INFINITY;
+        if (race && race[3 * r + 2]) {
+            uint64_t key = (uint64_t)(uint32_t)race[3 * r] | (uint64_t)(uint32_t)race[3 * r + 1] << 32;
+            for (int c = 0; c < nc; c++) {
+                double sc = sample_race_score(key, vs + c, w[c], it);
+                if (sc > ws) ws = sc, wid = vs + c; /* ascending ids: ties keep the lowest */
+            }
+        }
+        memcpy(&row[7], &wid, sizeof wid);
+        put_double(row + 8, ws);
+        row[10] = wid >= 0 ? w[wid - vs] : -INFINITY;
+        row[11] = wid >= 0 ? raw[wid - vs] : -INFINITY;
     }
 }

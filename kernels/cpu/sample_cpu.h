@@ -3,7 +3,16 @@
 #ifndef AWQD_KERNELS_SAMPLE_CPU_H
 #define AWQD_KERNELS_SAMPLE_CPU_H
 
+#include <stdint.h>
+
 #include "kernels/ops.h"
+
+/* The race score of kernels/ops.h (sampling): (double)w * inv_t + g(key, id);
+ * -inf for a w that is not finite. The host sampler (engine/sampler.c) and
+ * this backend both call it; kernels/cuda/sample.cu has the device twin. */
+double sample_race_score(uint64_t key, int32_t id, float w, float inv_t);
+/* The uniform u in (0, 1) behind g for (key, id). */
+double sample_race_uniform(uint64_t key, int32_t id);
 
 void cpu_sample_topk(void *ctx, struct buf *out, const struct buf *logits, struct buf *work,
                      const struct sample_batch *sb);

@@ -32,6 +32,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda_internal.h"
 
@@ -47,21 +48,6 @@ extern "C" {
  *            [3] s  [4] p0 (first pair)  [5] kb  [6] ke  [7] partial slot or -1
  * combine group: [0] row0 [1] rows [2] p0 [3] first slot [4] n splits */
 enum { IT_ROW0, IT_ROWS, IT_PAST, IT_SEQ, IT_P0, IT_KB, IT_KE, IT_PART };
-
-static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
-    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes)
-                 : "memory");
-}
-static __device__ __forceinline__ void cp_async_commit(void) {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-static __device__ __forceinline__ void cp_async_wait1(void) {
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
-static __device__ __forceinline__ void cp_async_wait0(void) {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
 
 template <int HD, int QP>
 struct att_smem {
@@ -276,19 +262,6 @@ struct att_tc_smem {
     __half v[ATT_TK][HD + 8];
 };
 
-static __device__ __forceinline__ void mma16816(float *c, const unsigned *a, unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *(unsigned *)&h;
-}
-
 template <int HD>
 static __global__ void __launch_bounds__(ATT_NT)
 attn_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
@@ -373,48 +346,14 @@ attn_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
         __syncthreads();
         load(sm.k, kc, t0 + ATT_TK);
         /* mask, online softmax (rows gq: elements 0,1; gq + 8: elements 2,3) */
-        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int h = e >> 1, ta = t0 + j * 8 + 2 * tq + (e & 1);
-                float v = (ta < ke && ta <= lim[h]) ? sc[j][e] * qscale : -INFINITY;
-                sc[j][e] = v;
-                mx[h] = fmaxf(mx[h], v);
+                sc[j][e] = (ta < ke && ta <= lim[h]) ? sc[j][e] * qscale : -INFINITY;
             }
-        float alpha[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            float mn = fmaxf(mrow[h], mx[h]);
-            alpha[h] = mn == -INFINITY ? 1.0f : exp2f(mrow[h] - mn);
-            mrow[h] = mn;
-        }
-        float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int h = e >> 1;
-                float pv = mrow[h] == -INFINITY ? 0.0f : exp2f(sc[j][e] - mrow[h]);
-                sc[j][e] = pv;
-                sum[h] += pv;
-            }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
-            sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
-            lrow[h] = lrow[h] * alpha[h] + sum[h];
-        }
-#pragma unroll
-        for (int j = 0; j < DT; j++) {
-            o[j][0] *= alpha[0];
-            o[j][1] *= alpha[0];
-            o[j][2] *= alpha[1];
-            o[j][3] *= alpha[1];
-        }
+        online_softmax_tile<NT, DT>(sc, mrow, lrow, o);
         cp_async_wait1();
         __syncthreads();
         /* O += P V: P's A fragments are the S accumulators of key tiles 2kk, 2kk+1 */

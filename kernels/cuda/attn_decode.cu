@@ -38,6 +38,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda_internal.h"
 
@@ -65,14 +66,6 @@ static size_t dec_smem_bytes(int hd, int G) {
     return (size_t)2 * tk * (hd + 8) * 2 + (size_t)G * hd * 4 + (size_t)G * tk * 4 + (size_t)3 * G * 4;
 }
 
-static __device__ __forceinline__ void dec_cp_async16(void *smem, const void *gmem, int src_bytes) {
-    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes)
-                 : "memory");
-}
-static __device__ __forceinline__ void dec_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-static __device__ __forceinline__ void dec_wait1(void) { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-static __device__ __forceinline__ void dec_wait0(void) { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 template <int HD, int G>
 static __global__ void __launch_bounds__(DEC_NT)
@@ -127,17 +120,17 @@ attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *
                     src = cache + (sl * nkv + g) * HD + dc * 8;
                     bytes = 16;
                 }
-                dec_cp_async16(&dst[t][dc * 8], src, bytes); /* zeros past ke */
+                cp_async16(&dst[t][dc * 8], src, bytes); /* zeros past ke */
             }
         }
-        dec_commit();
+        cp_async_commit();
     };
     load(ks, kc, kb);
     load(vs, vc, kb);
     const int tk = tid % TK, hp = tid / TK;
     const int warp = tid >> 5, lane = tid & 31;
     for (int t0 = kb; t0 < ke; t0 += TK) {
-        dec_wait1(); /* K(t0) */
+        cp_async_wait1(); /* K(t0) */
         __syncthreads();
         /* scores: key tk against heads hp, hp + HPH, ... (K chunk read once) */
         {
@@ -192,7 +185,7 @@ attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *
                 ls[h] = ls[h] * a + sum;
             }
         }
-        dec_wait1(); /* V(t0) */
+        cp_async_wait1(); /* V(t0) */
         __syncthreads();
         /* o = o * alpha + P V; 4 keys at a time (past the tile's valid keys
          * p = 0 and V = 0) */
@@ -226,7 +219,7 @@ attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *
         __syncthreads();       /* V and S consumed */
         load(vs, vc, t0 + TK); /* the next tile's V */
     }
-    dec_wait0();
+    cp_async_wait0();
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < C::NHT; i++) {
@@ -260,19 +253,6 @@ attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *
  * end. Q sits in shared memory (A fragments read per k-step) to keep the
  * registers at <= 128 (4 CTAs per SM; with Q in registers 167, 3 per SM).
  * Same split rule, partials and combine kernel as the SIMT kernel. */
-static __device__ __forceinline__ void dec_mma16816(float *c, const unsigned *a, unsigned b0,
-                                                    unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ unsigned dec_pack_half2(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *(unsigned *)&h;
-}
 
 template <int HD, int G>
 static __global__ void __launch_bounds__(DEC_NT, 4)
@@ -312,10 +292,10 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
                     src = cache + (sl * nkv + g) * HD + dc * 8;
                     bytes = 16;
                 }
-                dec_cp_async16(&dst[t][dc * 8], src, bytes);
+                cp_async16(&dst[t][dc * 8], src, bytes);
             }
         }
-        dec_commit();
+        cp_async_commit();
     };
     load(ks, kc, kb);
     load(vs, vc, kb);
@@ -337,7 +317,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
     const int kw = warp * 16; /* this warp's keys in a tile */
 
     for (int t0 = kb; t0 < ke; t0 += TK) {
-        dec_wait1(); /* K(t0) */
+        cp_async_wait1(); /* K(t0) */
         __syncthreads();
         float sc[2][4];
 #pragma unroll
@@ -353,62 +333,28 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
                 qa[3] = *(const unsigned *)&qsh[gq + 8][kk * 16 + 2 * tq + 8];
                 unsigned b0 = *(const unsigned *)(kr + kk * 16);
                 unsigned b1 = *(const unsigned *)(kr + kk * 16 + 8);
-                dec_mma16816(sc[j], qa, b0, b1);
+                mma16816(sc[j], qa, b0, b1);
             }
         }
         __syncthreads();
         load(ks, kc, t0 + TK); /* K is free: the next tile */
         /* online softmax over this warp's 16 keys (rows gq: e 0,1; gq + 8: e 2,3) */
-        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int j = 0; j < 2; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int ta = t0 + kw + j * 8 + 2 * tq + (e & 1);
-                float v = ta < ke ? sc[j][e] * qscale : -INFINITY;
-                sc[j][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                sc[j][e] = ta < ke ? sc[j][e] * qscale : -INFINITY;
             }
-        float alpha[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            float mn = fmaxf(mrow[h], mx[h]);
-            alpha[h] = mn == -INFINITY ? 1.0f : exp2f(mrow[h] - mn);
-            mrow[h] = mn;
-        }
-        float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int h = e >> 1;
-                float pv = mrow[h] == -INFINITY ? 0.0f : exp2f(sc[j][e] - mrow[h]);
-                sc[j][e] = pv;
-                sum[h] += pv;
-            }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
-            sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
-            lrow[h] = lrow[h] * alpha[h] + sum[h];
-        }
-#pragma unroll
-        for (int j = 0; j < DT; j++) {
-            o[j][0] *= alpha[0];
-            o[j][1] *= alpha[0];
-            o[j][2] *= alpha[1];
-            o[j][3] *= alpha[1];
-        }
-        dec_wait1(); /* V(t0) */
+        online_softmax_tile<2, DT>(sc, mrow, lrow, o);
+        cp_async_wait1(); /* V(t0) */
         __syncthreads();
         {
             unsigned pa[4];
-            pa[0] = dec_pack_half2(sc[0][0], sc[0][1]);
-            pa[1] = dec_pack_half2(sc[0][2], sc[0][3]);
-            pa[2] = dec_pack_half2(sc[1][0], sc[1][1]);
-            pa[3] = dec_pack_half2(sc[1][2], sc[1][3]);
+            pa[0] = pack_half2(sc[0][0], sc[0][1]);
+            pa[1] = pack_half2(sc[0][2], sc[0][3]);
+            pa[2] = pack_half2(sc[1][0], sc[1][1]);
+            pa[3] = pack_half2(sc[1][2], sc[1][3]);
             int key = kw + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
             for (int j = 0; j < DT; j += 2) {
@@ -418,14 +364,14 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                              : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
                              : "r"(sa));
-                dec_mma16816(o[j], pa, b0, b1);
-                dec_mma16816(o[j + 1], pa, b2, b3);
+                mma16816(o[j], pa, b0, b1);
+                mma16816(o[j + 1], pa, b2, b3);
             }
         }
         __syncthreads();       /* V consumed */
         load(vs, vc, t0 + TK); /* the next tile's V */
     }
-    dec_wait0();
+    cp_async_wait0();
     __syncthreads(); /* the tile area is free: it takes the warps' O */
     float(*wo)[16][HD] = (float(*)[16][HD])dec_smem; /* [4 warps][16 rows][HD] */
     if (tq == 0) {

@@ -1,0 +1,91 @@
+/* attn_common.cuh — device pieces shared by the attention kernels (attn.cu:
+ * prefill / general; attn_decode.cu: the fixed-split decode kernel): cp.async
+ * copies into shared memory, the m16n8k16 tensor-core MMA, and one step of
+ * the online softmax on MMA accumulator fragments. Header-only, static
+ * inline: each .cu file gets its own copy. */
+#ifndef AWQD_ATTN_COMMON_CUH
+#define AWQD_ATTN_COMMON_CUH
+
+#include <cuda_fp16.h>
+#include <math.h>
+
+/* 16-byte global -> shared copy; src_bytes < 16 zero-fills the rest. */
+static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
+    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+/* Waits until at most 1 (wait1) / 0 (wait0) committed groups are in flight. */
+static __device__ __forceinline__ void cp_async_wait1(void) {
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+static __device__ __forceinline__ void cp_async_wait0(void) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+/* c[4] += A (16x16 fp16, row) * B (16x8 fp16, col), fp32 accumulate. */
+static __device__ __forceinline__ void mma16816(float *c, const unsigned *a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(unsigned *)&h;
+}
+
+/* One online-softmax step of a thread over a key tile held as NJ m16n8k16
+ * accumulator fragments sc[NJ][4] of scaled scores in log2 units (-INFINITY
+ * = masked). The thread's two rows are gq (elements 0, 1) and gq + 8
+ * (elements 2, 3); the 4 lanes of a quad share them. Updates the running
+ * max mrow[2] and sum lrow[2], turns sc into the P tile exp2(s - max), and
+ * rescales the DT output fragments o[DT][4] by exp2(old max - new max). */
+template <int NJ, int DT>
+static __device__ __forceinline__ void online_softmax_tile(float (*sc)[4], float *mrow, float *lrow,
+                                                           float (*o)[4]) {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        float mn = fmaxf(mrow[h], mx[h]);
+        alpha[h] = mn == -INFINITY ? 1.0f : exp2f(mrow[h] - mn);
+        mrow[h] = mn;
+    }
+    float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int h = e >> 1;
+            float pv = mrow[h] == -INFINITY ? 0.0f : exp2f(sc[j][e] - mrow[h]);
+            sc[j][e] = pv;
+            sum[h] += pv;
+        }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+        lrow[h] = lrow[h] * alpha[h] + sum[h];
+    }
+#pragma unroll
+    for (int j = 0; j < DT; j++) {
+        o[j][0] *= alpha[0];
+        o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1];
+        o[j][3] *= alpha[1];
+    }
+}
+
+#endif

@@ -666,18 +666,20 @@ static int sample_rows(struct model *m, const struct batch *b, int cols, char *e
             m->h_adj_start[r] = o->adj_start ? o->adj_start[c0 + r] - chunk_off : 0;
         }
         m->h_adj_start[mr] = (int32_t)na;
+        int race = 0; /* any row of the chunk races (greedy rows do not) */
+        for (int r = 0; o->race && r < mr; r++) race |= o->race[3 * (size_t)(c0 + r) + 2] != 0;
         if (na) memcpy(m->h_adj, o->adj + 2 * (size_t)chunk_off, sizeof(int32_t) * 2 * na);
         if ((rc = O->upload(c, m->s_inv_t, 0, m->h_inv_t, (size_t)mr)) ||
             (rc = O->upload(c, m->s_adj_start, 0, m->h_adj_start, (size_t)mr + 1)) ||
             (na && (rc = O->upload(c, m->s_adj, 0, m->h_adj, 2 * na))) ||
-            (o->race && (rc = O->upload(c, m->s_race, 0, o->race + 3 * (size_t)c0, 3 * (size_t)mr))) ||
+            (race && (rc = O->upload(c, m->s_race, 0, o->race + 3 * (size_t)c0, 3 * (size_t)mr))) ||
             (rc = sample_chunk_logits(m, c0 / LOGIT_CHUNK)))
             return util_err(err, errlen, rc, "model: upload failed");
         struct sample_batch sb = {.m = mr, .k = k, .ld = m->vocab_rows, .n_cols = cols,
                                   .vocab_start = m->vocab_start, .inv_t = m->s_inv_t,
                                   .adj_start = m->s_adj_start, .adj = m->s_adj,
                                   .h_adj_start = m->h_adj_start,
-                                  .race = o->race ? m->s_race : NULL};
+                                  .race = race ? m->s_race : NULL};
         O->sample_topk(c, m->s_out, m->logits, m->s_work, &sb);
         size_t nf = SAMPLE_OUT_FLOATS(mr, k, na);
         if ((rc = O->download(c, m->h_sout, m->s_out, 0, nf)))

@@ -30,7 +30,7 @@ static void params_for(int i, struct sampling_params *p) {
     sampling_params_default(p);
     p->temperature = (const float[]){0.0f, 0.8f, 1.2f}[i];
     p->top_p = i == 1 ? 0.9f : 1.0f;
-    p->top_k = i == 2 ? 20 : i == 1 ? 50 : 0;
+    p->top_k = i == 1 ? 50 : 0; /* row 2: pure temperature (the op's race decides) */
     p->min_p = i == 1 ? 0.02f : 0.0f;
     p->repetition_penalty = i == 1 ? 1.3f : 1.0f;
     p->presence_penalty = i == 2 ? 0.5f : 0.0f;
@@ -70,8 +70,15 @@ static void run_group(struct mt_fixture *f, int tp, const struct sampler_hist *h
     float *one = malloc(sizeof(float) * (size_t)V);
     out->cands = malloc(sizeof(float) * (size_t)tp * 3 * RF);
     out->adj_raw = calloc((size_t)adj_start[3] + 1, sizeof(float));
+    int32_t race[9];
+    for (int i = 0; i < 3; i++) { /* n_output: the t % 3 == 0 prompt positions (check_fixture) */
+        struct sampling_params p;
+        params_for(i, &p);
+        sampler_race_row(&p, (f->plen[sample_prompt[i]] + 2) / 3, race + 3 * i);
+    }
     struct model_out mo = {.logits = one, .k = K, .inv_t = inv_t, .adj_start = adj_start,
-                           .adj = adj, .cands = out->cands, .adj_raw = out->adj_raw};
+                           .adj = adj, .cands = out->cands, .adj_raw = out->adj_raw,
+                           .race = race};
     ASSERT_MSG(model_group_forward_out(g, &b, &mo, err, sizeof err) == 0, "%s", err);
     for (int v = 0; v < V; v++) ASSERT(one[v] == out->full[(size_t)1 * V + v]);
     for (int i = 2; i >= 0; i--) { /* last chunk first: no recompute; then the others */
@@ -150,6 +157,8 @@ static void check_fixture(const char *name) {
             sampler_sample(&s, &p, full, pr, np, ou, no, &ref);
             int frc = sampler_finish(&p, c, no, &got);
             ASSERT_MSG(frc == 0, "tp %d row %d: not decided from %d candidates", tp, i, K);
+            if (i == 0) ASSERT_EQ_INT(c->race_id, -1); /* greedy rows do not race */
+            else ASSERT(c->race_id >= 0);
             ASSERT_EQ_INT(got.token, ref.token);
             ASSERT_NEAR(got.logprob, ref.logprob, tp == 1 ? 0 : 1e-5);
             for (int j = 0; j < ref.n_top; j++) {

@@ -17,13 +17,19 @@
  *               whose max >= T, appended with one atomic per element
  *   4. final    grid rows: bitonic sort of the <= 32 k gathered keys, write
  *               the first k (w and raw read back from the rows)
+ *   R. race     grid (chunks, rows), rows with race[3r + 2] only: per block
+ *               the best (score, lowest id) of kernels/ops.h's exponential
+ *               race over the finite w; thresh (2) combines the blocks
+ * Race scores: (double)w * inv_t (exact) + -log(-log(u)), u from a splitmix64
+ * hash, with __dadd_rn / __dmul_rn (no contraction) — bit for bit the host's
+ * sample_race_score except that CUDA's double log is within 1 ulp of glibc's.
  * Sums: fp32 expf terms, per-thread fp32 partials of 32 terms, combined in
  * double (the CPU reference sums every term in double: they agree to ~1e-7
  * relative). Limits: k <= 256, n_cols <= 262144 (32 chunks).
  *
  * work (floats, offsets rounded to 8 bytes): proc [m, ld] | gkeys u64 [m, G]
- * | ckeys u64 [m, 32 k] | partials double [m, chunks, 4] | thresh u64 [m] |
- * count int [m]. */
+ * | ckeys u64 [m, 32 k] | partials double [m, chunks, 4] | race partials
+ * double [m, chunks, 2] (score, id) | thresh u64 [m] | count int [m]. */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -171,6 +177,80 @@ smp_scan_kernel(const float *__restrict__ logits, const float *__restrict__ proc
 }
 
 /* ------------------------------------------------------------------------ */
+/* R. race                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static __device__ __forceinline__ u64 smp_mix(u64 x) { /* splitmix64 */
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* kernels/cpu/sample_cpu.c's sample_race_score, for a finite w */
+static __device__ __forceinline__ double smp_race_score(u64 key, int id, float w, float it) {
+    u64 h = smp_mix(key ^ ((u64)(unsigned)id * 0x9e3779b97f4a7c15ull));
+    double u = __dmul_rn(__dadd_rn((double)(h >> 12), 0.5), 1.0 / 4503599627370496.0);
+    double g = -log(-log(u));
+    return __dadd_rn(__dmul_rn((double)w, (double)it), g);
+}
+
+/* a beats b: higher score, then lower id (id < 0: nothing) */
+static __device__ __forceinline__ bool smp_race_better(double sa, int ia, double sb, int ib) {
+    if (ia < 0) return false;
+    if (ib < 0) return true;
+    return sa > sb || (sa == sb && ia < ib);
+}
+
+static __global__ void __launch_bounds__(SMP_THREADS)
+smp_race_kernel(const float *__restrict__ logits, const float *__restrict__ proc,
+                const int *__restrict__ adj_start, const float *__restrict__ inv_t,
+                const int *__restrict__ race, double *__restrict__ rpart, int ld, int n_cols,
+                int vs, int n_chunks) {
+    __shared__ double shs[SMP_THREADS / 32];
+    __shared__ int shi[SMP_THREADS / 32];
+    int r = blockIdx.y, b = blockIdx.x, t = threadIdx.x;
+    double *rp = rpart + ((size_t)r * n_chunks + b) * 2;
+    if (!race[3 * r + 2]) {
+        if (t == 0) {
+            rp[0] = -INFINITY;
+            rp[1] = -1.0;
+        }
+        return;
+    }
+    u64 key = (u64)(unsigned)race[3 * r] | ((u64)(unsigned)race[3 * r + 1] << 32);
+    const float *w = adj_start[r + 1] > adj_start[r] ? proc + (size_t)r * ld : logits + (size_t)r * ld;
+    float it = inv_t[r];
+    double bs = -INFINITY;
+    int bi = -1;
+    for (int j = 0; j < SMP_GS; j++) { /* ascending columns: ties keep the lowest id */
+        int c = b * SMP_CHUNK + j * SMP_THREADS + t;
+        if (c >= n_cols) break;
+        float v = w[c];
+        if (!isfinite(v)) continue;
+        double sc = smp_race_score(key, vs + c, v, it);
+        if (bi < 0 || sc > bs) bs = sc, bi = vs + c;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        double os = __shfl_xor_sync(0xffffffffu, bs, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (smp_race_better(os, oi, bs, bi)) bs = os, bi = oi;
+    }
+    int lane = t & 31, wid = t >> 5;
+    if (lane == 0) {
+        shs[wid] = bs;
+        shi[wid] = bi;
+    }
+    __syncthreads();
+    if (t == 0) {
+        for (int i = 1; i < SMP_THREADS / 32; i++)
+            if (smp_race_better(shs[i], shi[i], bs, bi)) bs = shs[i], bi = shi[i];
+        rp[0] = bi >= 0 ? bs : -INFINITY;
+        rp[1] = (double)bi;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* 2 + 4. bitonic sorts in shared memory (descending)                       */
 /* ------------------------------------------------------------------------ */
 
@@ -195,7 +275,10 @@ static __device__ void smp_bitonic_desc(u64 *s, int P) {
 static __global__ void __launch_bounds__(SMP_SORT_THREADS)
 smp_thresh_kernel(const u64 *__restrict__ gkeys, const double *__restrict__ part,
                   const float *__restrict__ inv_t, u64 *__restrict__ thresh, int *__restrict__ count,
-                  float *__restrict__ out, int G, int P, int n_chunks, int k, int n_cols) {
+                  float *__restrict__ out, int G, int P, int n_chunks, int k, int n_cols,
+                  const double *__restrict__ rpart, const float *__restrict__ logits,
+                  const float *__restrict__ proc, const int *__restrict__ adj_start, int ld,
+                  int vs) {
     extern __shared__ u64 smp_sh[];
     int r = blockIdx.x;
     for (int i = threadIdx.x; i < P; i += blockDim.x) smp_sh[i] = i < G ? gkeys[(size_t)r * G + i] : 0ull;
@@ -224,7 +307,19 @@ smp_thresh_kernel(const u64 *__restrict__ gkeys, const double *__restrict__ part
         memcpy(row + 4, &sr, sizeof sr);
         int kk = n_cols < k ? n_cols : k;
         row[6] = __int_as_float(kk);
-        row[7] = 0.0f;
+        /* the race: the best block (rpart NULL: no race in the batch) */
+        double bs = -INFINITY;
+        int bi = -1;
+        for (int b = 0; rpart && b < n_chunks; b++) {
+            const double *rp = rpart + ((size_t)r * n_chunks + b) * 2;
+            if (smp_race_better(rp[0], (int)rp[1], bs, bi)) bs = rp[0], bi = (int)rp[1];
+        }
+        row[7] = __int_as_float(bi);
+        memcpy(row + 8, &bs, sizeof bs);
+        const float *raw = logits + (size_t)r * ld;
+        const float *w = adj_start[r + 1] > adj_start[r] ? proc + (size_t)r * ld : raw;
+        row[10] = bi >= 0 ? w[bi - vs] : -INFINITY;
+        row[11] = bi >= 0 ? raw[bi - vs] : -INFINITY;
     }
 }
 
@@ -319,6 +414,8 @@ void ops_cuda__sample_topk(void *ctx, struct buf *out, const struct buf *logits,
     off = even(off + 2 * (size_t)m * cap);
     double *part = (double *)(wb + off);
     off = even(off + 2 * 4 * (size_t)m * n_chunks);
+    double *rpart = sb->race ? (double *)(wb + off) : NULL;
+    off = even(off + 2 * 2 * (size_t)m * n_chunks);
     u64 *thresh = (u64 *)(wb + off);
     off = even(off + 2 * (size_t)m);
     int *count = (int *)(wb + off);
@@ -339,8 +436,12 @@ void ops_cuda__sample_topk(void *ctx, struct buf *out, const struct buf *logits,
     size_t sh_t = (size_t)P * sizeof(u64), sh_f = (size_t)cap * sizeof(u64);
     cudaFuncSetAttribute(smp_thresh_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh_t);
     cudaFuncSetAttribute(smp_final_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh_f);
+    if (rpart)
+        smp_race_kernel<<<grid, SMP_THREADS, 0, st>>>(lg, proc, as, it, (const int *)sb->race->d,
+                                                      rpart, ld, nc, vs, n_chunks);
     smp_thresh_kernel<<<m, SMP_SORT_THREADS, sh_t, st>>>(gkeys, part, it, thresh, count, o, G, P,
-                                                         n_chunks, k, nc);
+                                                         n_chunks, k, nc, rpart, lg, proc, as, ld,
+                                                         vs);
     smp_gather_kernel<<<grid, SMP_THREADS, 0, st>>>(lg, proc, as, gkeys, thresh, count, ckeys, ld,
                                                     nc, vs, G, cap);
     smp_final_kernel<<<m, SMP_SORT_THREADS, sh_f, st>>>(lg, proc, as, count, ckeys, o, ld, nc, vs,

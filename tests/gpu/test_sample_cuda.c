@@ -3,7 +3,8 @@
  * awkward sizes, k at its limits, with adjustments, ties, -inf: candidate ids,
  * their w and raw values, maxima and the adjusted tokens' raw logits must be
  * identical; the sums of exps agree to 1e-5 relative (fp32 partials on the
- * GPU, all-double on the CPU).
+ * GPU, all-double on the CPU); the race winner (id, w, raw) is identical and
+ * its score equal to ~1 ulp (CUDA's double log), over various temperatures.
  *
  * sample_cuda.bench prints the host-side sampling cost per step at batch 1, 8
  * and 64 (old: download the full logits + sampler_sample per row; new: the
@@ -47,7 +48,8 @@ struct srun {
 
 /* Runs the op on backend o: rows [m, ld] (n_cols valid from vocab_start). */
 static int run_op(struct ops *o, const float *rows, int m, int ld, int nc, int vs, int k,
-                  const float *inv_t, const int32_t *as, const int32_t *adj, float *out) {
+                  const float *inv_t, const int32_t *as, const int32_t *adj, const int32_t *race,
+                  float *out) {
     void *c = o->ctx;
     int n_adj = as[m];
     struct srun r = {
@@ -59,12 +61,15 @@ static int run_op(struct ops *o, const float *rows, int m, int ld, int nc, int v
     o->upload(c, r.it, 0, inv_t, (size_t)m);
     o->upload(c, r.as, 0, as, (size_t)m + 1);
     if (n_adj) o->upload(c, r.ad, 0, adj, 2 * (size_t)n_adj);
+    struct buf *rb = race ? o->alloc(c, BUF_I32, 3 * (size_t)m) : NULL;
+    if (race) o->upload(c, rb, 0, race, 3 * (size_t)m);
     /* adj_raw of tokens outside the slice stays as it was: make it equal */
     float *init = calloc(SAMPLE_OUT_FLOATS(m, k, n_adj), sizeof(float));
     o->upload(c, r.out, 0, init, SAMPLE_OUT_FLOATS(m, k, n_adj));
     free(init);
     struct sample_batch sb = {.m = m, .k = k, .ld = ld, .n_cols = nc, .vocab_start = vs,
-                              .inv_t = r.it, .adj_start = r.as, .adj = r.ad, .h_adj_start = as};
+                              .inv_t = r.it, .adj_start = r.as, .adj = r.ad, .h_adj_start = as,
+                              .race = rb};
     o->sample_topk(c, r.out, r.lg, r.wk, &sb);
     int rc = o->download(c, out, r.out, 0, SAMPLE_OUT_FLOATS(m, k, n_adj));
     o->free(c, r.lg);
@@ -73,10 +78,13 @@ static int run_op(struct ops *o, const float *rows, int m, int ld, int nc, int v
     o->free(c, r.it);
     o->free(c, r.as);
     o->free(c, r.ad);
+    o->free(c, rb);
     return rc;
 }
 
 static int bits_eq(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+static int race_rows, race_exact; /* rows with a race winner; with bit-identical scores */
 
 static void compare(const float *a, const float *b, int m, int k, int n_adj, const char *what) {
     size_t RF = SAMPLE_ROW_FLOATS(k);
@@ -85,6 +93,20 @@ static void compare(const float *a, const float *b, int m, int k, int n_adj, con
         ASSERT_MSG(bits_eq(x[0], y[0]) && bits_eq(x[3], y[3]), "%s row %d: max %g/%g vs %g/%g",
                    what, r, x[0], x[3], y[0], y[3]);
         ASSERT_MSG(bits_eq(x[6], y[6]), "%s row %d: valid count differs", what, r);
+        /* the race: the same winner, w and raw; the score equal up to the
+         * last bits of CUDA's log (within 1 ulp of glibc's) */
+        int32_t wa, wb;
+        double sa, sb;
+        memcpy(&wa, x + 7, 4);
+        memcpy(&wb, y + 7, 4);
+        memcpy(&sa, x + 8, 8);
+        memcpy(&sb, y + 8, 8);
+        ASSERT_MSG(wa == wb && bits_eq(x[10], y[10]) && bits_eq(x[11], y[11]) &&
+                       (sa == sb || fabs(sa - sb) <= 1e-13 * fabs(sa)),
+                   "%s row %d: race winner %d (%.17g, w %g) vs %d (%.17g, w %g)", what, r, wa, sa,
+                   x[10], wb, sb, y[10]);
+        race_rows += wa >= 0;
+        race_exact += wa >= 0 && sa == sb;
         double s1, s2;
         for (int q = 1; q <= 4; q += 3) {
             memcpy(&s1, x + q, 8);
@@ -142,7 +164,7 @@ static void one_case(struct pair *p, int m, int nc, int ld, int vs, int k, int k
     int32_t *adj = malloc(sizeof(int32_t) * 2 * (size_t)(m * 40 + 1));
     as[0] = 0;
     for (int r = 0; r < m; r++) {
-        inv_t[r] = (const float[]){1.0f, 1.0f / 0.7f, 2.0f, 1.0f / 1.5f}[rnd() % 4];
+        inv_t[r] = (const float[]){1.0f, 1.0f / 0.7f, 2.0f, 1.0f / 1.5f, 1.0f / 0.3f, 0.25f}[rnd() % 6];
         int n = 0;
         if (with_adj) { /* ascending tokens, some with several entries */
             int32_t t = vs - 5 + (int32_t)(rnd() % 50);
@@ -163,10 +185,18 @@ static void one_case(struct pair *p, int m, int nc, int ld, int vs, int k, int k
         as[r + 1] = as[r] + n;
     }
     int n_adj = as[m];
+    /* race triples: random keys, most rows racing */
+    int32_t *race = malloc(sizeof(int32_t) * 3 * (size_t)m);
+    for (int r = 0; r < m; r++) {
+        uint64_t key = rnd();
+        race[3 * r] = (int32_t)(uint32_t)key;
+        race[3 * r + 1] = (int32_t)(uint32_t)(key >> 32);
+        race[3 * r + 2] = rnd() % 5 != 0;
+    }
     float *a = malloc(sizeof(float) * SAMPLE_OUT_FLOATS(m, k, n_adj));
     float *b = malloc(sizeof(float) * SAMPLE_OUT_FLOATS(m, k, n_adj));
-    ASSERT_EQ_INT(run_op(p->cpu, rows, m, ld, nc, vs, k, inv_t, as, adj, a), 0);
-    ASSERT_EQ_INT(run_op(p->gpu, rows, m, ld, nc, vs, k, inv_t, as, adj, b), 0);
+    ASSERT_EQ_INT(run_op(p->cpu, rows, m, ld, nc, vs, k, inv_t, as, adj, race, a), 0);
+    ASSERT_EQ_INT(run_op(p->gpu, rows, m, ld, nc, vs, k, inv_t, as, adj, race, b), 0);
     char what[128];
     snprintf(what, sizeof what, "m %d n_cols %d ld %d vs %d k %d kind %d adj %d", m, nc, ld, vs, k,
              kind, with_adj);
@@ -177,6 +207,7 @@ static void one_case(struct pair *p, int m, int nc, int ld, int vs, int k, int k
     free(inv_t);
     free(as);
     free(adj);
+    free(race);
 }
 
 TEST(sample_cuda, equals_cpu_qwen_vocab) {
@@ -188,6 +219,8 @@ TEST(sample_cuda, equals_cpu_qwen_vocab) {
     for (int ki = 0; ki < 4 && !test_failed(); ki++)
         for (int kind = 0; kind < 4 && !test_failed(); kind++)
             one_case(&p, kind == ROW_GAUSS ? 33 : 3, 151936, 151936, 0, ks[ki], kind, kind < 2);
+    printf("race: %d rows with a winner, %d with bit-identical scores\n", race_rows, race_exact);
+    ASSERT(race_rows > 0);
     ops_destroy(p.cpu);
     ops_destroy(p.gpu);
 }
@@ -210,7 +243,8 @@ TEST(sample_cuda, equals_cpu_odd_sizes) {
 
 /* ---- timing ------------------------------------------------------------- */
 
-static void bench_batch(struct pair *p, int m, const struct sampling_params *sp, const char *name) {
+static void bench_batch(struct pair *p, int m, const struct sampling_params *sp, const char *name,
+                        int flat) {
     enum { V = 151936, K = 256, CH = 32, IT = 5 };
     struct ops *o = p->gpu;
     void *c = o->ctx;
@@ -218,13 +252,16 @@ static void bench_batch(struct pair *p, int m, const struct sampling_params *sp,
     /* a peaked head over a gaussian tail: 32 boosted tokens hold ~96% of the
      * mass at T = 1 (a flat tail is what makes a draw fall beyond the
      * candidates) */
-    for (size_t i = 0; i < (size_t)m * V; i++) rows[i] = (float)(gauss() * 2.0);
-    for (int r = 0; r < m; r++)
+    for (size_t i = 0; i < (size_t)m * V; i++) rows[i] = (float)(gauss() * (flat ? 0.05 : 2.0));
+    for (int r = 0; r < m && !flat; r++)
         for (int j = 0; j < 32; j++) rows[(size_t)r * V + rnd() % V] += 16.0f - 0.4f * (float)j;
     struct buf *lg = o->alloc(c, BUF_F32, (size_t)m * V);
     struct buf *wk = o->alloc(c, BUF_F32, sample_work_floats(CH, V, K));
     struct buf *out = o->alloc(c, BUF_F32, SAMPLE_OUT_FLOATS(CH, K, 0));
     struct buf *it = o->alloc(c, BUF_F32, CH), *as = o->alloc(c, BUF_I32, CH + 1);
+    struct buf *rb = o->alloc(c, BUF_I32, 3 * CH);
+    int32_t race[3 * CH];
+    for (int i = 0; i < CH; i++) sampler_race_row(sp, 0, race + 3 * i);
     struct buf *one = o->alloc(c, BUF_F32, (size_t)CH * V);
     o->upload(c, lg, 0, rows, (size_t)m * V);
     float *host = malloc(sizeof(float) * (size_t)m * V), *stage = malloc(sizeof(float) * (size_t)m * V);
@@ -258,8 +295,10 @@ static void bench_batch(struct pair *p, int m, const struct sampling_params *sp,
             double c0 = now_ms();
             o->upload(c, it, 0, inv, (size_t)mr);
             o->upload(c, as, 0, h_as, (size_t)mr + 1);
+            if (race[2]) o->upload(c, rb, 0, race, 3 * (size_t)mr);
             struct sample_batch sb = {.m = mr, .k = K, .ld = V, .n_cols = V, .vocab_start = 0,
-                                      .inv_t = it, .adj_start = as, .adj = NULL, .h_adj_start = h_as};
+                                      .inv_t = it, .adj_start = as, .adj = NULL, .h_adj_start = h_as,
+                                      .race = race[2] ? rb : NULL};
             o->sample_topk(c, out, one, wk, &sb);
             o->download(c, hout, out, 0, SAMPLE_OUT_FLOATS(mr, K, 0));
             for (int r = 0; r < mr; r++) {
@@ -294,6 +333,7 @@ static void bench_batch(struct pair *p, int m, const struct sampling_params *sp,
     o->free(c, out);
     o->free(c, it);
     o->free(c, as);
+    o->free(c, rb);
     o->free(c, one);
 }
 
@@ -317,9 +357,11 @@ TEST(sample_cuda, bench) {
     tp.top_p = 0.9f;
     tp.seed = 9;
     const int bs[] = {1, 8, 64};
-    for (int i = 0; i < 3; i++) bench_batch(&p, bs[i], &g, "greedy+logprob");
-    for (int i = 0; i < 3; i++) bench_batch(&p, bs[i], &t, "T=1 (server default)");
-    for (int i = 0; i < 3; i++) bench_batch(&p, bs[i], &tp, "T=0.7 top_p=0.9");
+    for (int i = 0; i < 3; i++) bench_batch(&p, bs[i], &g, "greedy+logprob", 0);
+    for (int i = 0; i < 3; i++) bench_batch(&p, bs[i], &t, "T=1 (server default)", 0);
+    for (int i = 0; i < 3; i++) bench_batch(&p, bs[i], &tp, "T=0.7 top_p=0.9", 0);
+    /* nearly flat rows (random weights): the race decides every T = 1 row */
+    bench_batch(&p, 64, &t, "T=1 flat row", 1);
     ops_destroy(p.cpu);
     ops_destroy(p.gpu);
 }

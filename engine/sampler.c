@@ -320,6 +320,7 @@ int sampler_sample(struct sampler *s, const struct sampling_params *p, const flo
         double best = -INFINITY;
         for (int i = 0; i < n; i++) {
             int32_t t = cand[i];
+            if ((double)w[t] * (double)inv_t + SAMPLE_RACE_GMAX < best) continue; /* cannot win */
             double sc = sample_race_score(key, t, w[t], inv_t);
             if (sc > best || (sc == best && token >= 0 && sc > -INFINITY && t < token)) best = sc, token = t;
         }

@@ -7,16 +7,22 @@
  * on ties) -> min_p (drop p < min_p * p_max) -> top_k -> top_p (smallest set of
  * most likely tokens whose renormalised mass reaches top_p) -> draw.
  *
- * Order of tokens (top_k, top_p, the draw): by processed logit w descending,
- * then id ascending. The draw walks the kept tokens in that order: with u =
- * uniform * mass, the first token whose cumulative probability exceeds u.
- * Probabilities p = expf((w - max w) / T) (fp32), sums in double: over the
- * whole vocabulary in id order when no mask applies (`total`), else over the
- * kept tokens in the order above.
+ * Order of tokens (top_k, top_p): by processed logit w descending, then id
+ * ascending. Probabilities p = expf((w - max w) / T) (fp32), sums in double:
+ * over the whole vocabulary in id order when no mask applies (`total`), else
+ * over the kept tokens in the order above. top_p keeps the smallest prefix
+ * whose mass reaches top_p * kept.
  *
- * Randomness: the uniform draw for output token i of a request is a hash of
- * (seed, i) — it does not depend on what else is in the batch, on the thread,
- * or on earlier draws, so the same seed gives the same tokens.
+ * The draw: an exponential race (Gumbel-max). The token is the allowed token
+ * with the highest score (double)w * inv_t - log(-log(u)), lowest id on equal
+ * scores, u in (0, 1) a hash of (sampler_race_key(seed, n_output), token id)
+ * (kernels/ops.h, sampling; sampler_race_score). Allowed: every finite w when
+ * no filter applies, else the min_p / top_k / top_p set. This is an exact
+ * sample of softmax(w / T) over the set; it depends only on (seed, n_output,
+ * id) — not on the batch, the thread, earlier draws or where the race runs
+ * (host over candidates, host over the full row, backend over the vocabulary:
+ * identical except that CUDA's log may differ by 1 ulp, which can change a
+ * winner only when two scores lie within ~1e-15 relative).
  *
  * Logprobs: by default `logprob` and the top-N alternatives are the RAW model
  * logprobs (log_softmax of the logits as given, before bias, penalties and
@@ -26,19 +32,21 @@
  * greedy: T = 1) — vLLM's "processed_logprobs" mode.
  *
  * Candidates (the GPU path): ops->sample_topk (kernels/ops.h) gives per row
- * the top-K tokens by w with w and raw values, and the max / sum of exps of w
- * and of the raw logits; sampler_cands_merge joins the tensor-parallel ranks'
- * lists, sampler_finish completes the draw from them. It returns the result
- * sampler_sample would return, or SAMPLER_NEED_FULL when the candidates do
- * not decide it (top_k > K; min_p / top_p keeping more than the candidates; a
- * pure-temperature draw falling beyond the candidates' mass; top-N raw logprobs
- * pushed out of the candidates by adjustments; all tokens banned at T > 0):
- * then run sampler_sample on the full row. Equality: on the CPU backend at
- * tp = 1 the sums are computed in the same order, so the result is identical
- * bit for bit; elsewhere (CUDA's expf and summation order, tp > 1 merging)
- * `total` differs by ~1e-7 relative, which can move a pure-temperature draw or
- * a top_p cut only when u or top_p * total lies within that of a cumulative
- * boundary, and logprobs differ by ~1e-6.
+ * the top-K tokens by w with w and raw values, the max / sum of exps of w and
+ * of the raw logits, and the race winner over every finite w (per-row key
+ * from sampler_race_row); sampler_cands_merge joins the tensor-parallel
+ * ranks' lists (race: best score), sampler_finish completes the draw from
+ * them. It returns the result sampler_sample would return, or
+ * SAMPLER_NEED_FULL when the candidates do not decide it: a filtered set
+ * (top_k > K, min_p / top_p keeping more than the candidates) reaching beyond
+ * them while the overall race winner is not a candidate; top-N raw logprobs
+ * pushed out of the candidates by adjustments; all tokens banned at T > 0; no
+ * race winner. With no filter the token is the op's race winner: never a
+ * fallback. Equality: on the CPU backend at tp = 1 everything is computed as
+ * sampler_sample does, bit for bit; elsewhere (CUDA's expf / log and
+ * summation order, tp > 1 merging) `total` differs by ~1e-7 relative, which
+ * can move a top_p cut only when top_p * total lies within that of a
+ * cumulative boundary, race scores by ~1 ulp, and logprobs by ~1e-6.
  *
  * Usage:
  *     struct sampler s;  sampler_init(&s, vocab);

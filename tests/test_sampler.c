@@ -463,6 +463,29 @@ TEST(sampler, draw_is_the_exponential_race) {
         ASSERT_EQ_INT(r.token, s3 > s1 ? 3 : 1);
         p.top_k = 0;
     }
+    sampler_free(&s);
+    /* a wider, peaked row (the host prunes tokens that cannot win: the
+     * brute-force argmax must agree) */
+    enum { W = 3000 };
+    float *lw = malloc(sizeof(float) * W);
+    for (int i = 0; i < W; i++) lw[i] = (float)((i * 7919 % 1000) / 25.0 - 20.0); /* -20..20, ties */
+    ASSERT_EQ_INT(sampler_init(&s, W), 0);
+    for (uint64_t seed = 0; seed < 40; seed++) {
+        p.seed = seed;
+        p.temperature = (const float[]){0.3f, 1.0f, 4.0f, 25.0f}[seed % 4];
+        it = sampler_inv_t(&p);
+        uint64_t key = sampler_race_key(seed, 3);
+        int want = -1;
+        double best = -INFINITY;
+        for (int i = 0; i < W; i++) {
+            double sc = sampler_race_score(key, i, lw[i], it);
+            if (sc > best) best = sc, want = i;
+        }
+        struct sample_result r;
+        ASSERT_EQ_INT(sampler_sample(&s, &p, lw, NULL, 0, out3, 3, &r), 0);
+        ASSERT_EQ_INT(r.token, want);
+    }
+    free(lw);
     /* the uniform's extremes stay inside (0, 1): g is always finite */
     ASSERT(sampler_race_score(0, 0, 1e30f, 1.0f) > 0 && isfinite(sampler_race_score(0, 0, 1e30f, 1.0f)));
     ASSERT(sampler_race_score(1, 2, INFINITY, 1.0f) == -INFINITY);

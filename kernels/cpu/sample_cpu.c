@@ -146,6 +146,7 @@ void cpu_sample_topk(void *ctx, struct buf *out, const struct buf *logits, struc
         if (race && race[3 * r + 2]) {
             uint64_t key = (uint64_t)(uint32_t)race[3 * r] | (uint64_t)(uint32_t)race[3 * r + 1] << 32;
             for (int c = 0; c < nc; c++) {
+                if ((double)w[c] * (double)it + SAMPLE_RACE_GMAX < ws) continue;
                 double sc = sample_race_score(key, vs + c, w[c], it);
                 if (sc > ws) ws = sc, wid = vs + c; /* ascending ids: ties keep the lowest */
             }

@@ -11,6 +11,9 @@
  * -inf for a w that is not finite. The host sampler (engine/sampler.c) and
  * this backend both call it; kernels/cuda/sample.cu has the device twin. */
 double sample_race_score(uint64_t key, int32_t id, float w, float inv_t);
+/* g <= -log(-log(1 - 2^-53)) = 36.74: a token with (double)w * inv_t +
+ * SAMPLE_RACE_GMAX below the best score so far cannot win (exact pruning). */
+#define SAMPLE_RACE_GMAX 36.8
 /* The uniform u in (0, 1) behind g for (key, id). */
 double sample_race_uniform(uint64_t key, int32_t id);
 

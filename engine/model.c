@@ -514,6 +514,10 @@ static int forward_graph(struct model *m, int gi, const struct attn_batch *ab, c
         }
         m->graph[gi] = g;
     }
+    /* a replayed all-reduce cannot report a failed peer itself: ask the
+     * group before the replay (and after the step's sync, model_forward) */
+    if (m->comm->status && (rc = m->comm->status(m->comm)))
+        return util_err(err, errlen, rc, "model: the tensor-parallel group has failed");
     if ((rc = O->graph_run(c, m->graph[gi])))
         return util_err(err, errlen, rc, "model: graph replay failed");
     return 0;
@@ -577,6 +581,8 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
      * then holds the last sample chunk, for model_sample_row_logits) */
     if (m->n_srows > 0 && (rc = sample_rows(m, b, cols, err, errlen))) return rc;
     if ((rc = O->sync(c))) return util_err(err, errlen, rc, "model: backend sync failed");
+    if (gi >= 0 && m->comm->status && (rc = m->comm->status(m->comm)))
+        return util_err(err, errlen, rc, "model: an all-reduce of the replayed step failed");
     return 0;
 }
 

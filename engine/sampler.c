@@ -347,15 +347,6 @@ int sampler_sample(struct sampler *s, const struct sampling_params *p, const flo
 /* Candidates                                                               */
 /* ------------------------------------------------------------------------ */
 
-/* kernels/ops.h's order as one integer (as kernels/cpu/sample_cpu.c). */
-static uint64_t cand_key(float v, int32_t id) {
-    uint32_t u;
-    if (v == 0.0f) v = 0.0f;
-    memcpy(&u, &v, sizeof u);
-    if (v != v) u = 0;
-    else u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((uint64_t)u << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)id);
-}
 
 static double get_double(const float *src) {
     double d;
@@ -415,7 +406,7 @@ void sampler_cands_merge(struct sample_cands *c, const float *const *rows, int t
             if (pos[r] >= nv[r]) continue;
             int32_t id;
             memcpy(&id, rows[r] + SAMPLE_HDR + 2 * k + pos[r], sizeof id);
-            uint64_t key = cand_key(rows[r][SAMPLE_HDR + pos[r]], id);
+            uint64_t key = sample_order_key(rows[r][SAMPLE_HDR + pos[r]], id);
             if (best < 0 || key > bk) best = r, bk = key;
         }
         const float *rr = rows[best];

@@ -13,16 +13,6 @@
 #include "engine/util.h"
 #include "kernels/cpu/cpu.h"
 
-/* The order of kernels/ops.h as one integer: w descending, then id ascending;
- * NaN below everything, -0 == +0. */
-static uint64_t key_of(float v, int32_t id) {
-    uint32_t u;
-    if (v == 0.0f) v = 0.0f;
-    memcpy(&u, &v, sizeof u);
-    if (v != v) u = 0;
-    else u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((uint64_t)u << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)id);
-}
 
 static void sift_down(uint64_t *h, int n, int i) { /* min-heap */
     for (;;) {
@@ -113,7 +103,7 @@ void cpu_sample_topk(void *ctx, struct buf *out, const struct buf *logits, struc
         /* top k by key: a min-heap of the k best */
         int kk = nc < k ? nc : k, n = 0;
         for (int c = 0; c < nc; c++) {
-            uint64_t key = key_of(w[c], vs + c);
+            uint64_t key = sample_order_key(w[c], vs + c);
             if (n < kk) {
                 heap[n++] = key;
                 if (n == kk)

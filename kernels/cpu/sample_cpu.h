@@ -17,6 +17,16 @@ double sample_race_score(uint64_t key, int32_t id, float w, float inv_t);
 /* The uniform u in (0, 1) behind g for (key, id). */
 double sample_race_uniform(uint64_t key, int32_t id);
 
+/* kernels/ops.h's order of tokens as one integer, larger = better: w
+ * descending, then id ascending; NaN below everything, -0 == +0. Used by this
+ * backend's selection and by the host's candidate merge (engine/sampler.c). */
+static inline uint64_t sample_order_key(float v, int32_t id) {
+    union { float f; uint32_t u; } b;
+    b.f = v == 0.0f ? 0.0f : v;
+    uint32_t u = v != v ? 0u : (b.u & 0x80000000u) ? ~b.u : (b.u | 0x80000000u);
+    return ((uint64_t)u << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)id);
+}
+
 void cpu_sample_topk(void *ctx, struct buf *out, const struct buf *logits, struct buf *work,
                      const struct sample_batch *sb);
 

@@ -125,31 +125,13 @@ static int run_qunit(void *ctx, struct shard_writer *w, const struct sw_unit *u)
     int G = c->group, K = o->k, N = o->n;
     int64_t g = u->a, k0 = g * G;
     float *wf = malloc((size_t)G * N * 4);     /* fp32 (fp16-exact) [N, G]: rows of weight */
-    uint8_t *codes = malloc((size_t)G * N);    /* [G, N] */
-    uint32_t *qw = malloc((size_t)G * N / 2);  /* int32 [G, N/8] */
-    uint16_t *sc = malloc((size_t)N * 2);      /* fp16 [N] */
-    uint8_t *zc = malloc((size_t)N);           /* [N] */
-    uint32_t *qz = malloc((size_t)N / 2);      /* int32 [N/8] */
-    int rc = -ENOMEM;
-    if (!wf || !codes || !qw || !sc || !zc || !qz) goto out;
+    if (!wf) return -ENOMEM;
     for (int n = 0; n < N; n++)
         for (int r = 0; r < G; r++)
             wf[(size_t)n * G + r] =
                 fp16_to_f32(to_fp16(o->src, o->src_dtype, (size_t)n * K + (size_t)(k0 + r)));
-    awq_rtn_group_f32(wf, G, N, sc, zc, codes);
-    awq_pack(codes, G, N, qw);
-    awq_pack(zc, 1, N, qz);
-    if ((rc = sw_put(w, u->t, (size_t)k0 * (size_t)(N / 8) * 4, qw, (size_t)G * N / 2)) ||
-        (rc = sw_put(w, o->qz, (size_t)g * (size_t)(N / 8) * 4, qz, (size_t)N / 2)) ||
-        (rc = sw_put(w, o->sc, (size_t)g * (size_t)N * 2, sc, (size_t)N * 2)))
-        goto out;
-out:
+    int rc = sw_put_awq_group(w, u->t, o->qz, o->sc, g, G, N, wf);
     free(wf);
-    free(codes);
-    free(qw);
-    free(sc);
-    free(zc);
-    free(qz);
     return rc;
 }
 

@@ -406,13 +406,7 @@ static int run_unit(void *ctx, struct shard_writer *w, const struct sw_unit *u) 
     int G = c->group, K = ti->k, N = ti->n;
     int64_t g = u->a, k0 = g * G;
     float *wf = malloc((size_t)G * N * 4);      /* fp32 (fp16-exact) [N, G] */
-    uint8_t *codes = malloc((size_t)G * N);     /* [G, N] */
-    uint32_t *qw = malloc((size_t)G * N / 2);   /* int32 [G, N/8] */
-    uint16_t *sc = malloc((size_t)N * 2);       /* fp16 [N] */
-    uint8_t *zc = malloc((size_t)N);            /* [N] */
-    uint32_t *qz = malloc((size_t)N / 2);       /* int32 [N/8] */
-    int rc = -ENOMEM;
-    if (!wf || !codes || !qw || !sc || !zc || !qz) goto out;
+    if (!wf) return -ENOMEM;
     for (int n = 0; n < N; n++) {
         uint64_t e0 = (uint64_t)n * (uint64_t)K + (uint64_t)k0;
         float *col = wf + (size_t)n * G;
@@ -423,20 +417,8 @@ static int run_unit(void *ctx, struct shard_writer *w, const struct sw_unit *u) 
             col[r + 1] = fp16_to_f32(f32_to_fp16(0.02f * z1));
         }
     }
-    awq_rtn_group_f32(wf, G, N, sc, zc, codes);
-    awq_pack(codes, G, N, qw);
-    awq_pack(zc, 1, N, qz);
-    if ((rc = sw_put(w, u->t, (size_t)k0 * (size_t)(N / 8) * 4, qw, (size_t)G * N / 2)) ||
-        (rc = sw_put(w, ti->qz, (size_t)g * (size_t)(N / 8) * 4, qz, (size_t)N / 2)) ||
-        (rc = sw_put(w, ti->sc, (size_t)g * (size_t)N * 2, sc, (size_t)N * 2)))
-        goto out;
-out:
+    int rc = sw_put_awq_group(w, u->t, ti->qz, ti->sc, g, G, N, wf);
     free(wf);
-    free(codes);
-    free(qw);
-    free(sc);
-    free(zc);
-    free(qz);
     return rc;
 }
 

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/awq_pack.h"
 #include "engine/util.h"
 
 #define SW_MAX_THREADS 64
@@ -156,6 +157,31 @@ int sw_put(struct shard_writer *w, int t, size_t off, const void *data, size_t l
     }
     __atomic_fetch_add(&w->done, (uint64_t)len, __ATOMIC_RELAXED);
     return 0;
+}
+
+int sw_put_awq_group(struct shard_writer *w, int t_qw, int t_qz, int t_sc, int64_t g, int G,
+                     int N, const float *wf) {
+    uint8_t *codes = malloc((size_t)G * N);    /* [G, N] */
+    uint32_t *qw = malloc((size_t)G * N / 2);  /* int32 [G, N/8] */
+    uint16_t *sc = malloc((size_t)N * 2);      /* fp16 [N] */
+    uint8_t *zc = malloc((size_t)N);           /* [N] */
+    uint32_t *qz = malloc((size_t)N / 2);      /* int32 [N/8] */
+    int rc = -ENOMEM;
+    if (codes && qw && sc && zc && qz) {
+        awq_rtn_group_f32(wf, G, N, sc, zc, codes);
+        awq_pack(codes, G, N, qw);
+        awq_pack(zc, 1, N, qz);
+        int64_t k0 = g * G;
+        if (!(rc = sw_put(w, t_qw, (size_t)k0 * (size_t)(N / 8) * 4, qw, (size_t)G * N / 2)) &&
+            !(rc = sw_put(w, t_qz, (size_t)g * (size_t)(N / 8) * 4, qz, (size_t)N / 2)))
+            rc = sw_put(w, t_sc, (size_t)g * (size_t)N * 2, sc, (size_t)N * 2);
+    }
+    free(codes);
+    free(qw);
+    free(sc);
+    free(zc);
+    free(qz);
+    return rc;
 }
 
 static void *worker(void *arg) {

@@ -74,6 +74,13 @@ int sw_run(struct shard_writer *w, int threads, sw_unit_fn fn, void *ctx, const 
  * recording the error (the run then stops). */
 int sw_put(struct shard_writer *w, int t, size_t off, const void *data, size_t len);
 
+/* One AWQ group: round-to-nearest quantizes wf (fp32, fp16-exact, [N, G]:
+ * G consecutive input rows k of each of the N output columns; awq_pack.h)
+ * and writes rows [g * G, (g + 1) * G) of the qweight tensor t_qw and row g
+ * of t_qz (qzeros) and t_sc (scales). 0, -ENOMEM or -EIO. */
+int sw_put_awq_group(struct shard_writer *w, int t_qw, int t_qz, int t_sc, int64_t g, int G,
+                     int N, const float *wf);
+
 /* Records a failure (the first one wins) and stops the run. */
 void sw_fail(struct shard_writer *w, const char *msg);
 

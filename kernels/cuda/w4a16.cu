@@ -54,6 +54,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/w4a16.h"
+#include "kernels/cuda/w4a16_gemm.h" /* gemm helper (Session 3): sm_90a large-M GEMM */
 
 extern "C" {
 #include "engine/ckpt.h"
@@ -1260,8 +1261,70 @@ static void grid_of(const struct w4a16_weight *w, int m, enum w4a16_kernel k, in
     }
 }
 
+/* ---- gemm helper (Session 3): the sm_90a wgmma INT4 GEMM (w4a16_gemm.cu) ---- */
+/* From this M on the dispatch uses it where available (9.0 device, sm_90a
+ * build); it replaces tc64 and dequantize + cuBLAS there and needs no fp16
+ * copy (workspace only for its split-K partials). Measured: docs/PERFORMANCE.md. */
+#define DISPATCH_WGMMA_MIN_M 64
+
+static int pdl_mode(void);
+
+static void gemm_args_of(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_t *y,
+                         const uint16_t *bias, int gate_up, int ksplit, struct w4a16_gemm_args *ga) {
+    memset(ga, 0, sizeof *ga);
+    ga->qw = w->qw;
+    ga->sc = w->sc;
+    ga->zr = w->zr;
+    ga->bias = bias;
+    ga->cnt = w->cnt;
+    ga->cnt_len = w->cnt_len;
+    ga->k = w->k;
+    ga->group = w->group;
+    ga->n16 = w->n16;
+    ga->n16a = w->n16a;
+    ga->kc = w->kc;
+    ga->n = w->n;
+    ga->ldy = w->out_cols;
+    ga->gate_up = gate_up;
+    ga->sms = w->sms;
+    ga->x = x;
+    ga->y = y;
+    ga->m = m;
+    ga->ksplit = ksplit;
+}
+
+/* Picks the wgmma GEMM for *kern (AUTO at m >= DISPATCH_WGMMA_MIN_M, or
+ * forced); returns 1 with *kern, *ksplit set, else 0 (forced but not
+ * available: *kern becomes TC64). */
+static int gemm_pick(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern, int *ksplit) {
+    static const int on = getenv("AWQD_W4A16_WGMMA") && !strcmp(getenv("AWQD_W4A16_WGMMA"), "1");
+    const int want = *kern == W4A16_KERNEL_WGMMA ||
+                     (*kern == W4A16_KERNEL_AUTO && m >= DISPATCH_WGMMA_MIN_M && on);
+    if (!want) return 0;
+    if (!w4a16_gemm_available()) {
+        if (*kern == W4A16_KERNEL_WGMMA) *kern = W4A16_KERNEL_TC64;
+        return 0;
+    }
+    struct w4a16_gemm_args ga;
+    gemm_args_of(w, NULL, m, NULL, NULL, w->layout == W4A16_LAYOUT_GATE_UP, *ksplit, &ga);
+    int mt, bn, ks, mode;
+    w4a16_gemm_choice(&ga, &mt, &bn, &ks, &mode);
+    *kern = W4A16_KERNEL_WGMMA;
+    *ksplit = ks;
+    return 1;
+}
+
+static size_t gemm_ws(const struct w4a16_weight *w, int m, int ksplit) {
+    struct w4a16_gemm_args ga;
+    gemm_args_of(w, NULL, m, NULL, NULL, w->layout == W4A16_LAYOUT_GATE_UP, ksplit, &ga);
+    return w4a16_gemm_workspace(&ga);
+}
+/* ---- end gemm helper ---- */
+
 static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern, int *ksplit) {
     enum w4a16_kernel k = *kern;
+    if (gemm_pick(w, m, kern, ksplit)) return; /* gemm helper: large M on sm_90a */
+    k = *kern;
     if (k == W4A16_KERNEL_AUTO)
         k = m <= DISPATCH_GEMV_MAX_M     ? W4A16_KERNEL_GEMV
             : m <= DISPATCH_SKINNY_MAX_M ? W4A16_KERNEL_SKINNY
@@ -1309,6 +1372,7 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
 }
 
 static size_t ws_need(const struct w4a16_weight *w, int m, enum w4a16_kernel k, int ksplit) {
+    if (k == W4A16_KERNEL_WGMMA) return gemm_ws(w, m, ksplit); /* gemm helper */
     if (k == W4A16_KERNEL_CUBLAS)
         return align256((size_t)w->n16 * 16 * w->k * 2) +
                (w->layout == W4A16_LAYOUT_GATE_UP ? align256((size_t)m * w->n16 * 16 * 2) : 0);
@@ -1606,6 +1670,11 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
     enum w4a16_kernel k = kernel;
     int ks = ksplit;
     choose(w, m, &k, &ks);
+    if (k == W4A16_KERNEL_WGMMA) { /* gemm helper: sizes its split to the workspace itself */
+        struct w4a16_gemm_args ga;
+        gemm_args_of(w, x, m, y, ep.bias, silu, ksplit, &ga);
+        return w4a16_gemm_run(&ga, workspace, ws_bytes, pdl_mode() && w->cc_major >= 9, s, err, errlen);
+    }
     if (ks > 1 && (ws_call(w, m, k, ks) > ws_bytes || (!workspace && ws_call(w, m, k, ks) > 0))) {
         /* fall back to the largest split that fits */
         while (ks > 1 && ws_call(w, m, k, ks) > ws_bytes) ks--;

@@ -96,6 +96,8 @@ enum w4a16_kernel {
     W4A16_KERNEL_TC128 = 3,  /* pipelined tensor-core GEMM, block tile 128 n x 128 m */
     W4A16_KERNEL_CUBLAS = 4, /* large M: dequantize into the workspace + cuBLAS FP16 GEMM */
     W4A16_KERNEL_GEMV = 5,   /* CUDA-core streaming GEMV, M <= 4, split-K (decode) */
+    W4A16_KERNEL_WGMMA = 8,  /* sm_90a INT4 GEMM (wgmma, A = weights from registers), large M;
+                                kernels/cuda/w4a16_gemm.cu. Falls back to TC64 where unavailable. */
 };
 
 /* Copies one AWQ linear (host memory, AutoAWQ packing) to the current device,

@@ -1,0 +1,724 @@
+/* w4a16_gemm.cu — INT4-weight x FP16-activation GEMM for many rows (prefill,
+ * large batches) on Hopper: wgmma with the weights as the register A operand.
+ *
+ * Product (as all W4A16 kernels here): D[n, m] = sum_k W^T[n, k] x^T[k, m],
+ * weights = A (rows = output features), tokens = B (columns), fp32 accumulate.
+ *
+ * Block = 2 warpgroups (256 threads) x (128 * MT weight rows) x BN tokens.
+ * Warpgroup g owns MT m64 tiles; warp q of it holds, for each, the n16 tile
+ * T = (g MT + mt) 4 + q of the block. The repacked INT4 word t of a lane is
+ * exactly the mma.m16n8k16 A fragment of k16 step t (w4a16.cu, "Device weight
+ * layout"), and wgmma.m64nNk16 with A in registers wants, per warp, 16 rows in
+ * that same fragment layout: each lane LOP3-dequantizes its own words into A
+ * registers, (q - z) * s rounded to fp16 (the value a dequantized fp16 weight
+ * has), and the weights never pass through a shared-memory transpose.
+ *
+ * x goes to shared memory in the canonical K-major, 128-byte-swizzle wgmma
+ * layout (one 128-byte row per token = the 64-deep chunk, 8-row atoms of 1 KB,
+ * 16-byte unit u of row n stored at u ^ (n & 7)). The weight layout permutes k
+ * inside a chunk (lane c of step t multiplies k = 16c + 4t + j), so x must be
+ * permuted the same way: logical position p = 16t + kk of step t holds
+ *     k = 16c + 4t + (kk & 1) + 2 (kk >> 3),  c = (kk >> 1) & 3,
+ * i.e. 4-byte word sw = k/2 (c = sw >> 3, t = (sw >> 1) & 3, h = sw & 1) goes
+ * to word 8t + 4h + c of the row. The copy does that with one 4-byte cp.async
+ * per word: a warp copies one token row (128 contiguous bytes, coalesced) and
+ * its 32 destination words are a permutation of the row's 32 banks (no bank
+ * conflicts). Step t's descriptor starts 32 t bytes into the rows.
+ *
+ * Pipeline: ST-stage cp.async ring of (x tile, INT4 tile, scales, zeros) per
+ * 64-deep chunk, ST - 2 chunks in flight; every warp commits one wgmma group
+ * per k16 step and waits until at most one is pending (A registers of two
+ * steps alive), so the slot read two chunks ago is free after the barrier.
+ * Split-K across blocks (grid z) for shapes with few tiles: fp32 partials in
+ * the caller's workspace, the last block (arrival counter) adds them in split
+ * order 0..S-1 (deterministic) and runs the epilogue.
+ *
+ * The same kernel with mode = mma.sync (template WG = false) replaces each
+ * wgmma by ldmatrix (x from the same swizzled tile) + mma.m16n8k16 with the
+ * same accumulator layout: a portable check of the data path and the fallback
+ * where wgmma is not available.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/w4a16_gemm.h"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_ENABLED 1
+#else
+#define WG_ENABLED 0
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define MMA_ENABLED 1
+#else
+#define MMA_ENABLED 0
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Device helpers                                                            */
+/* ------------------------------------------------------------------------ */
+
+static __device__ __forceinline__ uint32_t g_smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void g_cp16(uint32_t dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
+}
+static __device__ __forceinline__ void g_cp4(uint32_t dst, const void *src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes));
+}
+static __device__ __forceinline__ void g_commit(void) { asm volatile("cp.async.commit_group;"); }
+template <int N>
+static __device__ __forceinline__ void g_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+static __device__ __forceinline__ void g_pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void g_pdl_launch(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+/* cp.async writes (generic proxy) -> visible to wgmma's operand reads (async proxy) */
+static __device__ __forceinline__ void g_fence_async(void) {
+#if WG_ENABLED
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void wg_fence(void) {
+#if WG_ENABLED
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void wg_commit(void) {
+#if WG_ENABLED
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+template <int N>
+static __device__ __forceinline__ void wg_wait(void) {
+#if WG_ENABLED
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#endif
+}
+
+/* Matrix descriptor of a K-major operand with 128-byte swizzle whose 8-row
+ * atoms are 1 KB apart (start address and strides in 16-byte units; the
+ * leading offset is unused for this layout and set to 1). */
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+static __device__ __forceinline__ uint32_t g_lop3(uint32_t w, uint32_t mask) {
+    uint32_t d; /* (w & mask) | 0x64006400 */
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(w), "r"(mask), "n"(0x64006400));
+    return d;
+}
+static __device__ __forceinline__ uint32_t g_hsub2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+static __device__ __forceinline__ uint32_t g_hfma2(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+static __device__ __forceinline__ uint32_t g_hmul2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+/* Per-lane dequantization constants of one n16 tile and group: s2 = half2
+ * {s(r), s(r+8)}, z = z(r) | z(r+8) << 4. */
+struct g_deq {
+    uint32_t mlo, nzhi, slo, shi;
+};
+static __device__ __forceinline__ g_deq g_deq_make(uint32_t s2, uint32_t z) {
+    g_deq d;
+    uint32_t lo = 0x6400u | (z & 15u); /* 1024 + z(r) */
+    d.mlo = lo | (lo << 16);
+    uint32_t hi = 0xd400u | ((z >> 4) << 4); /* -(64 + z(r+8)) */
+    d.nzhi = hi | (hi << 16);
+    d.slo = (s2 & 0xffffu) | (s2 << 16);
+    d.shi = (s2 >> 16) | (s2 & 0xffff0000u);
+    return d;
+}
+/* A fragment of one k16 step from one repacked word: rows r -> (q - z) s,
+ * rows r + 8 -> (q - z) s (the high nibbles come out as 1024 + 16 q: times
+ * 1/16 minus 64 + z). */
+static __device__ __forceinline__ void g_deq_word(uint32_t w, const g_deq &d, uint32_t a[4]) {
+    const uint32_t sixteenth = 0x2c002c00u;
+    uint32_t w8 = w >> 8;
+    a[0] = g_hmul2(g_hsub2(g_lop3(w, 0x000f000fu), d.mlo), d.slo);
+    a[1] = g_hmul2(g_hfma2(g_lop3(w, 0x00f000f0u), sixteenth, d.nzhi), d.shi);
+    a[2] = g_hmul2(g_hsub2(g_lop3(w8, 0x000f000fu), d.mlo), d.slo);
+    a[3] = g_hmul2(g_hfma2(g_lop3(w8, 0x00f000f0u), sixteenth, d.nzhi), d.shi);
+}
+
+static __device__ __forceinline__ void g_mma(float *d, const uint32_t a[4], uint32_t b0, uint32_t b1) {
+#if MMA_ENABLED
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    (void)d, (void)a, (void)b0, (void)b1;
+#endif
+}
+static __device__ __forceinline__ void g_ldsm4(uint32_t b[4], uint32_t addr) {
+#if MMA_ENABLED
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(addr));
+#else
+    b[0] = b[1] = b[2] = b[3] = 0;
+    (void)addr;
+#endif
+}
+
+/* wgmma.m64nNk16, fp32 accumulators d[N/2], A (fp16) in registers, B by
+ * descriptor (K-major), D += A B. Generated operand lists. */
+static __device__ __forceinline__ void wgmma_n64(float *d, const uint32_t *a, uint64_t desc) {
+#if WG_ENABLED
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+    (void)d, (void)a, (void)desc;
+#endif
+}
+
+static __device__ __forceinline__ void wgmma_n128(float *d, const uint32_t *a, uint64_t desc) {
+#if WG_ENABLED
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+                 "{%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+    (void)d, (void)a, (void)desc;
+#endif
+}
+
+static __device__ __forceinline__ void wgmma_n256(float *d, const uint32_t *a, uint64_t desc) {
+#if WG_ENABLED
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
+                 "{%128,%129,%130,%131}, %132, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+    (void)d, (void)a, (void)desc;
+#endif
+}
+
+/* ------------------------------------------------------------------------ */
+/* The kernel                                                                */
+/* ------------------------------------------------------------------------ */
+
+struct gk_args {
+    const uint4 *qw;
+    const uint32_t *sc;
+    const uint8_t *zr;
+    const uint16_t *x;
+    uint16_t *y;
+    const uint16_t *bias;
+    float *part;
+    int *cnt;
+    int K, KC, G, n16a, m, n, ldy, gate_up, cps, ksplit;
+};
+
+#define GK_THREADS 256
+
+template <int MT, int BN, int ST>
+struct gk_cfg {
+    static constexpr int BT = 8 * MT;                     /* n16 tiles per block */
+    static constexpr int X_BYTES = BN * 128;              /* x tile, first (1 KB aligned) */
+    static constexpr int W_BYTES = BT * 512;              /* INT4 tile */
+    static constexpr int S_BYTES = BT * 32;               /* scales */
+    static constexpr int Z_BYTES = BT * 8;                /* zeros */
+    static constexpr int STAGE = (X_BYTES + W_BYTES + S_BYTES + Z_BYTES + 1023) / 1024 * 1024;
+    static constexpr int SMEM = STAGE * ST + 1024;        /* + alignment slack */
+    static constexpr int NACC = MT * BN / 2;              /* fp32 accumulators per thread */
+};
+
+static __device__ __forceinline__ void g_store(uint16_t *p, float v) {
+    *p = __half_as_ushort(__float2half_rn(v));
+}
+
+/* Same epilogue as w4a16.cu's kernels: fragment of tile nt, rows rho = r and
+ * r + 8, tokens m0 and m0 + 1. */
+static __device__ __forceinline__ void g_epilogue(const gk_args &a, int nt, int r, int m0, float d0,
+                                                  float d1, float d2, float d3) {
+    int plo = nt * 16 + r, phi = plo + 8;
+    if (a.bias) {
+        float blo = __half2float(__ushort_as_half(a.bias[plo]));
+        float bhi = __half2float(__ushort_as_half(a.bias[phi]));
+        d0 += blo;
+        d1 += blo;
+        d2 += bhi;
+        d3 += bhi;
+    }
+    if (a.gate_up) {
+        int j = nt * 8 + r;
+        if (j >= a.ldy) return;
+        if (m0 < a.m) g_store(a.y + (size_t)m0 * a.ldy + j, d0 / (1.f + __expf(-d0)) * d2);
+        if (m0 + 1 < a.m) g_store(a.y + (size_t)(m0 + 1) * a.ldy + j, d1 / (1.f + __expf(-d1)) * d3);
+    } else {
+        if (m0 < a.m) {
+            uint16_t *row = a.y + (size_t)m0 * a.ldy;
+            if (plo < a.n) g_store(row + plo, d0);
+            if (phi < a.n) g_store(row + phi, d2);
+        }
+        if (m0 + 1 < a.m) {
+            uint16_t *row = a.y + (size_t)(m0 + 1) * a.ldy;
+            if (plo < a.n) g_store(row + plo, d1);
+            if (phi < a.n) g_store(row + phi, d3);
+        }
+    }
+}
+
+template <int MT, int BN, int ST, bool WG>
+static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a) {
+    typedef gk_cfg<MT, BN, ST> C;
+    extern __shared__ unsigned char g_smem_raw[];
+    __shared__ int s_last;
+    const uint32_t sraw = g_smem_u32(g_smem_raw);
+    unsigned char *smem = g_smem_raw + (((sraw + 1023u) & ~1023u) - sraw);
+    const uint32_t sbase = g_smem_u32(smem);
+
+    const int nb = blockIdx.x, mb = blockIdx.y, split = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wg = warp >> 2, wq = warp & 3;
+    const int r = lane >> 2, c = lane & 3;
+    const int kc0 = split * a.cps, kc1 = min(a.KC, kc0 + a.cps);
+    const int nk = kc1 - kc0;
+    const int nt0 = nb * C::BT, tok0 = mb * BN;
+    const int cpg = a.G / 64, ncb = a.n16a / 8;
+
+    /* weights, scales, zeros of chunk kc into ring slot `slot` (constant data) */
+    auto load_w = [&](int slot, int kc) {
+        const uint32_t st = sbase + slot * C::STAGE;
+        for (int i = tid; i < C::BT * 32; i += GK_THREADS) {
+            const int nt = nt0 + (i >> 5), cb = nt >> 3;
+            const bool ok = cb < ncb;
+            const uint4 *src = a.qw + (((size_t)(ok ? cb : 0) * a.KC + kc) * 8 + (nt & 7)) * 32 + (i & 31);
+            g_cp16(st + C::X_BYTES + i * 16, src, ok ? 16 : 0);
+        }
+        const int g = kc / cpg;
+        for (int i = tid; i < 2 * C::BT; i += GK_THREADS) {
+            const int nt = nt0 + (i >> 1);
+            const bool ok = nt < a.n16a;
+            const unsigned char *src =
+                (const unsigned char *)(a.sc + ((size_t)g * a.n16a + (ok ? nt : 0)) * 8) + (i & 1) * 16;
+            g_cp16(st + C::X_BYTES + C::W_BYTES + i * 16, src, ok ? 16 : 0);
+        }
+        for (int i = tid; i < C::BT / 2; i += GK_THREADS) {
+            const int nt = nt0 + 2 * i;
+            const bool ok = nt < a.n16a;
+            const unsigned char *src = a.zr + ((size_t)g * a.n16a + (ok ? nt : 0)) * 8;
+            g_cp16(st + C::X_BYTES + C::W_BYTES + C::S_BYTES + i * 16, src, ok ? 16 : 0);
+        }
+    };
+    /* x rows [tok0, tok0 + BN) of chunk kc, permuted + swizzled (header comment) */
+    const int dw = ((lane >> 1) & 3) * 8 + (lane & 1) * 4 + (lane >> 3); /* destination word */
+    auto load_x = [&](int slot, int kc) {
+        const uint32_t st = sbase + slot * C::STAGE;
+#pragma unroll 4
+        for (int row = warp; row < BN; row += GK_THREADS / 32) {
+            const int gm = tok0 + row;
+            const bool ok = gm < a.m;
+            const uint16_t *src = a.x + (size_t)(ok ? gm : 0) * a.K + kc * 64 + 2 * lane;
+            const uint32_t dst = st + row * 128 + ((((dw >> 2) ^ (row & 7))) << 4) + (dw & 3) * 4;
+            g_cp4(dst, src, ok ? 4 : 0);
+        }
+    };
+
+    /* prologue: constant data before the programmatic-launch wait, x after;
+     * one group for all prologue stages + empty groups keep the count */
+    for (int s = 0; s < ST - 2; s++)
+        if (s < nk) load_w(s, kc0 + s);
+    g_pdl_wait();
+    for (int s = 0; s < ST - 2; s++)
+        if (s < nk) load_x(s, kc0 + s);
+    g_commit();
+    for (int s = 1; s < ST - 2; s++) g_commit();
+
+    float acc[MT][BN / 2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) acc[mt][i] = 0.f;
+
+    for (int it = 0; it < nk; it++) {
+        g_wait<ST - 3>(); /* this thread's copies of chunk it have landed */
+        g_fence_async();
+        __syncthreads(); /* everyone's copies visible; slot (it - 2) % ST no longer read */
+        if (it + ST - 2 < nk) {
+            load_w((it + ST - 2) % ST, kc0 + it + ST - 2);
+            load_x((it + ST - 2) % ST, kc0 + it + ST - 2);
+        }
+        g_commit();
+
+        const int slot = it % ST;
+        const unsigned char *stp = smem + slot * C::STAGE;
+        const uint4 *sw = (const uint4 *)(stp + C::X_BYTES);
+        const uint32_t *ss = (const uint32_t *)(stp + C::X_BYTES + C::W_BYTES);
+        const uint8_t *sz = stp + C::X_BYTES + C::W_BYTES + C::S_BYTES;
+        uint4 wv[MT];
+        g_deq dq[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const int T = (wg * MT + mt) * 4 + wq;
+            wv[mt] = sw[T * 32 + lane];
+            dq[mt] = g_deq_make(ss[T * 8 + r], sz[T * 8 + r]);
+        }
+        const uint32_t xb = sbase + slot * C::STAGE;
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            uint32_t af[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) g_deq_word((&wv[mt].x)[t], dq[mt], af[mt]);
+            if (WG) {
+                wg_fence();
+                const uint64_t desc = wg_desc(xb + t * 32);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    if (BN == 64) wgmma_n64(acc[mt], af[mt], desc);
+                    else if (BN == 128) wgmma_n128(acc[mt], af[mt], desc);
+                    else wgmma_n256(acc[mt], af[mt], desc);
+                }
+                wg_commit();
+                wg_wait<1>();
+            } else {
+                /* ldmatrix x4: matrices (tokens 8j.., unit 2t), (8j.., 2t+1),
+                 * (8j+8.., 2t), (8j+8.., 2t+1) = b0, b1 of n8 blocks j, j+1 */
+                const int mi = lane >> 3, rr = lane & 7;
+                const int u = 2 * t + (mi & 1);
+#pragma unroll
+                for (int j = 0; j < BN / 8; j += 2) {
+                    const int row = 8 * j + (mi >> 1) * 8 + rr;
+                    uint32_t b[4];
+                    g_ldsm4(b, xb + row * 128 + ((u ^ (row & 7)) << 4));
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        g_mma(&acc[mt][4 * j], af[mt], b[0], b[1]);
+                        g_mma(&acc[mt][4 * j + 4], af[mt], b[2], b[3]);
+                    }
+                }
+            }
+        }
+    }
+    if (WG) wg_wait<0>();
+    g_wait<0>();
+    g_pdl_launch();
+
+    if (a.ksplit > 1) {
+        /* deterministic split-K: partials to the workspace, the last block of
+         * the tile adds them in split order */
+        const int tile = mb * gridDim.x + nb;
+        float *mine = a.part + ((size_t)tile * a.ksplit + split) * C::NACC * GK_THREADS;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) __stcg(mine + (mt * (BN / 2) + i) * GK_THREADS + tid, acc[mt][i]);
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            int old = atomicAdd(a.cnt + tile, 1);
+            s_last = old == a.ksplit - 1;
+            if (s_last) a.cnt[tile] = 0;
+        }
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) acc[mt][i] = 0.f;
+        for (int sp = 0; sp < a.ksplit; sp++) {
+            const float *p = a.part + ((size_t)tile * a.ksplit + sp) * C::NACC * GK_THREADS;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int i = 0; i < BN / 2; i++) acc[mt][i] += __ldcg(p + (mt * (BN / 2) + i) * GK_THREADS + tid);
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const int nt = nt0 + (wg * MT + mt) * 4 + wq;
+        if (nt >= a.n16a) continue;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+            g_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, acc[mt][4 * j], acc[mt][4 * j + 1],
+                       acc[mt][4 * j + 2], acc[mt][4 * j + 3]);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Host: configurations, choice, launch                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Ring depth per tile shape (fits 227 KB of shared memory, one block per SM). */
+#define GK_ST_1_64 8
+#define GK_ST_2_64 8
+#define GK_ST_1_128 8
+#define GK_ST_2_128 7
+#define GK_ST_1_256 5
+
+#define GK_KSPLIT_MAX 16
+
+struct gk_choice {
+    int mt, bn, ks, mode;
+};
+
+static std::atomic<int> g_force_set{-1}; /* -1: env not read yet, 0: auto, 1: forced */
+static gk_choice g_force = {0, 0, 0, 0};
+
+static int cfg_valid(int mt, int bn) {
+    return (mt == 1 && (bn == 64 || bn == 128 || bn == 256)) || (mt == 2 && (bn == 64 || bn == 128));
+}
+
+extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
+    if (mt == 0) {
+        g_force_set.store(0);
+        return 0;
+    }
+    if (!cfg_valid(mt, bn) || ksplit < 1 || ksplit > 64 || (mode != 0 && mode != 1)) return -EINVAL;
+    g_force.mt = mt;
+    g_force.bn = bn;
+    g_force.ks = ksplit;
+    g_force.mode = mode;
+    g_force_set.store(1);
+    return 0;
+}
+
+static int forced(gk_choice *out) {
+    int v = g_force_set.load();
+    if (v < 0) {
+        const char *e = getenv("AWQD_W4A16_GEMM_CFG");
+        int mt = 0, bn = 0, ks = 1, mode = 0;
+        if (e && sscanf(e, "%d,%d,%d,%d", &mt, &bn, &ks, &mode) >= 2 && w4a16_gemm_config(mt, bn, ks, mode) == 0)
+            v = 1;
+        else {
+            g_force_set.store(0);
+            v = 0;
+        }
+    }
+    if (v == 1) *out = g_force;
+    return v == 1;
+}
+
+static int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+static int tiles_of(const struct w4a16_gemm_args *a, int mt, int bn) {
+    return cdiv(a->n16, 8 * mt) * cdiv(a->m, bn);
+}
+
+/* Modelled time (SM clocks) of one configuration: waves of one block per SM,
+ * each chunk costs the larger of its tensor-core time (1024 FMA / clock / SM,
+ * 85% reached) and its memory time (INT4 tile from HBM at ~14 B / clock / SM,
+ * the x tile from L2 at half that cost), plus a per-chunk and a per-block
+ * fixed cost and the split-K round trip. */
+static double gk_cost(const struct w4a16_gemm_args *a, int mt, int bn, int ks) {
+    const int cps = cdiv(a->kc, ks), kse = cdiv(a->kc, cps);
+    const double blocks = (double)tiles_of(a, mt, bn) * kse;
+    const int sms = a->sms > 0 ? a->sms : 1;
+    const double waves = (double)(long)((blocks + sms - 1) / sms);
+    const double tensor = mt * bn * 8.0 / 0.85;
+    const double mem = (4096.0 * mt + 0.5 * bn * 128.0) / 14.0;
+    const double chunk = (tensor > mem ? tensor : mem) + 120.0;
+    double t = waves * (cps * chunk + 2500.0 + mt * bn * 4.0);
+    if (kse > 1) t += 3000.0 + blocks * mt * bn * 128.0 * 4.0 / (sms * 30.0);
+    return t;
+}
+
+static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a);
+
+static gk_choice gk_choose(const struct w4a16_gemm_args *a) {
+    gk_choice ch = gk_choose_cfg(a);
+    if (a->ksplit > 0) ch.ks = a->ksplit < a->kc ? a->ksplit : a->kc;
+    return ch;
+}
+
+static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a) {
+    gk_choice ch;
+    if (forced(&ch)) return ch;
+    static const int cands[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}};
+    double best = 1e30;
+    ch.mt = 1;
+    ch.bn = 64;
+    ch.ks = 1;
+    ch.mode = 0;
+    for (int ci = 0; ci < 5; ci++) {
+        const int mt = cands[ci][0], bn = cands[ci][1];
+        const int tiles = tiles_of(a, mt, bn);
+        for (int ks = 1; ks <= GK_KSPLIT_MAX && ks <= a->kc / 4 + 1; ks++) {
+            if (ks > 1 && tiles > a->cnt_len) break;
+            const int kse = cdiv(a->kc, cdiv(a->kc, ks));
+            if (kse != ks) continue;
+            const double t = gk_cost(a, mt, bn, ks);
+            if (t < best * 0.999) {
+                best = t;
+                ch.mt = mt;
+                ch.bn = bn;
+                ch.ks = ks;
+            }
+        }
+    }
+    return ch;
+}
+
+static size_t ws_of(const struct w4a16_gemm_args *a, const gk_choice &ch) {
+    const int kse = cdiv(a->kc, cdiv(a->kc, ch.ks));
+    if (kse <= 1) return 0;
+    return (size_t)tiles_of(a, ch.mt, ch.bn) * kse * (ch.mt * ch.bn / 2) * GK_THREADS * sizeof(float);
+}
+
+extern "C" void w4a16_gemm_choice(const struct w4a16_gemm_args *a, int *mt, int *bn, int *ksplit,
+                                  int *mode) {
+    gk_choice ch = gk_choose(a);
+    *mt = ch.mt;
+    *bn = ch.bn;
+    *ksplit = cdiv(a->kc, cdiv(a->kc, ch.ks));
+    *mode = ch.mode;
+}
+
+extern "C" size_t w4a16_gemm_workspace(const struct w4a16_gemm_args *a) { return ws_of(a, gk_choose(a)); }
+
+extern "C" int w4a16_gemm_available(void) {
+    static std::atomic<int> avail{-1};
+    int v = avail.load();
+    if (v >= 0) return v;
+    int dev = 0, major = 0, minor = 0;
+    cudaFuncAttributes fa;
+    v = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+        major == 9 && minor == 0 &&
+        cudaFuncGetAttributes(&fa, k_w4gemm<1, 64, GK_ST_1_64, true>) == cudaSuccess && fa.binaryVersion == 90)
+        v = 1;
+    cudaGetLastError();
+    avail.store(v);
+    return v;
+}
+
+/* cudaFuncSetAttribute once per device and kernel (bit per device id). */
+static int gk_smem_once(std::atomic<unsigned long long> *done, const void *fn, int bytes, char *err,
+                        size_t errlen) {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev), err, errlen);
+    unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
+    if (bit && (done->load(std::memory_order_acquire) & bit)) return 0;
+    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), err, errlen);
+    if (bit) done->fetch_or(bit, std::memory_order_release);
+    return 0;
+}
+
+template <int MT, int BN, int ST, bool WG>
+static int gk_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err, size_t errlen) {
+    typedef gk_cfg<MT, BN, ST> C;
+    static std::atomic<unsigned long long> smem_set{0};
+    int rc = gk_smem_once(&smem_set, (const void *)k_w4gemm<MT, BN, ST, WG>, C::SMEM, err, errlen);
+    if (rc) return rc;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(GK_THREADS);
+    cfg.dynamicSmemBytes = C::SMEM;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k_w4gemm<MT, BN, ST, WG>, ka);
+    if (e != cudaSuccess && pdl && e != cudaErrorStreamCaptureInvalidated &&
+        e != cudaErrorStreamCaptureUnsupported) {
+        cudaGetLastError(); /* attribute refused: plain launch */
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, k_w4gemm<MT, BN, ST, WG>, ka);
+    }
+    CUDA_CHECK(e, err, errlen);
+    return 0;
+}
+
+template <bool WG>
+static int gk_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
+                       char *err, size_t errlen) {
+    if (ch.mt == 1 && ch.bn == 64) return gk_launch<1, 64, GK_ST_1_64, WG>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 2 && ch.bn == 64) return gk_launch<2, 64, GK_ST_2_64, WG>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 1 && ch.bn == 128) return gk_launch<1, 128, GK_ST_1_128, WG>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 2 && ch.bn == 128) return gk_launch<2, 128, GK_ST_2_128, WG>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 1 && ch.bn == 256) return gk_launch<1, 256, GK_ST_1_256, WG>(ka, grid, pdl, s, err, errlen);
+    return util_err(err, errlen, -EINVAL, "w4a16_gemm: bad tile configuration %d x %d", ch.mt, ch.bn);
+}
+
+extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t ws_bytes, int pdl,
+                              cudaStream_t s, char *err, size_t errlen) {
+    if (!a || !a->qw || !a->sc || !a->zr || !a->x || !a->y || a->m < 1 || a->kc < 1 || a->k != a->kc * 64 ||
+        a->group < 64 || a->group % 64 || a->n16a % 8 || a->n16 > a->n16a)
+        return util_err(err, errlen, -EINVAL, "w4a16_gemm: bad arguments");
+    if (((uintptr_t)a->x | (uintptr_t)a->y) & 15)
+        return util_err(err, errlen, -EINVAL, "w4a16_gemm: x and y must be 16-byte aligned");
+    gk_choice ch = gk_choose(a);
+    if (ch.mode == 0 && !w4a16_gemm_available())
+        return util_err(err, errlen, -ENOTSUP, "w4a16_gemm: the wgmma kernel needs an sm_90a build on a 9.0 device");
+    /* split: what fits the workspace and the counters */
+    int ks = cdiv(a->kc, cdiv(a->kc, ch.ks > 0 ? ch.ks : 1));
+    if (ks > 1 && tiles_of(a, ch.mt, ch.bn) > a->cnt_len) ks = 1;
+    while (ks > 1) {
+        gk_choice t = ch;
+        t.ks = ks;
+        if (ws && ws_of(a, t) <= ws_bytes) break;
+        ks--;
+        ks = cdiv(a->kc, cdiv(a->kc, ks));
+    }
+    const int cps = cdiv(a->kc, ks);
+    ks = cdiv(a->kc, cps);
+
+    gk_args ka;
+    ka.qw = (const uint4 *)a->qw;
+    ka.sc = a->sc;
+    ka.zr = a->zr;
+    ka.x = a->x;
+    ka.y = a->y;
+    ka.bias = a->bias;
+    ka.part = (float *)ws;
+    ka.cnt = a->cnt;
+    ka.K = a->k;
+    ka.KC = a->kc;
+    ka.G = a->group;
+    ka.n16a = a->n16a;
+    ka.m = a->m;
+    ka.n = a->n;
+    ka.ldy = a->ldy;
+    ka.gate_up = a->gate_up;
+    ka.cps = cps;
+    ka.ksplit = ks;
+    dim3 grid(cdiv(a->n16, 8 * ch.mt), cdiv(a->m, ch.bn), ks);
+    if (grid.y > 65535) return util_err(err, errlen, -EINVAL, "w4a16_gemm: m=%d too large", a->m);
+    return ch.mode == 0 ? gk_dispatch<true>(ch, ka, grid, pdl, s, err, errlen)
+                        : gk_dispatch<false>(ch, ka, grid, pdl, s, err, errlen);
+}

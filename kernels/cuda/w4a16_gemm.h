@@ -1,0 +1,72 @@
+/* w4a16_gemm.h — internal: the Hopper (sm_90a) INT4 x FP16 GEMM for many rows
+ * (prefill, large batches), called by w4a16.cu's dispatch. Not a public API:
+ * callers use w4a16_linear() (w4a16.h); tests and benchmarks may force a tile
+ * configuration with w4a16_gemm_config().
+ *
+ * It reads the repacked weight exactly as made by w4a16_upload (w4a16.cu,
+ * "Device weight layout"): qw uint4 [N16a/8][KC][8][32], sc half2
+ * [KG][N16a][8], zr uint8 [KG][N16a][8], bias fp16 [N16a*16] (physical order).
+ * See docs/KERNELS.md "Large M (Session 3)". */
+#ifndef AWQD_W4A16_GEMM_H
+#define AWQD_W4A16_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One call: y = epilogue(x @ W). Pointers are device pointers. */
+struct w4a16_gemm_args {
+    const void *qw;       /* uint4 [n16a/8][kc][8][32] */
+    const uint32_t *sc;   /* half2 [kg][n16a][8] */
+    const uint8_t *zr;    /* uint8 [kg][n16a][8] */
+    const uint16_t *bias; /* fp16 [n16a*16] physical order, or NULL (no bias epilogue) */
+    int *cnt;             /* split-K arrival counters (zero between calls), cnt_len of them */
+    int cnt_len;
+    int k, group;         /* K (multiple of 64), AWQ group (multiple of 64) */
+    int n16, n16a, kc;    /* n16 tiles used / allocated (multiple of 8), K/64 */
+    int n;                /* PLAIN: valid output columns (N) */
+    int ldy;              /* output row stride: N (PLAIN) or N/2 (GATE_UP) */
+    int gate_up;          /* 1: y = silu(gate) * up (interleaved gate|up layout) */
+    int sms;              /* multiprocessors of the device */
+    const uint16_t *x;    /* fp16 [m, k], 16-byte aligned */
+    uint16_t *y;          /* fp16 [m, ldy] */
+    int m;                /* rows of x (tokens), >= 1 */
+    int ksplit;           /* > 0: force this K split (rounded to whole chunks), else automatic */
+};
+
+/* 1 when this build has the sm_90a kernel and the current device can run it
+ * (compute capability 9.0). */
+int w4a16_gemm_available(void);
+
+/* Workspace bytes the automatic configuration needs for m rows (split-K
+ * partial sums; 0 when it does not split). */
+size_t w4a16_gemm_workspace(const struct w4a16_gemm_args *a);
+
+/* Enqueues the GEMM on s. pdl: launch with programmatic stream serialization
+ * (the kernel prefetches weights before griddepcontrol.wait and reads x after).
+ * A workspace smaller than w4a16_gemm_workspace() lowers the split (still
+ * correct). Returns 0 or a negative errno with a message in err. */
+int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t ws_bytes, int pdl,
+                   cudaStream_t s, char *err, size_t errlen);
+
+/* Forces a configuration for later calls (tests, benchmarks; process-wide):
+ * mt in {1, 2} (block = 128 * mt weight rows), bn in {64, 128, 256} (tokens
+ * per block; bn = 256 only with mt = 1), ksplit >= 1, mode 0 = wgmma, 1 =
+ * mma.sync (same tiles and data path). mt = 0 restores the automatic choice.
+ * The environment variable AWQD_W4A16_GEMM_CFG="mt,bn,ksplit,mode" sets the
+ * same at the first call. Returns 0, or -EINVAL for an unsupported tuple. */
+int w4a16_gemm_config(int mt, int bn, int ksplit, int mode);
+
+/* The configuration a call with these arguments uses (after any forcing). */
+void w4a16_gemm_choice(const struct w4a16_gemm_args *a, int *mt, int *bn, int *ksplit, int *mode);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

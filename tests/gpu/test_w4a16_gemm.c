@@ -1,0 +1,473 @@
+/* test_w4a16_gemm.c — the sm_90a INT4 GEMM for large M (kernels/cuda/w4a16_gemm.cu,
+ * forced through w4a16_linear_ex(..., W4A16_KERNEL_WGMMA, ...)) against a CPU
+ * reference: Qwen3-8B's four matrices for M in {64, 100, 128, 257, 1000, 2048,
+ * 4096}, every tile configuration in both modes (wgmma, mma.sync) with and
+ * without split-K, awkward shapes (N not a multiple of the tile, K of a few
+ * groups, G = 64, bias, the gate|up silu epilogue), no workspace, and the
+ * automatic dispatch. Skipped where the kernel is not available (not a 9.0
+ * device or no sm_90a code in the build).
+ *
+ * Reference: y_ref[m][n] = sum_k x[m][k] (q - z) s in double from the same fp16
+ * x (a local dequantizer, AWQ order map from AWQ_FORMAT.md).
+ *
+ * Error bound (as for the other W4A16 kernels, tests/gpu/test_w4a16.c): the
+ * kernel rounds each dequantized weight (q - z) s to fp16 (relative 2^-11,
+ * random signs: <= 2^-11 of the output scale), accumulates in fp32 (~K 2^-24)
+ * and rounds y to fp16 (2^-11): 2 x 2^-11 ~ 1e-3, doubled:
+ *     max |y - y_ref| <= 2e-3 max |y_ref|              (plain, bias)
+ *     max |y - y_ref| <= 5e-3 max|g_ref| max|u_ref|    (silu(g) u, first order)
+ * over the checked rows (all rows for M <= 8, else 0, 1, 63, 64, 127, 128, M/2,
+ * a random one, M - 1). Every element must be written (NaN poison) and two
+ * identical calls must be bitwise equal (deterministic split-K). */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "engine/ckpt.h"
+#include "kernels/cuda/w4a16.h"
+#include "kernels/cuda/w4a16_gemm.h"
+#include "tests/harness/test.h"
+
+static uint64_t g_rng = 0x2545f4914f6cdd1dull;
+static uint32_t grnd(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 16);
+}
+static float grnd_unit(void) { return (float)(grnd() & 0xffffff) / 16777216.0f; }
+
+static uint16_t gh_from_f(float f) { /* fp32 -> fp16, round to nearest even (normal range) */
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    int32_t e = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+    uint32_t man = x & 0x7fffffu;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) {
+        if (e < -10) return (uint16_t)sign;
+        man |= 0x800000u;
+        int shift = 14 - e;
+        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+static float gf_from_h(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31, man = h & 0x3ffu, x;
+    if (e == 0) {
+        float v = ldexpf((float)man, -24);
+        return sign ? -v : v;
+    }
+    if (e == 31) x = sign | 0x7f800000u | (man << 13);
+    else x = sign | ((e - 15 + 127) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static const int GORDER[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+struct glayer {
+    struct awq_linear l;
+    uint32_t *qw, *qz;
+    uint16_t *sc, *bias;
+    float *wref; /* [K][N] (q - z) s */
+    struct w4a16_weight *dw;
+};
+
+static void glayer_make(struct glayer *h, int K, int N, int G, int gate_up, int with_bias) {
+    memset(h, 0, sizeof *h);
+    size_t nq = (size_t)K * (N / 8), nz = (size_t)(K / G) * (N / 8), ns = (size_t)(K / G) * N;
+    h->qw = malloc(nq * 4);
+    h->qz = malloc(nz * 4);
+    h->sc = malloc(ns * 2);
+    h->wref = malloc((size_t)K * N * 4);
+    ASSERT(h->qw && h->qz && h->sc && h->wref);
+    for (size_t i = 0; i < nq; i++) h->qw[i] = grnd() ^ (grnd() << 16);
+    for (size_t i = 0; i < nz; i++) h->qz[i] = grnd() ^ (grnd() << 16);
+    for (size_t i = 0; i < ns; i++) h->sc[i] = gh_from_f(0.005f + 0.01f * grnd_unit());
+    if (with_bias) {
+        h->bias = malloc((size_t)N * 2);
+        ASSERT(h->bias);
+        for (int i = 0; i < N; i++) h->bias[i] = gh_from_f(2.f * grnd_unit() - 1.f);
+    }
+    h->l.k = K;
+    h->l.n = N;
+    h->l.group = G;
+    h->l.qweight = h->qw;
+    h->l.qzeros = h->qz;
+    h->l.scales = h->sc;
+    h->l.bias = h->bias;
+    for (int k = 0; k < K; k++)
+        for (int n = 0; n < N; n++) {
+            int q = (int)((h->qw[(size_t)k * (N / 8) + n / 8] >> (4 * GORDER[n % 8])) & 15);
+            int z = (int)((h->qz[(size_t)(k / G) * (N / 8) + n / 8] >> (4 * GORDER[n % 8])) & 15);
+            h->wref[(size_t)k * N + n] = (float)(q - z) * gf_from_h(h->sc[(size_t)(k / G) * N + n]);
+        }
+    char err[256];
+    int rc = w4a16_upload(&h->l, gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &h->dw, err,
+                          sizeof err);
+    ASSERT_MSG(rc == 0, "upload K=%d N=%d: %s", K, N, err);
+}
+
+static void glayer_free(struct glayer *h) {
+    w4a16_free(h->dw);
+    free(h->qw);
+    free(h->qz);
+    free(h->sc);
+    free(h->bias);
+    free(h->wref);
+}
+
+#define GCK(call) do { cudaError_t e_ = (call); ASSERT_MSG(e_ == cudaSuccess, "%s: %s", #call, \
+                                                           cudaGetErrorString(e_)); } while (0)
+
+/* One call (forced kernel `kern`, split `ks`, workspace or none) checked
+ * against the reference. */
+static void gcheck(const struct glayer *h, int gate_up, int M, int bias, enum w4a16_kernel kern, int ks,
+                   int no_ws, const char *what) {
+    const int K = h->l.k, N = h->l.n, oc = gate_up ? N / 2 : N;
+    const int epi = (gate_up ? W4A16_EPI_SILU_MUL : 0) | (bias ? W4A16_EPI_BIAS : 0);
+    size_t nx = (size_t)M * K, ny = (size_t)M * oc;
+    uint16_t *hx = malloc(nx * 2), *hy = malloc(ny * 2), *hy2 = malloc(ny * 2);
+    double *ref = malloc(sizeof(double) * N);
+    ASSERT(hx && hy && hy2 && ref);
+    for (size_t i = 0; i < nx; i++) hx[i] = gh_from_f(2.f * grnd_unit() - 1.f);
+    uint16_t *dx = NULL, *dy = NULL;
+    void *ws = NULL;
+    size_t wsb = no_ws ? 0 : w4a16_workspace_bytes(h->dw, M);
+    if (!no_ws && ks > 0) { /* room for the forced split */
+        size_t np = (size_t)(N + 255) / 256 * 256, mp = (size_t)(M + 255) / 256 * 256;
+        size_t need = (size_t)ks * np * mp * 4 + 4096;
+        if (need > wsb) wsb = need;
+    }
+    GCK(cudaMalloc((void **)&dx, nx * 2));
+    GCK(cudaMalloc((void **)&dy, ny * 2));
+    if (wsb) GCK(cudaMalloc(&ws, wsb));
+    GCK(cudaMemcpy(dx, hx, nx * 2, cudaMemcpyHostToDevice));
+    char err[256] = "";
+    uint16_t *outs[2] = {hy, hy2};
+    for (int rep = 0; rep < 2; rep++) {
+        GCK(cudaMemset(dy, 0xff, ny * 2)); /* NaN poison */
+        int rc = w4a16_linear_ex(h->dw, dx, M, dy, epi, kern, ks, ws, wsb, 0, err, sizeof err);
+        ASSERT_MSG(rc == 0, "%s M=%d: rc=%d: %s", what, M, rc, err);
+        GCK(cudaDeviceSynchronize());
+        GCK(cudaMemcpy(outs[rep], dy, ny * 2, cudaMemcpyDeviceToHost));
+    }
+    size_t nan_at = ny;
+    for (size_t i = 0; i < ny && nan_at == ny; i++)
+        if (isnan(gf_from_h(hy[i]))) nan_at = i;
+    ASSERT_MSG(nan_at == ny, "%s M=%d: y[%zu][%zu] not written (NaN)", what, M, nan_at / oc, nan_at % oc);
+    ASSERT_MSG(memcmp(hy, hy2, ny * 2) == 0, "%s M=%d: two identical calls differ", what, M);
+
+    int rows[16], nr = 0;
+    if (M <= 8) {
+        for (int m = 0; m < M; m++) rows[nr++] = m;
+    } else {
+        const int cand[8] = {0, 1, 63, 64, 127, 128, M / 2, M - 1};
+        for (int i = 0; i < 8; i++)
+            if (cand[i] < M) rows[nr++] = cand[i];
+        rows[nr++] = (int)(grnd() % (uint32_t)M);
+    }
+    double maxref = 0, maxerr = 0, gmax = 0, umax = 0, worst_ref = 0;
+    int worst_m = 0, worst_n = 0, nbad = 0;
+    double *yr = malloc(sizeof(double) * (size_t)nr * oc);
+    ASSERT(yr);
+    for (int ri = 0; ri < nr; ri++) {
+        const uint16_t *xr = hx + (size_t)rows[ri] * K;
+        for (int n = 0; n < N; n++) ref[n] = bias ? gf_from_h(h->bias[n]) : 0.0;
+        for (int k = 0; k < K; k++) {
+            double xk = gf_from_h(xr[k]);
+            const float *wr = h->wref + (size_t)k * N;
+            for (int n = 0; n < N; n++) ref[n] += xk * wr[n];
+        }
+        for (int j = 0; j < oc; j++) {
+            double v = ref[j];
+            if (gate_up) {
+                double g = ref[j], u = ref[oc + j];
+                if (fabs(g) > gmax) gmax = fabs(g);
+                if (fabs(u) > umax) umax = fabs(u);
+                v = g / (1 + exp(-g)) * u;
+            }
+            yr[(size_t)ri * oc + j] = v;
+            if (fabs(v) > maxref) maxref = fabs(v);
+        }
+    }
+    const double bound = gate_up ? 5e-3 * gmax * umax : 2e-3 * maxref;
+    for (int ri = 0; ri < nr; ri++)
+        for (int j = 0; j < oc; j++) {
+            double yv = gf_from_h(hy[(size_t)rows[ri] * oc + j]), rv = yr[(size_t)ri * oc + j];
+            double e = fabs(yv - rv);
+            if (e > bound && nbad++ < 6) /* where: tells a permutation from a rounding problem */
+                fprintf(stderr, "    %s M=%d: y[%d][%d] = %.5g, ref %.5g\n", what, M, rows[ri], j, yv, rv);
+            if (!(e <= maxerr)) {
+                maxerr = e;
+                worst_m = rows[ri];
+                worst_n = j;
+                worst_ref = rv;
+            }
+        }
+    if (getenv("AWQD_TEST_VERBOSE"))
+        fprintf(stderr, "  %-30s M=%-5d ks=%d max|err| %.3g bound %.3g (rel %.2g)\n", what, M, ks, maxerr,
+                bound, maxerr / (maxref > 0 ? maxref : 1));
+    ASSERT_MSG(maxerr <= bound && maxref > 0,
+               "%s M=%d ks=%d: max|y-ref| = %.4g at [%d][%d] (y %.5g ref %.5g) > bound %.4g (max|ref| %.4g, %d bad)",
+               what, M, ks, maxerr, worst_m, worst_n, gf_from_h(hy[(size_t)worst_m * oc + worst_n]), worst_ref,
+               bound, maxref, nbad);
+    free(yr);
+    cudaFree(dx);
+    cudaFree(dy);
+    cudaFree(ws);
+    free(hx);
+    free(hy);
+    free(hy2);
+    free(ref);
+}
+
+static int gemm_here(void) {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 && w4a16_gemm_available();
+}
+
+#define NEED_GEMM()                                                                      \
+    do {                                                                                 \
+        if (!gemm_here()) {                                                              \
+            TEST_SKIP("no sm_90a wgmma kernel for this device/build");                   \
+            return;                                                                      \
+        }                                                                                \
+    } while (0)
+
+static const int CFGS[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}};
+
+/* Every tile configuration, both modes, split 1 and 3, on a shape whose N is
+ * not a multiple of any tile (1000 = 62.5 n16 tiles), with bias. */
+TEST(w4a16_gemm, configs_modes_splits) {
+    NEED_GEMM();
+    struct glayer h;
+    glayer_make(&h, 1024, 1000, 128, 0, 1);
+    ASSERT_OK_SO_FAR();
+    static const int ms[] = {1, 64, 100, 257};
+    for (int mode = 0; mode < 2; mode++)
+        for (int ci = 0; ci < 5; ci++)
+            for (int ks = 1; ks <= 3; ks += 2) {
+                ASSERT(w4a16_gemm_config(CFGS[ci][0], CFGS[ci][1], ks, mode) == 0);
+                char what[64];
+                snprintf(what, sizeof what, "cfg %dx%d %s split %d", CFGS[ci][0], CFGS[ci][1],
+                         mode ? "mma.sync" : "wgmma", ks);
+                for (int i = 0; i < 4; i++) {
+                    gcheck(&h, 0, ms[i], 1, W4A16_KERNEL_WGMMA, 0, 0, what);
+                    if (test_failed()) {
+                        w4a16_gemm_config(0, 0, 0, 0);
+                        glayer_free(&h);
+                        return;
+                    }
+                }
+            }
+    w4a16_gemm_config(0, 0, 0, 0);
+    glayer_free(&h);
+}
+
+/* Qwen3-8B q|k|v, o, gate|up (silu epilogue), down at the M values. */
+TEST(w4a16_gemm, qwen3_8b_shapes) {
+    NEED_GEMM();
+    static const struct { const char *name; int k, n, gate_up; } sh[] = {
+        {"qkv", 4096, 6144, 0}, {"o", 4096, 4096, 0}, {"gate_up", 4096, 24576, 1}, {"down", 12288, 4096, 0}};
+    static const int ms[] = {64, 100, 128, 257, 1000, 2048, 4096};
+    for (int s = 0; s < 4; s++) {
+        struct glayer h;
+        glayer_make(&h, sh[s].k, sh[s].n, 128, sh[s].gate_up, 0);
+        ASSERT_OK_SO_FAR();
+        for (int i = 0; i < 7 && !test_failed(); i++) {
+            gcheck(&h, sh[s].gate_up, ms[i], 0, W4A16_KERNEL_WGMMA, 0, 0, sh[s].name);
+            if (!test_failed()) /* and what the automatic dispatch picks */
+                gcheck(&h, sh[s].gate_up, ms[i], 0, W4A16_KERNEL_AUTO, 0, 0, sh[s].name);
+        }
+        glayer_free(&h);
+        ASSERT_OK_SO_FAR();
+    }
+}
+
+/* Awkward shapes: tiny and ragged N, K of one to three groups (G = 64 too),
+ * gate|up with inter not a multiple of 64, bias, forced splits. */
+TEST(w4a16_gemm, awkward_shapes) {
+    NEED_GEMM();
+    static const struct { int k, n, g, gate_up, bias; } sh[] = {
+        {128, 8, 64, 0, 0},   {192, 200, 64, 0, 1}, {256, 72, 128, 0, 0}, {384, 4104, 128, 0, 1},
+        {128, 48, 64, 1, 0},  {256, 272, 128, 1, 1}, {640, 1000, 64, 0, 0},
+    };
+    static const int ms[] = {1, 3, 64, 65, 100, 257};
+    for (int s = 0; s < 7; s++) {
+        struct glayer h;
+        glayer_make(&h, sh[s].k, sh[s].n, sh[s].g, sh[s].gate_up, sh[s].bias);
+        ASSERT_OK_SO_FAR();
+        char what[64];
+        snprintf(what, sizeof what, "K=%d N=%d G=%d%s%s", sh[s].k, sh[s].n, sh[s].g,
+                 sh[s].gate_up ? " gate|up" : "", sh[s].bias ? " bias" : "");
+        for (int i = 0; i < 6 && !test_failed(); i++)
+            for (int ks = 0; ks <= 2 && !test_failed(); ks++)
+                gcheck(&h, sh[s].gate_up, ms[i], sh[s].bias, W4A16_KERNEL_WGMMA, ks, 0, what);
+        glayer_free(&h);
+        ASSERT_OK_SO_FAR();
+    }
+}
+
+/* No workspace: the split falls back to 1, same result. gate|up + bias with
+ * every configuration in wgmma mode. */
+TEST(w4a16_gemm, no_workspace_and_gate_up_configs) {
+    NEED_GEMM();
+    struct glayer h;
+    glayer_make(&h, 2048, 2 * 1400, 128, 1, 1);
+    ASSERT_OK_SO_FAR();
+    gcheck(&h, 1, 300, 1, W4A16_KERNEL_WGMMA, 4, 1, "gate|up no workspace");
+    for (int ci = 0; ci < 5 && !test_failed(); ci++) {
+        ASSERT(w4a16_gemm_config(CFGS[ci][0], CFGS[ci][1], 2, 0) == 0);
+        gcheck(&h, 1, 200, 1, W4A16_KERNEL_WGMMA, 0, 0, "gate|up cfg");
+    }
+    w4a16_gemm_config(0, 0, 0, 0);
+    glayer_free(&h);
+}
+
+/* ---- Tuning sweep (not a check; runs only with AWQD_GEMM_SWEEP=1) --------
+ * Times every tile configuration and split on Qwen3-8B's shapes against the
+ * forced tc64 and dequantize + cuBLAS paths, single cold calls (L2 flushed by
+ * a 256 MB memset before each), median of 9. Used to pick the dispatch's
+ * crossovers and the cost model's constants (docs/PERFORMANCE.md). */
+static float sweep_time(struct w4a16_weight *dw, const uint16_t *dx, int M, uint16_t *dy, int epi,
+                        enum w4a16_kernel kern, int ks, void *ws, size_t wsb, void *flush, int *rc) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    float v[9];
+    char err[256];
+    for (int i = 0; i < 11; i++) {
+        cudaMemsetAsync(flush, i, (size_t)256 << 20, 0);
+        cudaEventRecord(a, 0);
+        *rc |= w4a16_linear_ex(dw, dx, M, dy, epi, kern, ks, ws, wsb, 0, err, sizeof err);
+        cudaEventRecord(b, 0);
+        cudaEventSynchronize(b);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, a, b);
+        if (i >= 2) v[i - 2] = ms * 1000.f;
+    }
+    for (int i = 0; i < 9; i++) /* sort */
+        for (int j = i + 1; j < 9; j++)
+            if (v[j] < v[i]) {
+                float t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+            }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return v[4];
+}
+
+TEST(w4a16_gemm, sweep) {
+    if (!getenv("AWQD_GEMM_SWEEP")) {
+        TEST_SKIP("tuning sweep: set AWQD_GEMM_SWEEP=1");
+        return;
+    }
+    NEED_GEMM();
+    static const struct { const char *name; int k, n, gate_up; } sh[] = {
+        {"qkv", 4096, 6144, 0}, {"o", 4096, 4096, 0}, {"gate_up", 4096, 24576, 1}, {"down", 12288, 4096, 0}};
+    static const int ms[] = {64, 128, 256, 512, 1024, 2048, 4096};
+    static const int kss[] = {1, 2, 3, 4, 6, 8};
+    const char *only = getenv("AWQD_GEMM_SWEEP_SHAPE");
+    void *flush = NULL, *ws = NULL;
+    uint16_t *dx = NULL, *dy = NULL;
+    const size_t wsb = (size_t)1 << 30;
+    GCK(cudaMalloc(&flush, (size_t)256 << 20));
+    GCK(cudaMalloc(&ws, wsb));
+    GCK(cudaMalloc((void **)&dx, (size_t)4096 * 12288 * 2));
+    GCK(cudaMalloc((void **)&dy, (size_t)4096 * 24576 * 2));
+    GCK(cudaMemset(dx, 0x3c, (size_t)4096 * 12288 * 2)); /* x = ~1.0: finite sums */
+    int sms = 132;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    for (int s = 0; s < 4; s++) {
+        if (only && strcmp(only, sh[s].name)) continue;
+        struct awq_linear l;
+        size_t nq = (size_t)sh[s].k * (sh[s].n / 8), ns = (size_t)(sh[s].k / 128) * sh[s].n;
+        uint32_t *qw = malloc(nq * 4), *qz = malloc(ns / 8 * 4);
+        uint16_t *sc = malloc(ns * 2);
+        ASSERT(qw && qz && sc);
+        for (size_t i = 0; i < nq; i++) qw[i] = grnd() ^ (grnd() << 16);
+        for (size_t i = 0; i < ns / 8; i++) qz[i] = grnd() ^ (grnd() << 16);
+        for (size_t i = 0; i < ns; i++) sc[i] = gh_from_f(0.001f);
+        memset(&l, 0, sizeof l);
+        l.k = sh[s].k;
+        l.n = sh[s].n;
+        l.group = 128;
+        l.qweight = qw;
+        l.qzeros = qz;
+        l.scales = sc;
+        struct w4a16_weight *dw = NULL;
+        char err[256];
+        ASSERT(w4a16_upload(&l, sh[s].gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &dw, err, sizeof err) == 0);
+        const int epi = sh[s].gate_up ? W4A16_EPI_SILU_MUL : 0;
+        for (int mi = 0; mi < 7; mi++) {
+            const int M = ms[mi];
+            int rc = 0;
+            enum w4a16_kernel ak;
+            int aks;
+            w4a16_choice(dw, M, &ak, &aks);
+            struct w4a16_gemm_args ga;
+            memset(&ga, 0, sizeof ga);
+            ga.n16 = sh[s].gate_up ? sh[s].n / 16 : (sh[s].n + 15) / 16;
+            ga.n16a = (ga.n16 + 7) / 8 * 8;
+            ga.kc = sh[s].k / 64;
+            ga.m = M;
+            ga.sms = sms;
+            ga.cnt_len = 4096;
+            int amt, abn, aks2, amode;
+            w4a16_gemm_choice(&ga, &amt, &abn, &aks2, &amode);
+            float t_auto = sweep_time(dw, dx, M, dy, epi, W4A16_KERNEL_AUTO, 0, ws, wsb, flush, &rc);
+            float t_tc = sweep_time(dw, dx, M, dy, epi, W4A16_KERNEL_TC64, 0, ws, wsb, flush, &rc);
+            float t_cb = sweep_time(dw, dx, M, dy, epi, W4A16_KERNEL_CUBLAS, 0, ws, wsb, flush, &rc);
+            printf("sweep %-8s M=%-5d auto(kern %d ks %d; gemm %dx%d ks %d) %8.2f us  tc64 %8.2f  deq+cublas %8.2f\n",
+                   sh[s].name, M, (int)ak, aks, amt, abn, aks2, t_auto, t_tc, t_cb);
+            float best = 1e30f;
+            int bc = -1, bk = 0;
+            for (int ci = 0; ci < 5; ci++) {
+                printf("  %dx%-3d", CFGS[ci][0], CFGS[ci][1]);
+                for (int ki = 0; ki < 6; ki++) {
+                    const int tiles = (ga.n16 + 8 * CFGS[ci][0] - 1) / (8 * CFGS[ci][0]) *
+                                      ((M + CFGS[ci][1] - 1) / CFGS[ci][1]);
+                    if (kss[ki] > 1 && tiles * kss[ki] > 4 * sms) {
+                        printf("        -");
+                        continue;
+                    }
+                    w4a16_gemm_config(CFGS[ci][0], CFGS[ci][1], kss[ki], 0);
+                    float t = sweep_time(dw, dx, M, dy, epi, W4A16_KERNEL_WGMMA, 0, ws, wsb, flush, &rc);
+                    printf(" %8.2f", t);
+                    if (t < best) {
+                        best = t;
+                        bc = ci;
+                        bk = kss[ki];
+                    }
+                }
+                printf("\n");
+            }
+            w4a16_gemm_config(0, 0, 0, 0);
+            printf("  best %dx%d ks %d %.2f us (auto %.2f)%s\n", bc >= 0 ? CFGS[bc][0] : 0,
+                   bc >= 0 ? CFGS[bc][1] : 0, bk, best, t_auto, rc ? "  ERRORS" : "");
+            fflush(stdout);
+            ASSERT_MSG(rc == 0, "sweep %s M=%d: a call failed", sh[s].name, M);
+        }
+        w4a16_free(dw);
+        free(qw);
+        free(qz);
+        free(sc);
+    }
+    cudaFree(flush);
+    cudaFree(ws);
+    cudaFree(dx);
+    cudaFree(dy);
+}

@@ -431,6 +431,9 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
         }
     }
     if (WG) wg_wait<0>();
+#if !WG_ENABLED
+    if (WG) __trap(); /* never launched: w4a16_gemm_available() is 0 without sm_90a code */
+#endif
     g_wait<0>();
     g_pdl_launch();
 
@@ -537,8 +540,8 @@ static int tiles_of(const struct w4a16_gemm_args *a, int mt, int bn) {
 }
 
 /* Modelled time (SM clocks) of one configuration: waves of one block per SM,
- * each chunk costs the larger of its tensor-core time (1024 FMA / clock / SM,
- * 85% reached) and its memory time (INT4 tile from HBM at ~14 B / clock / SM,
+ * each chunk costs the larger of its tensor-core time (2048 FMA / clock / SM,
+ * 80% reached) and its memory time (INT4 tile from HBM at ~17 B / clock / SM,
  * the x tile from L2 at half that cost), plus a per-chunk and a per-block
  * fixed cost and the split-K round trip. */
 static double gk_cost(const struct w4a16_gemm_args *a, int mt, int bn, int ks) {
@@ -546,8 +549,8 @@ static double gk_cost(const struct w4a16_gemm_args *a, int mt, int bn, int ks) {
     const double blocks = (double)tiles_of(a, mt, bn) * kse;
     const int sms = a->sms > 0 ? a->sms : 1;
     const double waves = (double)(long)((blocks + sms - 1) / sms);
-    const double tensor = mt * bn * 8.0 / 0.85;
-    const double mem = (4096.0 * mt + 0.5 * bn * 128.0) / 14.0;
+    const double tensor = mt * bn * 4.0 / 0.8;
+    const double mem = (4096.0 * mt + 0.5 * bn * 128.0) / 17.0;
     const double chunk = (tensor > mem ? tensor : mem) + 120.0;
     double t = waves * (cps * chunk + 2500.0 + mt * bn * 4.0);
     if (kse > 1) t += 3000.0 + blocks * mt * bn * 128.0 * 4.0 / (sms * 30.0);
@@ -607,6 +610,17 @@ extern "C" void w4a16_gemm_choice(const struct w4a16_gemm_args *a, int *mt, int 
 
 extern "C" size_t w4a16_gemm_workspace(const struct w4a16_gemm_args *a) { return ws_of(a, gk_choose(a)); }
 
+/* Probe: its static shared memory is 64 bytes in an sm_90a image (wgmma
+ * compiled in) and 32 in any other (an sm_90 build without "a" has no-op
+ * stubs). cudaFuncGetAttributes reads that from the image the driver loaded
+ * for this device, and is no stream operation (safe during graph capture). */
+static __global__ void k_w4gemm_probe(int *out) {
+    __shared__ int buf[WG_ENABLED ? 16 : 8];
+    buf[threadIdx.x & 7] = (int)threadIdx.x;
+    __syncthreads();
+    if (out) *out = buf[0];
+}
+
 extern "C" int w4a16_gemm_available(void) {
     static std::atomic<int> avail{-1};
     int v = avail.load();
@@ -617,8 +631,8 @@ extern "C" int w4a16_gemm_available(void) {
     if (cudaGetDevice(&dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-        major == 9 && minor == 0 &&
-        cudaFuncGetAttributes(&fa, k_w4gemm<1, 64, GK_ST_1_64, true>) == cudaSuccess && fa.binaryVersion == 90)
+        major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, k_w4gemm_probe) == cudaSuccess &&
+        fa.sharedSizeBytes == 64)
         v = 1;
     cudaGetLastError();
     avail.store(v);

@@ -248,32 +248,42 @@ static int gemm_here(void) {
 
 static const int CFGS[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}};
 
-/* Every tile configuration, both modes, split 1 and 3, on a shape whose N is
+/* Every tile configuration in one mode, split 1 and 3, on a shape whose N is
  * not a multiple of any tile (1000 = 62.5 n16 tiles), with bias. */
-TEST(w4a16_gemm, configs_modes_splits) {
-    NEED_GEMM();
+static void check_configs(int mode) {
     struct glayer h;
     glayer_make(&h, 1024, 1000, 128, 0, 1);
     ASSERT_OK_SO_FAR();
     static const int ms[] = {1, 64, 100, 257};
-    for (int mode = 0; mode < 2; mode++)
-        for (int ci = 0; ci < 5; ci++)
-            for (int ks = 1; ks <= 3; ks += 2) {
-                ASSERT(w4a16_gemm_config(CFGS[ci][0], CFGS[ci][1], ks, mode) == 0);
-                char what[64];
-                snprintf(what, sizeof what, "cfg %dx%d %s split %d", CFGS[ci][0], CFGS[ci][1],
-                         mode ? "mma.sync" : "wgmma", ks);
-                for (int i = 0; i < 4; i++) {
-                    gcheck(&h, 0, ms[i], 1, W4A16_KERNEL_WGMMA, 0, 0, what);
-                    if (test_failed()) {
-                        w4a16_gemm_config(0, 0, 0, 0);
-                        glayer_free(&h);
-                        return;
-                    }
+    for (int ci = 0; ci < 5; ci++)
+        for (int ks = 1; ks <= 3; ks += 2) {
+            ASSERT(w4a16_gemm_config(CFGS[ci][0], CFGS[ci][1], ks, mode) == 0);
+            char what[64];
+            snprintf(what, sizeof what, "cfg %dx%d %s split %d", CFGS[ci][0], CFGS[ci][1],
+                     mode ? "mma.sync" : "wgmma", ks);
+            for (int i = 0; i < 4; i++) {
+                gcheck(&h, 0, ms[i], 1, W4A16_KERNEL_WGMMA, 0, 0, what);
+                if (test_failed()) {
+                    w4a16_gemm_config(0, 0, 0, 0);
+                    glayer_free(&h);
+                    return;
                 }
             }
+        }
     w4a16_gemm_config(0, 0, 0, 0);
     glayer_free(&h);
+}
+
+/* mma.sync mode first: the same data path (x permutation, swizzle, dequant,
+ * split-K, epilogue) without wgmma, so a wgmma-only failure is told apart. */
+TEST(w4a16_gemm, configs_mma_sync) {
+    NEED_GEMM();
+    check_configs(1);
+}
+
+TEST(w4a16_gemm, configs_wgmma) {
+    NEED_GEMM();
+    check_configs(0);
 }
 
 /* Qwen3-8B q|k|v, o, gate|up (silu epilogue), down at the M values. */
@@ -470,4 +480,68 @@ TEST(w4a16_gemm, sweep) {
     cudaFree(ws);
     cudaFree(dx);
     cudaFree(dy);
+}
+
+/* ---- Layout diagnosis (not a check; runs only with AWQD_GEMM_DIAG=1) -----
+ * x = identity (token n has x[n][k] = 1 at k = n), W = 0 except one weight
+ * (k0, c0) = 1, so y[n][c] = W[n][c] has a single 1 at token k0, column c0.
+ * Prints where each mode puts it (a wrong x permutation moves the token, a
+ * wrong A/D fragment mapping the column). */
+TEST(w4a16_gemm, diag) {
+    if (!getenv("AWQD_GEMM_DIAG")) {
+        TEST_SKIP("layout diagnosis: set AWQD_GEMM_DIAG=1");
+        return;
+    }
+    NEED_GEMM();
+    const int K = 64, N = 64, G = 64, M = 64;
+    static const int probes[][2] = {{0, 0}, {1, 0}, {2, 0}, {4, 0}, {16, 0}, {17, 3}, {33, 9}, {63, 15}, {5, 40}};
+    uint16_t *hx = calloc((size_t)M * K, 2), *hy = malloc((size_t)M * N * 2), *dx = NULL, *dy = NULL;
+    ASSERT(hx && hy);
+    for (int n = 0; n < M; n++) hx[(size_t)n * K + n] = gh_from_f(1.f);
+    GCK(cudaMalloc((void **)&dx, (size_t)M * K * 2));
+    GCK(cudaMalloc((void **)&dy, (size_t)M * N * 2));
+    GCK(cudaMemcpy(dx, hx, (size_t)M * K * 2, cudaMemcpyHostToDevice));
+    for (int pi = 0; pi < 9; pi++) {
+        const int k0 = probes[pi][0], c0 = probes[pi][1];
+        uint32_t qw[64 * 8], qz[8];
+        uint16_t sc[64];
+        for (int i = 0; i < 64 * 8; i++) qw[i] = 0x88888888u;
+        for (int i = 0; i < 8; i++) qz[i] = 0x88888888u;
+        for (int i = 0; i < 64; i++) sc[i] = gh_from_f(1.f);
+        qw[k0 * 8 + c0 / 8] = (qw[k0 * 8 + c0 / 8] & ~(15u << (4 * GORDER[c0 % 8]))) | (9u << (4 * GORDER[c0 % 8]));
+        struct awq_linear l;
+        memset(&l, 0, sizeof l);
+        l.k = K;
+        l.n = N;
+        l.group = G;
+        l.qweight = qw;
+        l.qzeros = qz;
+        l.scales = sc;
+        struct w4a16_weight *dw = NULL;
+        char err[256];
+        ASSERT(w4a16_upload(&l, W4A16_LAYOUT_PLAIN, &dw, err, sizeof err) == 0);
+        for (int mode = 1; mode >= 0; mode--) {
+            w4a16_gemm_config(1, 64, 1, mode);
+            GCK(cudaMemset(dy, 0, (size_t)M * N * 2));
+            int rc = w4a16_linear_ex(dw, dx, M, dy, 0, W4A16_KERNEL_WGMMA, 0, NULL, 0, 0, err, sizeof err);
+            cudaError_t e = cudaDeviceSynchronize();
+            GCK(cudaMemcpy(hy, dy, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
+            printf("diag probe W[k=%d][c=%d] %s rc=%d %s:", k0, c0, mode ? "mma.sync" : "wgmma", rc,
+                   cudaGetErrorString(e));
+            int shown = 0;
+            for (int i = 0; i < M * N && shown < 8; i++)
+                if (gf_from_h(hy[i]) != 0.f) {
+                    printf(" y[%d][%d]=%g", i / N, i % N, gf_from_h(hy[i]));
+                    shown++;
+                }
+            printf("\n");
+        }
+        w4a16_gemm_config(0, 0, 0, 0);
+        w4a16_free(dw);
+    }
+    fflush(stdout);
+    cudaFree(dx);
+    cudaFree(dy);
+    free(hx);
+    free(hy);
 }

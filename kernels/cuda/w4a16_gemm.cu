@@ -342,16 +342,26 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
         }
     };
     /* x rows [tok0, tok0 + BN) of chunk kc, permuted + swizzled (header comment) */
+    /* Warp w copies rows w, w + 8, ...: row & 7 == w, so the destination is
+     * one per-thread offset + 1 KB per row step, the source one per-thread
+     * pointer + 8 rows per step (rows >= M: zero-filled from a valid dummy). */
     const int dw = ((lane >> 1) & 3) * 8 + (lane & 1) * 4 + (lane >> 3); /* destination word */
+    const uint32_t xdst0 = warp * 128 + (((dw >> 2) ^ warp) << 4) + (dw & 3) * 4;
+    const int xrows = min(BN, a.m - tok0); /* valid rows of this block */
+    const uint16_t *xsrc0 = a.x + (size_t)(tok0 + (warp < xrows ? warp : 0)) * a.K + 2 * lane;
+    const size_t xstep = (size_t)8 * a.K;
     auto load_x = [&](int slot, int kc) {
-        const uint32_t st = sbase + slot * C::STAGE;
-#pragma unroll 4
-        for (int row = warp; row < BN; row += GK_THREADS / 32) {
-            const int gm = tok0 + row;
-            const bool ok = gm < a.m;
-            const uint16_t *src = a.x + (size_t)(ok ? gm : 0) * a.K + kc * 64 + 2 * lane;
-            const uint32_t dst = st + row * 128 + ((((dw >> 2) ^ (row & 7))) << 4) + (dw & 3) * 4;
-            g_cp4(dst, src, ok ? 4 : 0);
+        const uint32_t dst = sbase + slot * C::STAGE + xdst0;
+        const uint16_t *src = xsrc0 + kc * 64;
+        if (xrows >= BN) {
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++) g_cp4(dst + i * 1024, src + i * xstep, 4);
+        } else {
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++) {
+                const bool ok = warp + 8 * i < xrows;
+                g_cp4(dst + i * 1024, ok ? src + i * xstep : a.x, ok ? 4 : 0);
+            }
         }
     };
 

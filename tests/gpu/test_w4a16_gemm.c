@@ -422,6 +422,8 @@ TEST(w4a16_gemm, sweep) {
         char err[256];
         ASSERT(w4a16_upload(&l, sh[s].gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &dw, err, sizeof err) == 0);
         const int epi = sh[s].gate_up ? W4A16_EPI_SILU_MUL : 0;
+        printf("sweep %-8s workspace for max_m 4096: %.1f MB (automatic dispatch as configured)\n", sh[s].name,
+               w4a16_workspace_bytes(dw, 4096) / 1e6);
         for (int mi = 0; mi < 7; mi++) {
             const int M = ms[mi];
             int rc = 0;

@@ -49,6 +49,62 @@ static __global__ void k_flush(const uint4 *p, size_t n, unsigned *sink) {
     if (acc == 0x9e3779b9u) *sink = acc; /* practically never; keeps the loads */
 }
 
+/* Streaming-read ceiling, back to back: each call reads n 16-byte words (the
+ * bytes of one weight). WAIT_FIRST = 0: triggers its dependents and loads
+ * everything before griddepcontrol.wait (what a kernel whose reads do not
+ * depend on the previous kernel can overlap); 1: waits first (no overlap but
+ * the launch). */
+template <int WAIT_FIRST>
+static __global__ void __launch_bounds__(512) k_stream_pdl(const uint4 *p, size_t n, unsigned *sink) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (WAIT_FIRST) asm volatile("griddepcontrol.wait;" ::: "memory");
+    unsigned acc = 0;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride),
+              d = __ldcs(p + i + 3 * stride);
+        acc ^= a.x ^ a.y ^ b.z ^ b.w ^ c.x ^ c.w ^ d.y ^ d.z;
+    }
+    for (; i < n; i += stride) {
+        uint4 a = __ldcs(p + i);
+        acc ^= a.x ^ a.w;
+    }
+    if (!WAIT_FIRST) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+template <int WAIT_FIRST>
+static cudaError_t stream_pdl(const uint4 *p, size_t n, unsigned *sink, int sms, cudaStream_t s) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(sms * 4);
+    cfg.blockDim = dim3(512);
+    cfg.stream = s;
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, k_stream_pdl<WAIT_FIRST>, p, n, sink);
+}
+
+/* Median µs per call of `calls` calls issued back to back on stream s. */
+template <typename F>
+static double b2b_us(cudaEvent_t a, cudaEvent_t b, cudaStream_t s, int calls, F fn) {
+    std::vector<float> v;
+    for (int rep = 0; rep < 7; rep++) {
+        CUDA_CHECK_ABORT(cudaEventRecord(a, s));
+        for (int i = 0; i < calls; i++) fn(i);
+        CUDA_CHECK_ABORT(cudaEventRecord(b, s));
+        CUDA_CHECK_ABORT(cudaEventSynchronize(b));
+        float ms = 0;
+        CUDA_CHECK_ABORT(cudaEventElapsedTime(&ms, a, b));
+        if (rep) v.push_back(ms * 1000.f / calls); /* the first is warm-up */
+    }
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
 struct timer {
     cudaEvent_t a, b;
     uint4 *flush;
@@ -86,6 +142,8 @@ static const char *kname(enum w4a16_kernel k) {
     case W4A16_KERNEL_TC128: return "tc128";
     case W4A16_KERNEL_CUBLAS: return "deq+cublas";
     case W4A16_KERNEL_GEMV: return "gemv";
+    case W4A16_KERNEL_WGMMA: return "wgmma"; /* gemm helper */
+    case W4A16_KERNEL_DECODE: return "decode";
     default: return "auto";
     }
 }
@@ -93,11 +151,14 @@ static const char *kname(enum w4a16_kernel k) {
 static float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
 extern "C" int bench_kernels(int argc, char **argv) {
-    int reps = 30, variants = 0, sweep = 0;
+    int reps = 30, variants = 0, sweep = 0, b2b_only = 0;
     const char *csv_path = NULL, *ms_arg = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096";
-    const char *only = NULL;
+    const char *only = NULL, *set = "8b", *b2b_arg = "1,2,4,8,16";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--set") && i + 1 < argc) set = argv[++i];
+        else if (!strcmp(argv[i], "--b2b-m") && i + 1 < argc) b2b_arg = argv[++i];
+        else if (!strcmp(argv[i], "--b2b-only")) b2b_only = 1;
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
         else if (!strcmp(argv[i], "--m") && i + 1 < argc) ms_arg = argv[++i];
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = argv[++i];
@@ -105,8 +166,10 @@ extern "C" int bench_kernels(int argc, char **argv) {
         else if (!strcmp(argv[i], "--sweep")) sweep = 1;
         else {
             fprintf(stderr,
-                    "usage: awqd bench kernels [--reps N] [--m 1,2,4,...] [--shape qkv|o|gate_up|down]\n"
-                    "                          [--variants] [--csv FILE]\n"
+                    "usage: awqd bench kernels [--reps N] [--m 1,2,4,...] [--shape NAME] [--set 8b|32b|all]\n"
+                    "                          [--b2b-m 1,2,4,8,16] [--b2b-only] [--variants] [--csv FILE]\n"
+                    "  --set       Qwen3-8B shapes (default), Qwen3-32B at tp = 1, 2, 4, or both\n"
+                    "  --b2b-only  only the back-to-back table (no single cold calls, no cuBLAS)\n"
                     "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, gemv) at each M\n"
                     "  --sweep     time the split counts of gemv (M = 1, 2, 4), skinny (1, 16), tc64 (64, 128)\n");
             return strcmp(argv[i], "--help") && strcmp(argv[i], "-h") ? 2 : 0;
@@ -119,8 +182,15 @@ extern "C" int bench_kernels(int argc, char **argv) {
         fprintf(stderr, "awqd bench kernels: bad --m list \"%s\"\n", ms_arg);
         return 2;
     }
-    int maxm = 16; /* the back-to-back test runs M = 16 too */
-    for (int i = 0; i < nms; i++) maxm = std::max(maxm, ms[i]);
+    int bms[16];
+    int nbms = util_parse_int_list(b2b_arg, bms, 16);
+    if (nbms <= 0) {
+        fprintf(stderr, "awqd bench kernels: bad --b2b-m list \"%s\"\n", b2b_arg);
+        return 2;
+    }
+    int maxm = 1;
+    for (int i = 0; i < nbms; i++) maxm = std::max(maxm, bms[i]);
+    for (int i = 0; i < nms && !b2b_only; i++) maxm = std::max(maxm, ms[i]);
 
     int dev = 0, ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -162,16 +232,32 @@ extern "C" int bench_kernels(int argc, char **argv) {
     cublasHandle_t cb;
     CUBLAS_CHECK_ABORT(cublasCreate(&cb));
 
+    /* Qwen3-8B (hidden 4096, 32/8 heads x 128, inter 12288) and Qwen3-32B
+     * (hidden 5120, 64/8 heads x 128, inter 25600) and its tensor-parallel
+     * shards: q|k|v 5120 -> (64 + 16) 128 / tp, o (64 128 / tp) -> 5120,
+     * gate|up 5120 -> 2 25600 / tp, down 25600 / tp -> 5120. */
     static const shape shapes[] = {
         {"qkv", 4096, 6144, 0},
         {"o", 4096, 4096, 0},
         {"gate_up", 4096, 24576, 1},
         {"down", 12288, 4096, 0},
+        {"32b.qkv", 5120, 10240, 0},
+        {"32b.o", 8192, 5120, 0},
+        {"32b.gate_up", 5120, 51200, 1},
+        {"32b.down", 25600, 5120, 0},
+        {"32b.qkv.tp2", 5120, 5120, 0},
+        {"32b.o.tp2", 4096, 5120, 0},
+        {"32b.gate_up.tp2", 5120, 25600, 1},
+        {"32b.down.tp2", 12800, 5120, 0},
+        {"32b.qkv.tp4", 5120, 2560, 0},
+        {"32b.o.tp4", 2048, 5120, 0},
+        {"32b.gate_up.tp4", 5120, 12800, 1},
+        {"32b.down.tp4", 6400, 5120, 0},
     };
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv)
         fprintf(csv, "shape,K,N,M,kernel,ksplit,us,weight_GBs,pct_copy,TFLOPs,cublas_us,"
-                     "speedup_vs_cublas,skinny_us,tc64_us,tc128_us,deqcublas_us,gemv_us,nocluster_us\n");
+                     "speedup_vs_cublas,skinny_us,tc64_us,tc128_us,deqcublas_us,gemv_us,nocluster_us,old_dispatch_us\n");
     printf("\n%-8s %5s %-10s %3s %9s %8s %6s %7s %10s %8s", "shape", "M", "kernel", "ks", "us",
            "GB/s", "%copy", "TFLOP/s", "cublas_us", "speedup");
     if (variants) printf(" %9s %9s %9s %9s %9s %9s", "skinny", "tc64", "tc128", "deq+cubl", "gemv", "nocluster");
@@ -179,6 +265,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
 
     for (const shape &sh : shapes) {
         if (only && strcmp(only, sh.name)) continue;
+        const int is32 = !strncmp(sh.name, "32b.", 4);
+        if (!only && strcmp(set, "all") && (is32 != !strcmp(set, "32b"))) continue;
         int K = sh.k, N = sh.n, G = 128;
         size_t nq = (size_t)K * N / 8, nz = (size_t)K / G * N / 8, ns = (size_t)K / G * N;
         std::vector<uint32_t> qw(nq), qz(nz);
@@ -203,8 +291,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
         }
         /* dequantized fp16 copy for cuBLAS (benchmark only) */
         static const int ord[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-        std::vector<uint16_t> wd((size_t)K * N);
-        for (int k = 0; k < K; k++)
+        std::vector<uint16_t> wd(b2b_only ? 0 : (size_t)K * N);
+        for (int k = 0; k < (b2b_only ? 0 : K); k++)
             for (int n = 0; n < N; n++) {
                 int q = (qw[(size_t)k * (N / 8) + n / 8] >> (4 * ord[n % 8])) & 15;
                 int z = (qz[(size_t)(k / G) * (N / 8) + n / 8] >> (4 * ord[n % 8])) & 15;
@@ -212,8 +300,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     __half_as_ushort(__float2half((float)(q - z) * h2f(sc[(size_t)(k / G) * N + n])));
             }
         uint16_t *dW, *dx, *dy, *dyc;
-        CUDA_CHECK_ABORT(cudaMalloc(&dW, wd.size() * 2));
-        CUDA_CHECK_ABORT(cudaMemcpy(dW, wd.data(), wd.size() * 2, cudaMemcpyHostToDevice));
+        CUDA_CHECK_ABORT(cudaMalloc(&dW, std::max<size_t>(wd.size(), 8) * 2));
+        if (!wd.empty()) CUDA_CHECK_ABORT(cudaMemcpy(dW, wd.data(), wd.size() * 2, cudaMemcpyHostToDevice));
         std::vector<uint16_t> hx((size_t)maxm * K);
         for (auto &v : hx) v = __half_as_ushort(__float2half((b_rnd() & 0xffff) / 32768.f - 1.f));
         CUDA_CHECK_ABORT(cudaMalloc(&dx, hx.size() * 2));
@@ -230,7 +318,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
         double wbytes = (double)K * N / 2 + (double)K / G * N * 2.5;
 
         {
-            /* reference: a plain streaming read of the same INT4 bytes (same timing) */
+            /* reference: a plain streaming read of the same INT4 bytes, one cold call */
             size_t qn = (size_t)((N + 127) / 128 * 128) * K / 2 / 16;
             void *qcopy;
             CUDA_CHECK_ABORT(cudaMalloc(&qcopy, qn * 16));
@@ -244,52 +332,77 @@ extern "C" int bench_kernels(int argc, char **argv) {
             cudaFree(qcopy);
         }
         {
-            /* back to back, as in a forward pass: R copies of the weight (> 2x L2
-             * together) called in turn between two events, no flush */
-            int R = (int)std::min<double>(24.0, std::ceil(2.0 * prop.l2CacheSize / wbytes)) + 1;
+            /* back to back, as in a forward pass: R device copies of the weight
+             * (> 2x L2 together) called in turn between two events, no flush,
+             * on a non-blocking stream (programmatic dependent launch does not
+             * apply on the legacy default stream) */
+            int R = (int)std::min<double>(64.0, std::ceil(2.0 * prop.l2CacheSize / wbytes)) + 1;
             std::vector<struct w4a16_weight *> cp(R, nullptr);
             cp[0] = w;
             for (int i = 1; i < R; i++)
-                if (w4a16_upload(&l, sh.gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &cp[i],
-                                 err, sizeof err)) {
-                    fprintf(stderr, "upload copy: %s\n", err);
+                if (w4a16_clone(w, &cp[i], err, sizeof err)) {
+                    fprintf(stderr, "clone: %s\n", err);
                     return 1;
                 }
-            /* on a non-blocking stream (programmatic dependent launch does not
-             * apply on the legacy default stream), with PDL on and off */
             cudaStream_t bs;
             CUDA_CHECK_ABORT(cudaStreamCreateWithFlags(&bs, cudaStreamNonBlocking));
-            const int pdl0 = w4a16_pdl(-1), cl0 = w4a16_cluster_reduce(-1);
-            static const int b2b_m[] = {1, 2, 4, 8, 16};
-            /* modes: 2 = PDL + cluster split-K, 1 = PDL only, 0 = neither */
-            for (int bi = 0; bi < 5; bi++)
-                for (int mode = 2; mode >= 0; mode--) {
-                    int mm = b2b_m[bi], pdl = mode > 0;
-                    w4a16_pdl(pdl);
-                    w4a16_cluster_reduce(mode == 2);
-                    int calls = R * 4, rc2 = 0;
-                    std::vector<float> v;
-                    for (int rep = 0; rep < 7; rep++) {
-                        CUDA_CHECK_ABORT(cudaEventRecord(t.a, bs));
-                        for (int i = 0; i < calls; i++)
-                            rc2 |= w4a16_linear(cp[i % R], dx, mm, dy, epi, ws, wsb, bs, err, sizeof err);
-                        CUDA_CHECK_ABORT(cudaEventRecord(t.b, bs));
-                        CUDA_CHECK_ABORT(cudaEventSynchronize(t.b));
-                        float ms = 0;
-                        CUDA_CHECK_ABORT(cudaEventElapsedTime(&ms, t.a, t.b));
-                        if (rep) v.push_back(ms * 1000.f / calls);
-                    }
-                    std::sort(v.begin(), v.end());
-                    double bus = v[v.size() / 2];
-                    printf("%-8s back-to-back M=%-2d pdl=%d cluster=%d over %d weight copies: %.2f us/call = %.0f GB/s (%.1f%% of copy)%s\n",
-                           sh.name, mm, pdl, mode == 2, R, bus, wbytes / (bus * 1e-6) / 1e9,
-                           100.0 * wbytes / (bus * 1e-6) / 1e9 / copy_gbs, rc2 ? " (error)" : "");
-                    if (csv) fprintf(csv, "%s,%d,%d,%d,b2b_pdl%d_cl%d,0,%.3f,%.1f,%.2f,,,,,,,,,\n", sh.name, K,
-                                     N, mm, pdl, mode == 2, bus, wbytes / (bus * 1e-6) / 1e9,
-                                     100.0 * wbytes / (bus * 1e-6) / 1e9 / copy_gbs);
+            const int calls = std::max(R * 4, 64);
+            /* the streaming-read ceiling over R buffers of the same size */
+            {
+                size_t qn = (size_t)((N + 127) / 128 * 128) * K / 2 / 16;
+                uint4 *big;
+                CUDA_CHECK_ABORT(cudaMalloc(&big, qn * 16 * R));
+                CUDA_CHECK_ABORT(cudaMemset(big, 5, qn * 16 * R));
+                double s0 = b2b_us(t.a, t.b, bs, calls, [&](int i) {
+                    CUDA_CHECK_ABORT(stream_pdl<0>(big + (size_t)(i % R) * qn, qn, t.sink, t.sms, bs));
+                });
+                double s1 = b2b_us(t.a, t.b, bs, calls, [&](int i) {
+                    CUDA_CHECK_ABORT(stream_pdl<1>(big + (size_t)(i % R) * qn, qn, t.sink, t.sms, bs));
+                });
+                printf("%-8s b2b stream-read ceiling (%.2f MB): reads before the PDL wait %.2f us (%.1f%% of copy), "
+                       "after it %.2f us (%.1f%%)\n",
+                       sh.name, qn * 16 / 1e6, s0, 100.0 * qn * 16 / (s0 * 1e-6) / 1e9 / copy_gbs, s1,
+                       100.0 * qn * 16 / (s1 * 1e-6) / 1e9 / copy_gbs);
+                if (csv)
+                    fprintf(csv, "%s,%d,%d,0,b2b_stream_ceiling,0,%.3f,%.1f,%.2f,,,,,,,,,\n", sh.name, K, N,
+                            s0, qn * 16 / (s0 * 1e-6) / 1e9, 100.0 * qn * 16 / (s0 * 1e-6) / 1e9 / copy_gbs);
+                cudaFree(big);
+            }
+            const int pdl0 = w4a16_pdl(-1), cl0 = w4a16_cluster_reduce(-1), dc0 = w4a16_decode_kernel(-1);
+            /* modes: 0 = this session's dispatch (decode kernel, PDL), 1 = the
+             * session-2 default (skinny + cluster split-K, PDL), 2 = decode
+             * without PDL, 3 = skinny without PDL or cluster (--variants) */
+            static const char *mname[4] = {"new", "old", "new,nopdl", "old,nopdl"};
+            for (int bi = 0; bi < nbms; bi++) {
+                double us_mode[4] = {0, 0, 0, 0};
+                int mm = bms[bi], rc2 = 0;
+                enum w4a16_kernel kc;
+                int ks;
+                w4a16_choice(w, mm, &kc, &ks);
+                for (int mode = 0; mode < (variants ? 4 : 2); mode++) {
+                    w4a16_pdl(mode < 2 ? pdl0 : 0);
+                    w4a16_cluster_reduce(mode == 3 ? 0 : cl0);
+                    w4a16_decode_kernel(mode == 0 || mode == 2);
+                    us_mode[mode] = b2b_us(t.a, t.b, bs, calls, [&](int i) {
+                        rc2 |= w4a16_linear(cp[i % R], dx, mm, dy, epi, ws, wsb, bs, err, sizeof err);
+                    });
                 }
-            w4a16_pdl(pdl0);
-            w4a16_cluster_reduce(cl0);
+                w4a16_pdl(pdl0);
+                w4a16_cluster_reduce(cl0);
+                w4a16_decode_kernel(dc0);
+                printf("%-8s b2b M=%-2d %-6s over %2d copies:", sh.name, mm, kname(kc), R);
+                for (int mode = 0; mode < (variants ? 4 : 2); mode++)
+                    printf("  %s %.2f us (%.1f%%)", mname[mode], us_mode[mode],
+                           100.0 * wbytes / (us_mode[mode] * 1e-6) / 1e9 / copy_gbs);
+                printf("  new/old %.2fx%s\n", us_mode[1] / us_mode[0], rc2 ? " (error)" : "");
+                if (csv)
+                    for (int mode = 0; mode < (variants ? 4 : 2); mode++)
+                        fprintf(csv, "%s,%d,%d,%d,b2b_%s,0,%.3f,%.1f,%.2f,,,,,,,,,\n", sh.name, K, N, mm,
+                                mname[mode], us_mode[mode], wbytes / (us_mode[mode] * 1e-6) / 1e9,
+                                100.0 * wbytes / (us_mode[mode] * 1e-6) / 1e9 / copy_gbs);
+                if (rc2) fprintf(stderr, "b2b %s M=%d: %s\n", sh.name, mm, err);
+            }
+            fflush(stdout);
             CUDA_CHECK_ABORT(cudaStreamDestroy(bs));
             for (int i = 1; i < R; i++) w4a16_free(cp[i]);
         }
@@ -313,7 +426,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
                            kname(fk), sms_[si], sus, wbytes / (sus * 1e-6) / 1e9, rc2 ? " (error)" : "");
                 }
         }
-        for (int mi = 0; mi < nms; mi++) {
+        for (int mi = 0; mi < (b2b_only ? 0 : nms); mi++) {
             int M = ms[mi];
             enum w4a16_kernel kc;
             int ks;
@@ -336,7 +449,15 @@ extern "C" int bench_kernels(int argc, char **argv) {
                              CUBLAS_GEMM_DEFAULT);
             });
             CUDA_CHECK_ABORT(cudaGetLastError());
-            double var[6] = {0, 0, 0, 0, 0, 0};
+            double var[7] = {0, 0, 0, 0, 0, 0, 0};
+            if (kc == W4A16_KERNEL_DECODE) { /* the session-2 dispatch (skinny) for the same M */
+                const int dc0 = w4a16_decode_kernel(-1);
+                w4a16_decode_kernel(0);
+                var[6] = time_median_us(t, reps, [&] {
+                    rc |= w4a16_linear(w, dx, M, dy, epi, ws, wsb, 0, err, sizeof err);
+                });
+                w4a16_decode_kernel(dc0);
+            }
             if (variants && kc == W4A16_KERNEL_SKINNY) { /* the dispatch without cluster split-K */
                 const int cl0 = w4a16_cluster_reduce(-1);
                 w4a16_cluster_reduce(0);
@@ -365,12 +486,13 @@ extern "C" int bench_kernels(int argc, char **argv) {
             printf("%-8s %5d %-10s %3d %9.2f %8.0f %5.1f%% %7.1f %10.2f %7.2fx", sh.name, M,
                    kname(kc), ks, us, gbs, 100.0 * gbs / copy_gbs, tfl, cus, cus / us);
             if (variants) printf(" %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f", var[0], var[1], var[2], var[3], var[4], var[5]);
+            if (var[6] > 0) printf("  old %.2f us (new/old %.2fx)", var[6], var[6] / us);
             printf("\n");
             fflush(stdout);
             if (csv)
-                fprintf(csv, "%s,%d,%d,%d,%s,%d,%.3f,%.1f,%.2f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
+                fprintf(csv, "%s,%d,%d,%d,%s,%d,%.3f,%.1f,%.2f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
                         sh.name, K, N, M, kname(kc), ks, us, gbs, 100.0 * gbs / copy_gbs, tfl, cus,
-                        cus / us, var[0], var[1], var[2], var[3], var[4], var[5]);
+                        cus / us, var[0], var[1], var[2], var[3], var[4], var[5], var[6]);
         }
         w4a16_pdl(pdl_keep);
         cudaFree(ws);

@@ -756,6 +756,345 @@ k_gemv(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 }
 
 /* ------------------------------------------------------------------------ */
+/* Decode kernel (M <= 8): persistent grid, whole n16 tiles per block.       */
+/*                                                                            */
+/* Decomposition. The T = n16 column tiles (16 physical columns x all of K)  */
+/* are dealt out to P = min(#SMs, T) blocks in contiguous runs [t0, t1) of   */
+/* floor or ceil(T / P) tiles. A block owns whole output columns: there is   */
+/* no split-K across blocks (no workspace, no counters, no cluster), and the */
+/* busiest SM streams ceil(T/P) / (T/P) of the average share (3% more on the */
+/* Qwen3-8B shapes). Inside the block the nt * KC (tile, 64-deep chunk)      */
+/* units, tile-major, are cut into 8 equal contiguous ranges, one per warp:  */
+/* [end of a tile][whole tiles ...][start of a tile]. A whole tile goes      */
+/* straight to the epilogue; a tile shared by several warps is summed in     */
+/* warp order (= k order) through shared memory after one barrier:           */
+/* deterministic, no atomics.                                                */
+/*                                                                            */
+/* Streaming. A warp copies its units (512 contiguous bytes each: one n16    */
+/* tile x 64 k of the layout above) with 16-byte cp.async into its own       */
+/* ST-deep ring (each lane reads back only its own 16 bytes: no barrier).    */
+/* Before the programmatic-launch wait the block requests its tiles' scales  */
+/* and zeros (all groups) and the first ST - 1 units of every warp: up to    */
+/* 96 KB per SM, the whole share of the q|k|v and o matrices, so in a        */
+/* forward pass their weights stream in while the previous kernel runs. It   */
+/* then triggers its dependents at once, so that the next PDL kernel's       */
+/* blocks can become resident beside it and prefetch in turn (the launcher   */
+/* keeps a block within DC_SMEM_BUDGET and 128 registers per thread, so two  */
+/* fit on an SM). x, written by the previous kernel, is read only after      */
+/* griddepcontrol.wait, with plain loads into shared memory [M][K + 8] (as a */
+/* cp.async group it would make the first chunk wait for the whole prefetch).*/
+/*                                                                            */
+/* Per chunk: 4 mma, one chain per k16 step, accumulated over the chunks of */
+/* one scale group (consecutive mma of a chain are a whole chunk apart: no   */
+/* stall of the warp's in-order issue) and scaled into the fp32 accumulator  */
+/* once per group. Weights are requested with an L2 evict-first policy (read */
+/* once per forward pass).                                                   */
+/* ------------------------------------------------------------------------ */
+
+#define DC_WARPS 8
+#define DC_MAX_M 16 /* MT = 1 (M <= 8) or 2 (M <= 16) blocks of 8 rows */
+#define DC_SMEM_BUDGET (113 * 1024) /* two blocks per SM: 2 x (113 + 1 reserved) <= 228 KB */
+#define DC_SMEM_MAX (227 * 1024)    /* M > 8: x alone takes up to 128 KB, one block per SM */
+
+struct dc_smem {
+    size_t s_off, z_off, x_off, total; /* ring at 0: [8 warps][ST][32 lanes] uint4 */
+    int xstride;                       /* halves per x row */
+};
+
+/* m rows, K, KG groups, ntb = most tiles of a block, st = ring depth */
+static __host__ __device__ inline dc_smem dc_layout(int m, int K, int KG, int ntb, int st) {
+    dc_smem L;
+    L.xstride = K + 8; /* 16-byte pad: the 8 rows' LDS.128 hit distinct banks */
+    L.s_off = (size_t)DC_WARPS * st * 512;
+    L.z_off = L.s_off + (size_t)KG * ntb * 32;
+    L.x_off = L.z_off + ((size_t)KG * ntb * 8 + 15) / 16 * 16;
+    L.total = L.x_off + ((size_t)m * L.xstride * 2 + 15) / 16 * 16;
+    return L;
+}
+
+static __device__ __forceinline__ void dc_cp16(void *dst, const void *src, int evict, uint64_t pol) {
+    if (evict)
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)),
+                     "l"(src), "l"(pol) : "memory");
+    else
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+static __device__ __forceinline__ void dc_cp8(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+template <int N>
+static __device__ __forceinline__ void dc_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+/* d += A * B, not volatile: the compiler may schedule it like arithmetic */
+static __device__ __forceinline__ void dc_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* d = A * B */
+static __device__ __forceinline__ void dc_mma_z(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+}
+
+/* NC (measurement only, AWQD_W4A16_DC_NOCOMPUTE=1): stream and read the ring
+ * but skip the dequantize + mma: the memory-only time of the same kernel. */
+template <int MT, int ST, bool NC>
+static __global__ void __launch_bounds__(DC_WARPS * 32, MT == 1 ? 2 : 1)
+k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
+         const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
+         int G, int T, int evict, epi_args ep) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int r = lane >> 2, c = lane & 3;
+    const int P = gridDim.x, b = blockIdx.x;
+    const int t0 = (int)((long long)b * T / P), nt = (int)((long long)(b + 1) * T / P) - t0;
+    const int KG = K / G, cpg = G / 64;
+    const int U = nt * KC; /* the block's units, tile-major: u = j * KC + kc */
+    const int u0 = warp * U / DC_WARPS, n = (warp + 1) * U / DC_WARPS - u0;
+    const dc_smem L = dc_layout(ep.m, K, KG, (T + P - 1) / P, ST);
+    uint4 *ring = (uint4 *)smem + warp * ST * 32 + lane; /* this lane's slot 0 */
+    uint32_t *ssc = (uint32_t *)(smem + L.s_off);        /* [KG][nt][8] half2 {s(r), s(r+8)} */
+    uint8_t *szr = smem + L.z_off;                       /* [KG][nt][8] z(r) | z(r+8) << 4 */
+    uint16_t *sx = (uint16_t *)(smem + L.x_off);         /* [M][K + 8] */
+
+    uint64_t pol = 0;
+    if (evict) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+
+    /* 1. constant data before the dependency wait: scales/zeros (oldest group) */
+    {
+        const int per_g = 3 * nt; /* per group: 2 x 16 B of scales + 8 B of zeros per tile */
+        for (int i = tid; i < KG * per_g; i += DC_WARPS * 32) {
+            const int g = i / per_g, q = i - g * per_g;
+            const size_t row = ((size_t)g * n16a + t0) * 8;
+            if (q < 2 * nt) cp_async16(ssc + g * nt * 8 + q * 4, sc + row + q * 4, 16);
+            else dc_cp8(szr + (g * nt + q - 2 * nt) * 8, zr + row + (q - 2 * nt) * 8);
+        }
+        cp_async_commit();
+    }
+    /* ... and the warp's first ST - 1 units, one group each */
+    int ft = u0 / KC, fk = u0 - ft * KC; /* fetch cursor: block tile, chunk */
+    auto unit = [&](int j, int kc) {
+        const int t = t0 + j;
+        return qw + (((size_t)(t >> 3) * KC + kc) * 8 + (t & 7)) * 32 + lane;
+    };
+    const uint4 *fp = unit(ft, fk);
+    auto fetch = [&](int slot) {
+        dc_cp16(ring + slot * 32, fp, evict, pol);
+        if (++fk == KC) {
+            fk = 0;
+            ++ft;
+            fp = unit(ft, 0); /* past the block's last tile only when never fetched */
+        } else {
+            fp += 256;
+        }
+    };
+#pragma unroll 1
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < n) fetch(s);
+        cp_async_commit();
+    }
+    pdl_launch(); /* the next kernel may become resident and prefetch now */
+    pdl_wait();   /* x is the previous kernel's output */
+
+    /* 2. x rows -> shared memory */
+    {
+        const int cpr = K / 8, tot = ep.m * cpr;
+        for (int i0 = tid; i0 < tot; i0 += DC_WARPS * 32 * 4) {
+            uint4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int i = i0 + u * DC_WARPS * 32;
+                if (i < tot) {
+                    const int row = i / cpr, ch = i - row * cpr;
+                    v[u] = __ldcg((const uint4 *)(x + (size_t)row * K + ch * 8)); /* L2: PDL-safe */
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int i = i0 + u * DC_WARPS * 32;
+                if (i < tot) {
+                    const int row = i / cpr, ch = i - row * cpr;
+                    *(uint4 *)(sx + row * L.xstride + ch * 8) = v[u];
+                }
+            }
+        }
+    }
+    dc_wait<ST - 1>(); /* this thread's scale/zero copies */
+    __syncthreads();
+
+    /* 3. stream the warp's range */
+    int ct = u0 / KC, ck = u0 - ct * KC; /* consume cursor */
+    int seg_k0 = ck, seg_first = 1;      /* where the current segment started */
+    int g = ck / cpg, gc = ck - g * cpg; /* group of ck, chunk inside the group */
+    uint32_t mlo = 0, mhi = 0;
+    float slo = 0.f, shi = 0.f;
+    auto load_group = [&]() {
+        const int i = (g * nt + ct) * 8 + r;
+        uint32_t s2 = ssc[i], z = szr[i];
+        __half2 sh2 = *reinterpret_cast<__half2 *>(&s2);
+        slo = __low2float(sh2);
+        shi = __high2float(sh2) * 0.0625f; /* rows r+8 come out as 16 (q - z) */
+        mlo = magic_lo(z & 15);
+        mhi = magic_hi(z >> 4);
+    };
+    if (n > 0) load_group();
+    bool xv[MT];
+    const uint16_t *xr[MT];
+#pragma unroll
+    for (int i = 0; i < MT; i++) { /* rows 8i + r of x: the mma's B column r */
+        xv[i] = i * 8 + r < ep.m;
+        xr[i] = sx + (xv[i] ? i * 8 + r : 0) * L.xstride + 16 * c;
+    }
+    float acc[MT][4], first[MT][4], last[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc[i][k] = first[i][k] = last[i][k] = 0.f;
+    /* One mma chain per k16 step t, accumulated over the chunks of one scale
+     * group (mma t of the next chunk needs this chunk's mma t, issued a whole
+     * chunk earlier: no stall), scaled into acc once per group. */
+    float d[MT][4][4];
+    int gfirst = 1; /* the next chunk starts a group: its mma start from zero */
+    int slot = 0, fslot = ST - 1;
+#pragma unroll 1
+    for (int it = 0; it < n; it++) {
+        if (it + ST - 1 < n) fetch(fslot);
+        fslot = fslot + 1 == ST ? 0 : fslot + 1;
+        cp_async_commit();
+        dc_wait<ST - 1>(); /* unit it has landed */
+        const uint4 wv = ring[slot * 32];
+        slot = slot + 1 == ST ? 0 : slot + 1;
+        uint4 xa[MT], xb[MT];
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            xa[i] = xb[i] = make_uint4(0, 0, 0, 0);
+            if (xv[i]) {
+                xa[i] = *(const uint4 *)(xr[i] + ck * 64);
+                xb[i] = *(const uint4 *)(xr[i] + ck * 64 + 8);
+            }
+        }
+        const uint32_t *wt = &wv.x;
+        if (NC) {
+            d[0][0][0] += __uint_as_float(wv.x ^ wv.y ^ wv.z ^ wv.w ^ xa[0].x ^ xb[0].y) * 1e-30f;
+        } else if (gfirst) {
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                uint32_t a[4];
+                deq_raw(wt[t], mlo, mhi, a);
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    const uint32_t *xs = t < 2 ? &xa[i].x : &xb[i].x;
+                    dc_mma_z(d[i][t], a, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                uint32_t a[4];
+                deq_raw(wt[t], mlo, mhi, a);
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    const uint32_t *xs = t < 2 ? &xa[i].x : &xb[i].x;
+                    dc_mma(d[i][t], a, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
+                }
+            }
+        }
+        const bool tile_end = ck == KC - 1, seg_end = tile_end || it == n - 1;
+        gfirst = seg_end || gc + 1 == cpg;
+        if (gfirst) { /* the group (or the segment) ends: scale it into acc */
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    acc[i][k] = fmaf(k < 2 ? slo : shi, (d[i][0][k] + d[i][1][k]) + (d[i][2][k] + d[i][3][k]),
+                                     acc[i][k]);
+        }
+        if (seg_end) {
+            if (seg_k0 == 0 && tile_end) { /* the whole tile was this warp's */
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+                    epilogue(ep, t0 + ct, r, i * 8 + 2 * c, acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+            } else if (seg_first) {
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) first[i][k] = acc[i][k];
+            } else {
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) last[i][k] = acc[i][k];
+            }
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) acc[i][k] = 0.f;
+            seg_first = 0;
+            seg_k0 = 0;
+            ck = 0;
+            ct++;
+            g = 0;
+            gc = 0;
+            if (it + 1 < n) load_group();
+        } else {
+            ck++;
+            if (++gc == cpg) {
+                gc = 0;
+                g++;
+                load_group();
+            }
+        }
+    }
+    dc_wait<0>();
+
+    /* 4. tiles shared by warps: partials in each warp's (now idle) ring,
+     * slot 0 = its first segment, slot 1 = its last ([MT][32 lanes][4]
+     * floats each); summed in warp order */
+    float *red = (float *)smem;
+    const int rw = ST * 128; /* floats per warp ring */
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            red[warp * rw + i * 128 + lane * 4 + k] = first[i][k];
+            red[warp * rw + (MT + i) * 128 + lane * 4 + k] = last[i][k];
+        }
+    __syncthreads();
+    for (int j = warp; j < nt; j += DC_WARPS) {
+        const int ua = j * KC, ub = ua + KC - 1;
+        int wa = 0, wb = 0;
+        for (int w = 0; w < DC_WARPS; w++) {
+            const int b0 = w * U / DC_WARPS, b1 = (w + 1) * U / DC_WARPS;
+            if (b0 <= ua && ua < b1) wa = w;
+            if (b0 <= ub && ub < b1) wb = w;
+        }
+        if (wa == wb) continue; /* stored by its warp */
+        float sm[MT][4];
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) sm[i][k] = 0.f;
+        for (int w = wa; w <= wb; w++) {
+            const int b0 = w * U / DC_WARPS, b1 = (w + 1) * U / DC_WARPS;
+            if (b0 == b1) continue; /* empty range */
+            const float *p = red + w * rw + (b0 / KC == j ? 0 : MT * 128) + lane * 4;
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) sm[i][k] += p[i * 128 + k];
+        }
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+            epilogue(ep, t0 + j, r, i * 8 + 2 * c, sm[i][0], sm[i][1], sm[i][2], sm[i][3]);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* Pipelined tensor-core GEMM. Block = (2*WN) n16 tiles x (8*MW*WM) rows,    */
 /* warps WN x WM, each 32 columns x 8*MW rows. STAGES-deep cp.async ring of  */
 /* (x tile, INT4 tile, scales, zeros) per 64-deep chunk; dequantization from */
@@ -1127,6 +1466,48 @@ extern "C" int w4a16_n(const struct w4a16_weight *w) { return w->n; }
 extern "C" int w4a16_out_cols(const struct w4a16_weight *w) { return w->out_cols; }
 extern "C" size_t w4a16_device_bytes(const struct w4a16_weight *w) { return w->bytes; }
 
+extern "C" int w4a16_clone(const struct w4a16_weight *src, struct w4a16_weight **out, char *err,
+                           size_t errlen) {
+    *out = NULL;
+    struct w4a16_weight *w = (struct w4a16_weight *)calloc(1, sizeof *w);
+    if (!w) return util_err(err, errlen, -ENOMEM, "w4a16_clone: out of memory");
+    *w = *src;
+    w->qw = NULL;
+    w->sc = NULL;
+    w->zr = NULL;
+    w->bias = NULL;
+    w->cnt = NULL;
+    const size_t qb = (size_t)src->n16a * src->kc * 32 * 16, sb = (size_t)src->kg * src->n16a * 8;
+    int rc = 0;
+#define CL_CHECK(call)                                                                          \
+    do {                                                                                        \
+        cudaError_t e_ = (call);                                                                \
+        if (e_ != cudaSuccess) {                                                                \
+            rc = util_err(err, errlen, CUDA_CHECK_RC_(e_), "w4a16_clone: %s failed: %s", #call, \
+                          cudaGetErrorString(e_));                                              \
+            goto fail;                                                                          \
+        }                                                                                       \
+    } while (0)
+    CL_CHECK(cudaMalloc((void **)&w->qw, qb));
+    CL_CHECK(cudaMalloc((void **)&w->sc, sb * 4));
+    CL_CHECK(cudaMalloc((void **)&w->zr, sb));
+    CL_CHECK(cudaMalloc((void **)&w->cnt, sizeof(int) * (size_t)w->cnt_len));
+    CL_CHECK(cudaMemcpy(w->qw, src->qw, qb, cudaMemcpyDeviceToDevice));
+    CL_CHECK(cudaMemcpy(w->sc, src->sc, sb * 4, cudaMemcpyDeviceToDevice));
+    CL_CHECK(cudaMemcpy(w->zr, src->zr, sb, cudaMemcpyDeviceToDevice));
+    CL_CHECK(cudaMemset(w->cnt, 0, sizeof(int) * (size_t)w->cnt_len));
+    if (src->bias) {
+        CL_CHECK(cudaMalloc((void **)&w->bias, (size_t)src->n16a * 32));
+        CL_CHECK(cudaMemcpy(w->bias, src->bias, (size_t)src->n16a * 32, cudaMemcpyDeviceToDevice));
+    }
+#undef CL_CHECK
+    *out = w;
+    return 0;
+fail:
+    w4a16_free(w);
+    return rc;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Dispatch                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -1136,6 +1517,7 @@ extern "C" size_t w4a16_device_bytes(const struct w4a16_weight *w) { return w->b
 
 /* Crossovers measured on an H100 (docs/PERFORMANCE.md). */
 #define DISPATCH_GEMV_MAX_M 0 /* not yet measured faster than skinny */
+#define DISPATCH_DECODE_MAX_M 16 /* the decode kernel (when its shared memory fits) */
 #define DISPATCH_SKINNY_MAX_M 32
 #define DISPATCH_CUBLAS_MIN_M 256
 
@@ -1321,10 +1703,86 @@ static size_t gemm_ws(const struct w4a16_weight *w, int m, int ksplit) {
 }
 /* ---- end gemm helper ---- */
 
+/* Decode kernel: process-wide switch (default on; AWQD_W4A16_DECODE=0 turns it
+ * off, w4a16_decode_kernel() overrides both). */
+static std::atomic<int> g_decode{-1};
+
+static int decode_mode(void) {
+    int v = g_decode.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("AWQD_W4A16_DECODE");
+        v = e && !strcmp(e, "1") ? 1 : 0; /* TEMPORARY: off until validated on the GPU */
+        int expect = -1;
+        g_decode.compare_exchange_strong(expect, v);
+        v = g_decode.load(std::memory_order_relaxed);
+    }
+    return v;
+}
+
+extern "C" int w4a16_decode_kernel(int mode) {
+    if (mode >= 0) g_decode.store(mode ? 1 : 0, std::memory_order_relaxed);
+    return decode_mode();
+}
+
+/* The decode kernel's launch: P blocks (one per SM at most, whole tiles
+ * each) and the ring depth ST: the smallest depth that holds every unit of
+ * the busiest warp (all of its weights requested before the PDL wait), else
+ * the deepest that fits DC_SMEM_BUDGET. 0 when M or the shared memory (x of
+ * M x K, the block's scales) does not fit: the skinny kernel runs instead. */
+struct dc_plan {
+    int blocks, st;
+    size_t smem;
+};
+
+/* Shared memory per decode block: DC_SMEM_BUDGET, or AWQD_W4A16_DC_SMEM (bytes,
+ * for measurements: above ~114 KB one block per SM, no PDL co-residency). */
+static size_t dc_budget(void) {
+    static const size_t b = [] {
+        const char *e = getenv("AWQD_W4A16_DC_SMEM");
+        long v = e ? atol(e) : 0;
+        return v >= 32 * 1024 && v <= 227 * 1024 ? (size_t)v : (size_t)DC_SMEM_BUDGET;
+    }();
+    return b;
+}
+
+static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
+    /* instantiated ring depths (49: M <= 8 with a budget above ~200 KB only) */
+    static const int depths[] = {9, 13, 17, 25, 49};
+    if (m < 1 || m > DC_MAX_M) return 0;
+    const int T = w->n16, sms = w->sms > 0 ? w->sms : 1;
+    const int P = T < sms ? T : sms, ntb = ceil_div(T, P);
+    const int nmax = ceil_div(ntb * w->kc, DC_WARPS);
+    int best = 0;
+    for (int i = 0; i < (m <= 8 ? 5 : 4); i++) {
+        size_t b = dc_layout(m, w->k, w->kg, ntb, depths[i]).total;
+        if (b > (m <= 8 ? dc_budget() : (size_t)DC_SMEM_MAX)) break;
+        best = depths[i];
+        if (depths[i] - 1 >= nmax) break;
+    }
+    if (!best) return 0;
+    pl->blocks = P;
+    pl->st = best;
+    pl->smem = dc_layout(m, w->k, w->kg, ntb, best).total;
+    return 1;
+}
+
 static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern, int *ksplit) {
     enum w4a16_kernel k = *kern;
     if (gemm_pick(w, m, kern, ksplit)) return; /* gemm helper: large M on sm_90a */
     k = *kern;
+    {   /* gemv helper: the persistent decode kernel for M <= 8 */
+        struct dc_plan pl;
+        if (k == W4A16_KERNEL_AUTO && m <= DISPATCH_DECODE_MAX_M && decode_mode())
+            k = W4A16_KERNEL_DECODE;
+        if (k == W4A16_KERNEL_DECODE) {
+            if (decode_plan(w, m, &pl)) {
+                *kern = k;
+                *ksplit = 1;
+                return;
+            }
+            k = *kern == W4A16_KERNEL_AUTO ? W4A16_KERNEL_AUTO : W4A16_KERNEL_SKINNY;
+        }
+    }
     if (k == W4A16_KERNEL_AUTO)
         k = m <= DISPATCH_GEMV_MAX_M     ? W4A16_KERNEL_GEMV
             : m <= DISPATCH_SKINNY_MAX_M ? W4A16_KERNEL_SKINNY
@@ -1633,6 +2091,63 @@ static int launch_skinny_st(const struct w4a16_weight *w, const uint16_t *x, epi
     return 0;
 }
 
+/* L2 evict-first policy on the decode kernel's weight loads (default on;
+ * AWQD_W4A16_EVICT=0 turns it off, for measurements). */
+static int dc_evict(void) {
+    static const int v = !(getenv("AWQD_W4A16_EVICT") && !strcmp(getenv("AWQD_W4A16_EVICT"), "0"));
+    return v;
+}
+
+template <int MT, int ST, bool NC = false>
+static int launch_decode_st(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
+                            const struct dc_plan *pl, cudaStream_t s, char *err, size_t errlen) {
+    static std::atomic<unsigned long long> smem_set{0};
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev), err, errlen);
+    if (dev >= 0 && dev < 64 && !(smem_set.load(std::memory_order_acquire) & (1ull << dev))) {
+        /* the largest shared-memory carveout: this block and the next
+         * kernel's must fit on one SM together */
+        CUDA_CHECK(cudaFuncSetAttribute((const void *)k_decode<MT, ST, NC>,
+                                        cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared),
+                   err, errlen);
+    }
+    int rc = smem_limit_once(&smem_set, (const void *)k_decode<MT, ST, NC>,
+                             MT == 1 ? (int)dc_budget() : DC_SMEM_MAX, err, errlen);
+    if (rc) return rc;
+    CUDA_CHECK(launch_pdl(w, k_decode<MT, ST, NC>, dim3(pl->blocks), dim3(DC_WARPS * 32), pl->smem, s,
+                          w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, w->group, w->n16,
+                          dc_evict(), ep),
+               err, errlen);
+    return 0;
+}
+
+static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
+                         cudaStream_t s, char *err, size_t errlen) {
+    struct dc_plan pl;
+    if (!decode_plan(w, ep.m, &pl))
+        return util_err(err, errlen, -EINVAL, "w4a16_linear: decode kernel does not fit m=%d K=%d",
+                        ep.m, w->k);
+    static const int nocompute = getenv("AWQD_W4A16_DC_NOCOMPUTE") && !strcmp(getenv("AWQD_W4A16_DC_NOCOMPUTE"), "1");
+    if (ep.m > 8) {
+        switch (pl.st) {
+        case 9: return launch_decode_st<2, 9>(w, x, ep, &pl, s, err, errlen);
+        case 13: return launch_decode_st<2, 13>(w, x, ep, &pl, s, err, errlen);
+        case 17: return launch_decode_st<2, 17>(w, x, ep, &pl, s, err, errlen);
+        default: return launch_decode_st<2, 25>(w, x, ep, &pl, s, err, errlen);
+        }
+    }
+    if (nocompute && pl.st == 17) return launch_decode_st<1, 17, true>(w, x, ep, &pl, s, err, errlen);
+    if (nocompute && pl.st == 25) return launch_decode_st<1, 25, true>(w, x, ep, &pl, s, err, errlen);
+    switch (pl.st) {
+    case 9: return launch_decode_st<1, 9>(w, x, ep, &pl, s, err, errlen);
+    case 13: return launch_decode_st<1, 13>(w, x, ep, &pl, s, err, errlen);
+    case 17: return launch_decode_st<1, 17>(w, x, ep, &pl, s, err, errlen);
+    case 25: return launch_decode_st<1, 25>(w, x, ep, &pl, s, err, errlen);
+    default: return launch_decode_st<1, 49>(w, x, ep, &pl, s, err, errlen);
+    }
+}
+
 template <int MT>
 static int launch_skinny(const struct w4a16_weight *w, const uint16_t *x, epi_args ep, int ksplit,
                          float *part, cudaStream_t s, char *err, size_t errlen) {
@@ -1700,7 +2215,9 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
     }
     float *part = (float *)workspace;
     int rc;
-    if (k == W4A16_KERNEL_GEMV) {
+    if (k == W4A16_KERNEL_DECODE) {
+        rc = launch_decode(w, x, ep, s, err, errlen);
+    } else if (k == W4A16_KERNEL_GEMV) {
         switch (m) {
         case 1: rc = launch_gemv<1>(w, x, ep, ks, part, s, err, errlen); break;
         case 2: rc = launch_gemv<2>(w, x, ep, ks, part, s, err, errlen); break;

@@ -96,6 +96,9 @@ enum w4a16_kernel {
     W4A16_KERNEL_TC128 = 3,  /* pipelined tensor-core GEMM, block tile 128 n x 128 m */
     W4A16_KERNEL_CUBLAS = 4, /* large M: dequantize into the workspace + cuBLAS FP16 GEMM */
     W4A16_KERNEL_GEMV = 5,   /* CUDA-core streaming GEMV, M <= 4, split-K (decode) */
+    W4A16_KERNEL_DECODE = 6, /* persistent decode kernel, M <= 8: whole tiles per block, weights
+                                prefetched before the PDL wait (falls back to SKINNY when its
+                                shared memory does not fit) */
     W4A16_KERNEL_WGMMA = 8,  /* sm_90a INT4 GEMM (wgmma, A = weights from registers), large M;
                                 kernels/cuda/w4a16_gemm.cu. Falls back to TC64 where unavailable. */
 };
@@ -112,6 +115,11 @@ int w4a16_k(const struct w4a16_weight *w);
 int w4a16_n(const struct w4a16_weight *w);
 int w4a16_out_cols(const struct w4a16_weight *w);
 size_t w4a16_device_bytes(const struct w4a16_weight *w);
+
+/* A second device copy of a weight (device-to-device; benchmarks that must
+ * stream more bytes than the L2 holds). Freed with w4a16_free. */
+int w4a16_clone(const struct w4a16_weight *src, struct w4a16_weight **out, char *err,
+                size_t errlen);
 
 /* Workspace bytes that let every call with M <= max_m use its preferred split. */
 size_t w4a16_workspace_bytes(const struct w4a16_weight *w, int max_m);
@@ -142,6 +150,13 @@ int w4a16_pdl(int mode);
  * mode 1: on, 0: off (workspace + arrival counter), < 0: only query. Returns
  * the mode in effect (process-wide; default on unless AWQD_W4A16_CLUSTER=0). */
 int w4a16_cluster_reduce(int mode);
+
+/* The persistent decode kernel for M <= 8 (W4A16_KERNEL_DECODE; docs/KERNELS.md)
+ * in the automatic dispatch. mode 1: on, 0: off (the skinny kernel as
+ * before), < 0: only query. Returns the mode in effect (process-wide; default
+ * on unless AWQD_W4A16_DECODE=0). Results differ from the skinny kernel's in
+ * rounding only (another summation order); each is deterministic. */
+int w4a16_decode_kernel(int mode);
 
 #ifdef __cplusplus
 }

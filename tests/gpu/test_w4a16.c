@@ -346,12 +346,14 @@ TEST(w4a16, forced_kernels_and_splits) {
     float *wref = ref_dequant(&h.l);
     static const int ms[] = {1, 2, 3, 4, 5, 9, 16, 24, 32, 33, 64, 65, 130};
     static const int splits[] = {1, 2, 3, 7, 16};
-    for (int kern = W4A16_KERNEL_SKINNY; kern <= W4A16_KERNEL_GEMV; kern++)
+    for (int kern = W4A16_KERNEL_SKINNY; kern <= W4A16_KERNEL_DECODE; kern++)
         for (int i = 0; i < NM(ms); i++) {
             if (kern == W4A16_KERNEL_SKINNY && ms[i] > 64) continue;
             if (kern == W4A16_KERNEL_GEMV && ms[i] > 4) continue;
+            if (kern == W4A16_KERNEL_DECODE && ms[i] > 16) continue;
             for (int s = 0; s < NM(splits); s++) {
-                if (kern == W4A16_KERNEL_CUBLAS && s > 0) break; /* no split */
+                if ((kern == W4A16_KERNEL_CUBLAS || kern == W4A16_KERNEL_DECODE) && s > 0)
+                    break; /* no split */
                 check_case(&h, wref, dw, 0, ms[i], W4A16_EPI_BIAS, (enum w4a16_kernel)kern,
                            splits[s], "forced plain+bias");
                 ASSERT_OK_SO_FAR();
@@ -364,6 +366,53 @@ TEST(w4a16, forced_kernels_and_splits) {
     w4a16_free(dw);
     w4a16_free(dg);
     layer_free(&h);
+}
+
+/* The persistent decode kernel (M <= 16) on the shapes that exercise its
+ * decomposition (docs/KERNELS.md): one tile and 6 idle warps (K = 128), group
+ * 64 with 3 chunks, a tile shared by 3 warps, each ring depth (9, 13, 17, 25),
+ * weights that stream through the ring (more units than the ring holds),
+ * 16 tiles per block with whole tiles per warp, gate|up with bias, and x too
+ * large for shared memory at M >= 2 (falls back to the skinny kernel); M = 1
+ * to 8 (one m8 block) and 9 to 16 (two). The dispatch must pick it for M <= 8
+ * wherever x fits in 48 KB. */
+TEST(w4a16, decode_kernel_shapes) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    static const struct { int k, n, g, gate_up, bias; } shp[] = {
+        {128, 8, 128, 0, 0},     {192, 72, 64, 0, 1},      {4096, 6144, 128, 0, 0},
+        {5120, 1280, 128, 0, 0}, {12288, 4096, 128, 0, 0}, {640, 272, 128, 1, 1},
+        {2048, 33792, 128, 0, 0}, {24576, 256, 128, 0, 0}, {4096, 24576, 128, 1, 0},
+    };
+    static const int ms[] = {1, 2, 3, 5, 8, 9, 13, 16};
+    for (int si = 0; si < NM(shp); si++) {
+        struct host_layer h;
+        layer_make(&h, shp[si].k, shp[si].n, shp[si].g, shp[si].bias);
+        struct w4a16_weight *dw = NULL;
+        char err[256], what[64];
+        ASSERT_MSG(w4a16_upload(&h.l, shp[si].gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN,
+                                &dw, err, sizeof err) == 0, "%s", err);
+        float *wref = ref_dequant(&h.l);
+        ASSERT(wref);
+        int epi = (shp[si].gate_up ? W4A16_EPI_SILU_MUL : 0) | (shp[si].bias ? W4A16_EPI_BIAS : 0);
+        snprintf(what, sizeof what, "decode K%d N%d%s", shp[si].k, shp[si].n,
+                 shp[si].gate_up ? " gate_up" : "");
+        for (int i = 0; i < NM(ms); i++) {
+            if (shp[si].k * (size_t)shp[si].n > (size_t)64 << 20 && ms[i] != 1 && ms[i] != 8 &&
+                ms[i] != 16)
+                continue; /* big shapes: the CPU reference is slow */
+            enum w4a16_kernel k;
+            int ks;
+            w4a16_choice(dw, ms[i], &k, &ks);
+            if (w4a16_decode_kernel(-1) && ms[i] <= 8 && (size_t)ms[i] * shp[si].k * 2 <= 48 * 1024)
+                ASSERT_MSG(k == W4A16_KERNEL_DECODE && ks == 1, "%s M=%d: dispatch picked kernel %d",
+                           what, ms[i], (int)k);
+            check_case(&h, wref, dw, shp[si].gate_up, ms[i], epi, W4A16_KERNEL_DECODE, 0, what);
+            ASSERT_OK_SO_FAR();
+        }
+        free(wref);
+        w4a16_free(dw);
+        layer_free(&h);
+    }
 }
 
 /* A workspace too small (or none) must still give the right answer. */

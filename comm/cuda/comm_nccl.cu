@@ -481,13 +481,9 @@ static int cc_all_reduce(struct comm *c, struct buf *b, size_t n) {
      * of the same workspace layout, so all ranks decide alike */
     int p2p = g->p2p_ok && algo != COMM_CUDA_NCCL && bytes <= g->cap_bytes &&
               ((uintptr_t)d & 15) == 0;
-    if (p2p && algo == COMM_CUDA_AUTO && bytes > g->p2p_max) {
-        /* above the threshold NCCL is faster, but inside a graph capture the
-         * p2p kernel is the path known to replay: take it there */
-        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-        if (cudaStreamIsCapturing(k->stream, &cs) != cudaSuccess) cudaGetLastError();
-        p2p = cs == cudaStreamCaptureStatusActive;
-    }
+    /* above the threshold NCCL (measured faster there inside the model, in
+     * graphs too: docs/TENSOR_PARALLEL.md) */
+    if (p2p && algo == COMM_CUDA_AUTO && bytes > g->p2p_max) p2p = 0;
     if (p2p && algo == COMM_CUDA_P2P_FLAGS) {
         unsigned long long per = ((n + P2P_BLOCKS - 1) / P2P_BLOCKS + 7) / 8 * 8;
         p2p_allreduce_kernel<<<P2P_BLOCKS, P2P_THREADS, 0, k->stream>>>(

@@ -518,19 +518,31 @@ static void run_out_free(struct run_out *o) {
  * greedy tokens until a's top-2 margin there is not clear. */
 static void check_agree(const char *what, const struct run_out *a, const struct run_out *b, int n,
                         int V) {
-    double worst = 0;
+    /* worst row (max |diff| / max |logit|) and the mean |diff| over all rows
+     * (/ mean max|logit|): rounding noise grows with depth and shows as a
+     * small mean, a sharding error as a mean of the order of the logits */
+    double worst = 0, sum_d = 0, sum_mx = 0;
+    int over = 0, first_over = -1;
     for (int i = 0; i < n; i++) {
         const float *x = a->prefill + (size_t)i * V, *y = b->prefill + (size_t)i * V;
-        double mx = 0, d = 0;
+        double mx = 0, d = 0, s = 0;
         for (int v = 0; v < V; v++) {
             mx = fmax(mx, fabs(x[v]));
-            d = fmax(d, fabs((double)x[v] - y[v]));
+            double e = fabs((double)x[v] - y[v]);
+            d = fmax(d, e);
+            s += e;
         }
+        sum_d += s / V;
+        sum_mx += mx;
         double rel = d / (mx > 0 ? mx : 1);
         if (rel > worst) worst = rel;
-        ASSERT_MSG(rel <= TPC_TOL, "%s: prefill row %d differs by %.4g of max|logit| %.4g", what, i,
-                   rel, mx);
+        if (rel > TPC_TOL && over++ == 0) first_over = i;
     }
+    double mean_rel = sum_d / (sum_mx > 0 ? sum_mx : 1);
+    ASSERT_MSG(over == 0,
+               "%s: %d of %d prefill rows differ by more than %.3g of max|logit| (first: row %d; "
+               "worst %.4g; mean |diff| %.3g of max|logit|)",
+               what, over, n, TPC_TOL, first_over, worst, mean_rel);
     int same = 0;
     for (int t = 0; t < a->n_greedy; t++) {
         const float *lg = a->step + (size_t)t * V;
@@ -549,8 +561,9 @@ static void check_agree(const char *what, const struct run_out *a, const struct 
                    what, t, a->tok[t], b->tok[t], top - second);
         same++;
     }
-    fprintf(stderr, "  %s: prefill max diff %.3g of max|logit|, %d/%d greedy tokens compared\n",
-            what, worst, same, a->n_greedy);
+    fprintf(stderr,
+            "  %s: prefill max diff %.3g of max|logit| (mean %.3g), %d/%d greedy tokens compared\n",
+            what, worst, mean_rel, same, a->n_greedy);
 }
 
 static void check_ckpt_tp(struct ckpt *ck, const char *name, const int32_t *const *prompts,

@@ -299,7 +299,13 @@ static __device__ __forceinline__ void g_epilogue(const gk_args &a, int nt, int 
     }
 }
 
-template <int MT, int BN, int ST, bool WG>
+static __device__ __forceinline__ void g_cluster_sync(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+template <int MT, int BN, int ST, bool WG, bool CL>
 static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a) {
     typedef gk_cfg<MT, BN, ST> C;
     extern __shared__ unsigned char g_smem_raw[];
@@ -447,6 +453,49 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
     g_wait<0>();
     g_pdl_launch();
 
+    if (CL) {
+        /* split-K inside a thread-block cluster (sm_90; cluster = the ksplit
+         * blocks of one tile, rank = split): each block parks its partials in
+         * its own (now idle) ring, and rank rho reduces n8 blocks q with
+         * q % ksplit == rho, reading every rank's partials through distributed
+         * shared memory in rank order 0..S-1 (the same additions in the same
+         * order as the workspace path: bitwise the same result), then runs
+         * their epilogue. No workspace, no atomics. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        __syncthreads(); /* every warp is done with the ring */
+        float *red = (float *)smem;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) red[(mt * (BN / 2) + i) * GK_THREADS + tid] = acc[mt][i];
+        g_cluster_sync();
+        uint32_t rank;
+        asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+        const uint32_t base = g_smem_u32(red) + (uint32_t)tid * 4;
+#pragma unroll
+        for (int q = 0; q < MT * BN / 8; q++) {
+            if (q % a.ksplit != (int)rank) continue;
+            float v[4] = {0.f, 0.f, 0.f, 0.f};
+            for (int sp = 0; sp < a.ksplit; sp++) {
+                uint32_t rb;
+                asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                             : "=r"(rb)
+                             : "r"(base + (uint32_t)(4 * q * GK_THREADS * 4)), "r"(sp));
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float t;
+                    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(t) : "r"(rb + (uint32_t)(e * GK_THREADS * 4)) : "memory");
+                    v[e] += t;
+                }
+            }
+            const int mt = q / (BN / 8), j = q % (BN / 8);
+            const int nt = nt0 + (wg * MT + mt) * 4 + wq;
+            if (nt < a.n16a) g_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, v[0], v[1], v[2], v[3]);
+        }
+        g_cluster_sync(); /* the other ranks' shared memory stays alive until read */
+#endif
+        return;
+    }
     if (a.ksplit > 1) {
         /* deterministic split-K: partials to the workspace, the last block of
          * the tile adds them in split order */
@@ -518,7 +567,7 @@ extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
         g_force_set.store(0);
         return 0;
     }
-    if (!cfg_valid(mt, bn) || ksplit < 1 || ksplit > 64 || (mode != 0 && mode != 1)) return -EINVAL;
+    if (!cfg_valid(mt, bn) || ksplit < 1 || ksplit > 64 || mode < 0 || mode > 2) return -EINVAL;
     g_force.mt = mt;
     g_force.bn = bn;
     g_force.ks = ksplit;
@@ -603,9 +652,15 @@ static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a) {
     return ch;
 }
 
+/* Split-K reduced in a cluster (no workspace): wgmma mode 0, 2..8 splits. */
+#define GK_CLUSTER_MAX 8
+static int use_cluster(const gk_choice &ch, int kse) {
+    return ch.mode == 0 && kse > 1 && kse <= GK_CLUSTER_MAX;
+}
+
 static size_t ws_of(const struct w4a16_gemm_args *a, const gk_choice &ch) {
     const int kse = cdiv(a->kc, cdiv(a->kc, ch.ks));
-    if (kse <= 1) return 0;
+    if (kse <= 1 || use_cluster(ch, kse)) return 0;
     return (size_t)tiles_of(a, ch.mt, ch.bn) * kse * (ch.mt * ch.bn / 2) * GK_THREADS * sizeof(float);
 }
 
@@ -661,41 +716,52 @@ static int gk_smem_once(std::atomic<unsigned long long> *done, const void *fn, i
     return 0;
 }
 
-template <int MT, int BN, int ST, bool WG>
+template <int MT, int BN, int ST, bool WG, bool CL>
 static int gk_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err, size_t errlen) {
     typedef gk_cfg<MT, BN, ST> C;
     static std::atomic<unsigned long long> smem_set{0};
-    int rc = gk_smem_once(&smem_set, (const void *)k_w4gemm<MT, BN, ST, WG>, C::SMEM, err, errlen);
+    int rc = gk_smem_once(&smem_set, (const void *)k_w4gemm<MT, BN, ST, WG, CL>, C::SMEM, err, errlen);
     if (rc) return rc;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = dim3(GK_THREADS);
     cfg.dynamicSmemBytes = C::SMEM;
     cfg.stream = s;
-    cudaLaunchAttribute at[1] = {};
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2] = {};
+    int na = 0;
+    if (CL) { /* required: the kernel reduces inside the cluster */
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = 1;
+        at[na].val.clusterDim.y = 1;
+        at[na].val.clusterDim.z = grid.z;
+        na++;
+    }
+    if (pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
     cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, k_w4gemm<MT, BN, ST, WG>, ka);
+    cfg.numAttrs = na;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k_w4gemm<MT, BN, ST, WG, CL>, ka);
     if (e != cudaSuccess && pdl && e != cudaErrorStreamCaptureInvalidated &&
         e != cudaErrorStreamCaptureUnsupported) {
-        cudaGetLastError(); /* attribute refused: plain launch */
-        cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, k_w4gemm<MT, BN, ST, WG>, ka);
+        cudaGetLastError(); /* PDL attribute refused: launch without it */
+        cfg.numAttrs = na - 1;
+        e = cudaLaunchKernelEx(&cfg, k_w4gemm<MT, BN, ST, WG, CL>, ka);
     }
     CUDA_CHECK(e, err, errlen);
     return 0;
 }
 
-template <bool WG>
+template <bool WG, bool CL>
 static int gk_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
                        char *err, size_t errlen) {
-    if (ch.mt == 1 && ch.bn == 64) return gk_launch<1, 64, GK_ST_1_64, WG>(ka, grid, pdl, s, err, errlen);
-    if (ch.mt == 2 && ch.bn == 64) return gk_launch<2, 64, GK_ST_2_64, WG>(ka, grid, pdl, s, err, errlen);
-    if (ch.mt == 1 && ch.bn == 128) return gk_launch<1, 128, GK_ST_1_128, WG>(ka, grid, pdl, s, err, errlen);
-    if (ch.mt == 2 && ch.bn == 128) return gk_launch<2, 128, GK_ST_2_128, WG>(ka, grid, pdl, s, err, errlen);
-    if (ch.mt == 1 && ch.bn == 256) return gk_launch<1, 256, GK_ST_1_256, WG>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 1 && ch.bn == 64) return gk_launch<1, 64, GK_ST_1_64, WG, CL>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 2 && ch.bn == 64) return gk_launch<2, 64, GK_ST_2_64, WG, CL>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 1 && ch.bn == 128) return gk_launch<1, 128, GK_ST_1_128, WG, CL>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 2 && ch.bn == 128) return gk_launch<2, 128, GK_ST_2_128, WG, CL>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 1 && ch.bn == 256) return gk_launch<1, 256, GK_ST_1_256, WG, CL>(ka, grid, pdl, s, err, errlen);
     return util_err(err, errlen, -EINVAL, "w4a16_gemm: bad tile configuration %d x %d", ch.mt, ch.bn);
 }
 
@@ -707,12 +773,14 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
     if (((uintptr_t)a->x | (uintptr_t)a->y) & 15)
         return util_err(err, errlen, -EINVAL, "w4a16_gemm: x and y must be 16-byte aligned");
     gk_choice ch = gk_choose(a);
-    if (ch.mode == 0 && !w4a16_gemm_available())
+    if (ch.mode != 1 && !w4a16_gemm_available())
         return util_err(err, errlen, -ENOTSUP, "w4a16_gemm: the wgmma kernel needs an sm_90a build on a 9.0 device");
-    /* split: what fits the workspace and the counters */
+    /* split: in a cluster (no workspace), else what fits the workspace and
+     * the counters */
     int ks = cdiv(a->kc, cdiv(a->kc, ch.ks > 0 ? ch.ks : 1));
-    if (ks > 1 && tiles_of(a, ch.mt, ch.bn) > a->cnt_len) ks = 1;
-    while (ks > 1) {
+    const int cl = use_cluster(ch, ks);
+    if (!cl && ks > 1 && tiles_of(a, ch.mt, ch.bn) > a->cnt_len) ks = 1;
+    while (!cl && ks > 1) {
         gk_choice t = ch;
         t.ks = ks;
         if (ws && ws_of(a, t) <= ws_bytes) break;
@@ -743,6 +811,7 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
     ka.ksplit = ks;
     dim3 grid(cdiv(a->n16, 8 * ch.mt), cdiv(a->m, ch.bn), ks);
     if (grid.y > 65535) return util_err(err, errlen, -EINVAL, "w4a16_gemm: m=%d too large", a->m);
-    return ch.mode == 0 ? gk_dispatch<true>(ch, ka, grid, pdl, s, err, errlen)
-                        : gk_dispatch<false>(ch, ka, grid, pdl, s, err, errlen);
+    if (ch.mode == 1) return gk_dispatch<false, false>(ch, ka, grid, pdl, s, err, errlen);
+    if (cl) return gk_dispatch<true, true>(ch, ka, grid, pdl, s, err, errlen);
+    return gk_dispatch<true, false>(ch, ka, grid, pdl, s, err, errlen);
 }

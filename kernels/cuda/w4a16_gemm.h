@@ -56,8 +56,11 @@ int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t ws_bytes, i
 
 /* Forces a configuration for later calls (tests, benchmarks; process-wide):
  * mt in {1, 2} (block = 128 * mt weight rows), bn in {64, 128, 256} (tokens
- * per block; bn = 256 only with mt = 1), ksplit >= 1, mode 0 = wgmma, 1 =
- * mma.sync (same tiles and data path). mt = 0 restores the automatic choice.
+ * per block; bn = 256 only with mt = 1), ksplit >= 1, mode 0 = wgmma (a
+ * split of 2..8 reduced inside a thread-block cluster, no workspace), 1 =
+ * mma.sync (same tiles and data path; split through the workspace), 2 =
+ * wgmma with the split through the workspace. mt = 0 restores the automatic
+ * choice.
  * The environment variable AWQD_W4A16_GEMM_CFG="mt,bn,ksplit,mode" sets the
  * same at the first call. Returns 0, or -EINVAL for an unsupported tuple. */
 int w4a16_gemm_config(int mt, int bn, int ksplit, int mode);

@@ -260,7 +260,7 @@ static void check_configs(int mode) {
             ASSERT(w4a16_gemm_config(CFGS[ci][0], CFGS[ci][1], ks, mode) == 0);
             char what[64];
             snprintf(what, sizeof what, "cfg %dx%d %s split %d", CFGS[ci][0], CFGS[ci][1],
-                     mode ? "mma.sync" : "wgmma", ks);
+                     mode == 1 ? "mma.sync" : mode == 2 ? "wgmma+workspace" : "wgmma+cluster", ks);
             for (int i = 0; i < 4; i++) {
                 gcheck(&h, 0, ms[i], 1, W4A16_KERNEL_WGMMA, 0, 0, what);
                 if (test_failed()) {
@@ -281,9 +281,67 @@ TEST(w4a16_gemm, configs_mma_sync) {
     check_configs(1);
 }
 
-TEST(w4a16_gemm, configs_wgmma) {
+TEST(w4a16_gemm, configs_wgmma) { /* split reduced inside a thread-block cluster */
     NEED_GEMM();
     check_configs(0);
+}
+
+TEST(w4a16_gemm, configs_wgmma_workspace) { /* split reduced through the workspace */
+    NEED_GEMM();
+    check_configs(2);
+}
+
+/* y of one forced call (config mt x bn, split ks, mode), copied to hy. */
+static void run_cfg(const struct glayer *h, const uint16_t *dx, uint16_t *dy, void *ws, size_t wsb, int M,
+                    int gate_up, int mt, int bn, int ks, int mode, uint16_t *hy, size_t ny) {
+    ASSERT(w4a16_gemm_config(mt, bn, ks, mode) == 0);
+    char err[256];
+    GCK(cudaMemset(dy, 0xff, ny * 2));
+    int rc = w4a16_linear_ex(h->dw, dx, M, dy, gate_up ? W4A16_EPI_SILU_MUL | W4A16_EPI_BIAS : W4A16_EPI_BIAS,
+                             W4A16_KERNEL_WGMMA, 0, ws, wsb, 0, err, sizeof err);
+    w4a16_gemm_config(0, 0, 0, 0);
+    ASSERT_MSG(rc == 0, "rc=%d: %s", rc, err);
+    GCK(cudaDeviceSynchronize());
+    GCK(cudaMemcpy(hy, dy, ny * 2, cudaMemcpyDeviceToHost));
+}
+
+/* The cluster reduction adds the same partials in the same order as the
+ * workspace reduction: bitwise equal, for every configuration and 2..8 splits. */
+TEST(w4a16_gemm, cluster_matches_workspace) {
+    NEED_GEMM();
+    for (int gu = 0; gu < 2; gu++) {
+        struct glayer h;
+        const int K = 1536, N = gu ? 2 * 520 : 1000, M = 200, oc = gu ? N / 2 : N;
+        glayer_make(&h, K, N, 128, gu, 1);
+        ASSERT_OK_SO_FAR();
+        size_t ny = (size_t)M * oc, wsb = (size_t)64 << 20;
+        uint16_t *hx = malloc((size_t)M * K * 2), *ya = malloc(ny * 2), *yb = malloc(ny * 2), *dx = NULL, *dy = NULL;
+        void *ws = NULL;
+        ASSERT(hx && ya && yb);
+        for (size_t i = 0; i < (size_t)M * K; i++) hx[i] = gh_from_f(2.f * grnd_unit() - 1.f);
+        GCK(cudaMalloc((void **)&dx, (size_t)M * K * 2));
+        GCK(cudaMalloc((void **)&dy, ny * 2));
+        GCK(cudaMalloc(&ws, wsb));
+        GCK(cudaMemcpy(dx, hx, (size_t)M * K * 2, cudaMemcpyHostToDevice));
+        static const int kss[] = {2, 3, 5, 8};
+        for (int ci = 0; ci < 5 && !test_failed(); ci++)
+            for (int i = 0; i < 4 && !test_failed(); i++) {
+                run_cfg(&h, dx, dy, ws, wsb, M, gu, CFGS[ci][0], CFGS[ci][1], kss[i], 0, ya, ny);
+                if (test_failed()) break;
+                run_cfg(&h, dx, dy, ws, wsb, M, gu, CFGS[ci][0], CFGS[ci][1], kss[i], 2, yb, ny);
+                if (test_failed()) break;
+                ASSERT_MSG(memcmp(ya, yb, ny * 2) == 0, "%s cfg %dx%d split %d: cluster != workspace reduction",
+                           gu ? "gate|up" : "plain", CFGS[ci][0], CFGS[ci][1], kss[i]);
+            }
+        cudaFree(dx);
+        cudaFree(dy);
+        cudaFree(ws);
+        free(hx);
+        free(ya);
+        free(yb);
+        glayer_free(&h);
+        ASSERT_OK_SO_FAR();
+    }
 }
 
 /* Qwen3-8B q|k|v, o, gate|up (silu epilogue), down at the M values. */
@@ -459,6 +517,12 @@ TEST(w4a16_gemm, sweep) {
                     w4a16_gemm_config(CFGS[ci][0], CFGS[ci][1], kss[ki], 0);
                     float t = sweep_time(dw, dx, M, dy, epi, W4A16_KERNEL_WGMMA, 0, ws, wsb, flush, &rc);
                     printf(" %8.2f", t);
+                    if (kss[ki] > 1) { /* the same split through the workspace */
+                        w4a16_gemm_config(CFGS[ci][0], CFGS[ci][1], kss[ki], 2);
+                        float t2 = sweep_time(dw, dx, M, dy, epi, W4A16_KERNEL_WGMMA, 0, ws, wsb, flush, &rc);
+                        printf("/%-7.2f", t2);
+                        if (t2 < t) t = t2;
+                    }
                     if (t < best) {
                         best = t;
                         bc = ci;

@@ -74,9 +74,6 @@ static __device__ __forceinline__ uint32_t g_smem_u32(const void *p) {
 static __device__ __forceinline__ void g_cp16(uint32_t dst, const void *src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
 }
-static __device__ __forceinline__ void g_cp4(uint32_t dst, const void *src, int bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes));
-}
 static __device__ __forceinline__ void g_commit(void) { asm volatile("cp.async.commit_group;"); }
 template <int N>
 static __device__ __forceinline__ void g_wait(void) {
@@ -220,18 +217,6 @@ static __device__ __forceinline__ void wgmma_n128(float *d, const uint32_t *a, u
 #endif
 }
 
-static __device__ __forceinline__ void wgmma_n256(float *d, const uint32_t *a, uint64_t desc) {
-#if WG_ENABLED
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
-                 "{%128,%129,%130,%131}, %132, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-#else
-    (void)d, (void)a, (void)desc;
-#endif
-}
 
 /* ------------------------------------------------------------------------ */
 /* The kernel                                                                */
@@ -259,7 +244,9 @@ struct gk_cfg {
     static constexpr int S_BYTES = BT * 32;               /* scales */
     static constexpr int Z_BYTES = BT * 8;                /* zeros */
     static constexpr int STAGE = (X_BYTES + W_BYTES + S_BYTES + Z_BYTES + 1023) / 1024 * 1024;
-    static constexpr int SMEM = STAGE * ST + 1024;        /* + alignment slack */
+    static constexpr int NP = 3;                          /* permuted x buffers */
+    static constexpr int P_OFF = STAGE * ST;              /* they follow the ring */
+    static constexpr int SMEM = STAGE * ST + NP * X_BYTES + 1024; /* + alignment slack */
     static constexpr int NACC = MT * BN / 2;              /* fp32 accumulators per thread */
 };
 
@@ -347,39 +334,54 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
             g_cp16(st + C::X_BYTES + C::W_BYTES + C::S_BYTES + i * 16, src, ok ? 16 : 0);
         }
     };
-    /* x rows [tok0, tok0 + BN) of chunk kc, permuted + swizzled (header comment) */
-    /* Warp w copies rows w, w + 8, ...: row & 7 == w, so the destination is
-     * one per-thread offset + 1 KB per row step, the source one per-thread
-     * pointer + 8 rows per step (rows >= M: zero-filled from a valid dummy). */
-    const int dw = ((lane >> 1) & 3) * 8 + (lane & 1) * 4 + (lane >> 3); /* destination word */
-    const uint32_t xdst0 = warp * 128 + (((dw >> 2) ^ warp) << 4) + (dw & 3) * 4;
-    const int xrows = min(BN, a.m - tok0); /* valid rows of this block */
-    const uint16_t *xsrc0 = a.x + (size_t)(tok0 + (warp < xrows ? warp : 0)) * a.K + 2 * lane;
-    const size_t xstep = (size_t)8 * a.K;
+    /* x rows [tok0, tok0 + BN) of chunk kc as they are (16-byte cp.async,
+     * 16-byte unit i of row n at unit i ^ (n & 7)); rows >= M zero-filled
+     * from a valid dummy address. */
+    const int xrows = min(BN, a.m - tok0);
     auto load_x = [&](int slot, int kc) {
-        const uint32_t dst = sbase + slot * C::STAGE + xdst0;
-        const uint16_t *src = xsrc0 + kc * 64;
-        if (xrows >= BN) {
+        const uint32_t st = sbase + slot * C::STAGE;
 #pragma unroll
-            for (int i = 0; i < BN / 8; i++) g_cp4(dst + i * 1024, src + i * xstep, 4);
-        } else {
-#pragma unroll
-            for (int i = 0; i < BN / 8; i++) {
-                const bool ok = warp + 8 * i < xrows;
-                g_cp4(dst + i * 1024, ok ? src + i * xstep : a.x, ok ? 4 : 0);
-            }
+        for (int p = tid; p < BN * 8; p += GK_THREADS) {
+            const int row = p >> 3, i = p & 7;
+            const bool ok = row < xrows;
+            const uint16_t *src = ok ? a.x + (size_t)(tok0 + row) * a.K + kc * 64 + i * 8 : a.x;
+            g_cp16(st + row * 128 + ((i ^ (row & 7)) << 4), src, ok ? 16 : 0);
         }
     };
+    /* Raw x of ring slot `slot` -> permuted buffer pb (header comment): the
+     * thread of (row, b) holds raw units 2c + b (c = 0..3) and writes units
+     * 4b + w (w = 0..3) = {raw[0].w, raw[1].w, raw[2].w, raw[3].w}, a 4x4
+     * word transpose in registers; then fences for the async proxy. */
+    auto permute_x = [&](int slot, int pb) {
+        const unsigned char *raw = smem + slot * C::STAGE;
+        unsigned char *dst = smem + C::P_OFF + pb * C::X_BYTES;
+#pragma unroll
+        for (int p = tid; p < BN * 2; p += GK_THREADS) {
+            const int row = p >> 1, b = p & 1, sw = row & 7;
+            uint4 v[4];
+#pragma unroll
+            for (int cc = 0; cc < 4; cc++) v[cc] = *(const uint4 *)(raw + row * 128 + (((2 * cc + b) ^ sw) << 4));
+            *(uint4 *)(dst + row * 128 + (((4 * b + 0) ^ sw) << 4)) = make_uint4(v[0].x, v[1].x, v[2].x, v[3].x);
+            *(uint4 *)(dst + row * 128 + (((4 * b + 1) ^ sw) << 4)) = make_uint4(v[0].y, v[1].y, v[2].y, v[3].y);
+            *(uint4 *)(dst + row * 128 + (((4 * b + 2) ^ sw) << 4)) = make_uint4(v[0].z, v[1].z, v[2].z, v[3].z);
+            *(uint4 *)(dst + row * 128 + (((4 * b + 3) ^ sw) << 4)) = make_uint4(v[0].w, v[1].w, v[2].w, v[3].w);
+        }
+        g_fence_async();
+    };
 
-    /* prologue: constant data before the programmatic-launch wait, x after;
-     * one group for all prologue stages + empty groups keep the count */
-    for (int s = 0; s < ST - 2; s++)
+    /* Pipeline (D = ST - 1 chunks ahead): at iteration it the ring holds the
+     * raw chunks it + 1 .. it + D, chunk it + 1 is permuted into buffer
+     * (it + 1) % 3 while the MMAs read buffer it % 3 (permuted one iteration
+     * earlier) and the weights of slot it % ST. Prologue: constant data
+     * before the programmatic-launch wait, x after; one group for all
+     * prologue chunks + empty groups keep the count. */
+    for (int s = 0; s < ST - 1; s++)
         if (s < nk) load_w(s, kc0 + s);
     g_pdl_wait();
-    for (int s = 0; s < ST - 2; s++)
+    for (int s = 0; s < ST - 1; s++)
         if (s < nk) load_x(s, kc0 + s);
     g_commit();
-    for (int s = 1; s < ST - 2; s++) g_commit();
+    for (int s = 1; s < ST - 1; s++) g_commit();
 
     float acc[MT][BN / 2];
 #pragma unroll
@@ -387,15 +389,20 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) acc[mt][i] = 0.f;
 
+    g_wait<ST - 2>(); /* chunk 0 */
+    __syncthreads();
+    if (nk > 0) permute_x(0, 0);
+
     for (int it = 0; it < nk; it++) {
-        g_wait<ST - 3>(); /* this thread's copies of chunk it have landed */
-        g_fence_async();
-        __syncthreads(); /* everyone's copies visible; slot (it - 2) % ST no longer read */
-        if (it + ST - 2 < nk) {
-            load_w((it + ST - 2) % ST, kc0 + it + ST - 2);
-            load_x((it + ST - 2) % ST, kc0 + it + ST - 2);
+        g_wait<ST - 3>(); /* this thread's copies of chunk it + 1 have landed */
+        __syncthreads();  /* everyone's: chunk it + 1 raw and chunk it permuted are visible;
+                             slot (it - 1) % ST and buffer (it + 1) % 3 are no longer read */
+        if (it + ST - 1 < nk) {
+            load_w((it + ST - 1) % ST, kc0 + it + ST - 1);
+            load_x((it + ST - 1) % ST, kc0 + it + ST - 1);
         }
         g_commit();
+        if (it + 1 < nk) permute_x((it + 1) % ST, (it + 1) % C::NP);
 
         const int slot = it % ST;
         const unsigned char *stp = smem + slot * C::STAGE;
@@ -410,7 +417,7 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
             wv[mt] = sw[T * 32 + lane];
             dq[mt] = g_deq_make(ss[T * 8 + r], sz[T * 8 + r]);
         }
-        const uint32_t xb = sbase + slot * C::STAGE;
+        const uint32_t xb = sbase + C::P_OFF + (it % C::NP) * C::X_BYTES;
 #pragma unroll
         for (int t = 0; t < 4; t++) {
             uint32_t af[MT][4];
@@ -422,8 +429,7 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     if (BN == 64) wgmma_n64(acc[mt], af[mt], desc);
-                    else if (BN == 128) wgmma_n128(acc[mt], af[mt], desc);
-                    else wgmma_n256(acc[mt], af[mt], desc);
+                    else wgmma_n128(acc[mt], af[mt], desc);
                 }
                 wg_commit();
                 wg_wait<1>();
@@ -545,9 +551,8 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
 /* Ring depth per tile shape (fits 227 KB of shared memory, one block per SM). */
 #define GK_ST_1_64 8
 #define GK_ST_2_64 8
-#define GK_ST_1_128 8
-#define GK_ST_2_128 7
-#define GK_ST_1_256 5
+#define GK_ST_1_128 7
+#define GK_ST_2_128 6
 
 #define GK_KSPLIT_MAX 16
 
@@ -559,7 +564,7 @@ static std::atomic<int> g_force_set{-1}; /* -1: env not read yet, 0: auto, 1: fo
 static gk_choice g_force = {0, 0, 0, 0};
 
 static int cfg_valid(int mt, int bn) {
-    return (mt == 1 && (bn == 64 || bn == 128 || bn == 256)) || (mt == 2 && (bn == 64 || bn == 128));
+    return (mt == 1 || mt == 2) && (bn == 64 || bn == 128);
 }
 
 extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
@@ -627,13 +632,13 @@ static gk_choice gk_choose(const struct w4a16_gemm_args *a) {
 static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a) {
     gk_choice ch;
     if (forced(&ch)) return ch;
-    static const int cands[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}};
+    static const int cands[4][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}};
     double best = 1e30;
     ch.mt = 1;
     ch.bn = 64;
     ch.ks = 1;
     ch.mode = 0;
-    for (int ci = 0; ci < 5; ci++) {
+    for (int ci = 0; ci < 4; ci++) {
         const int mt = cands[ci][0], bn = cands[ci][1];
         const int tiles = tiles_of(a, mt, bn);
         for (int ks = 1; ks <= GK_KSPLIT_MAX && ks <= a->kc / 4 + 1; ks++) {
@@ -761,7 +766,6 @@ static int gk_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pd
     if (ch.mt == 2 && ch.bn == 64) return gk_launch<2, 64, GK_ST_2_64, WG, CL>(ka, grid, pdl, s, err, errlen);
     if (ch.mt == 1 && ch.bn == 128) return gk_launch<1, 128, GK_ST_1_128, WG, CL>(ka, grid, pdl, s, err, errlen);
     if (ch.mt == 2 && ch.bn == 128) return gk_launch<2, 128, GK_ST_2_128, WG, CL>(ka, grid, pdl, s, err, errlen);
-    if (ch.mt == 1 && ch.bn == 256) return gk_launch<1, 256, GK_ST_1_256, WG, CL>(ka, grid, pdl, s, err, errlen);
     return util_err(err, errlen, -EINVAL, "w4a16_gemm: bad tile configuration %d x %d", ch.mt, ch.bn);
 }
 

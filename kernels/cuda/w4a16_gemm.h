@@ -55,8 +55,8 @@ int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t ws_bytes, i
                    cudaStream_t s, char *err, size_t errlen);
 
 /* Forces a configuration for later calls (tests, benchmarks; process-wide):
- * mt in {1, 2} (block = 128 * mt weight rows), bn in {64, 128, 256} (tokens
- * per block; bn = 256 only with mt = 1), ksplit >= 1, mode 0 = wgmma (a
+ * mt in {1, 2} (block = 128 * mt weight rows), bn in {64, 128} (tokens
+ * per block), ksplit >= 1, mode 0 = wgmma (a
  * split of 2..8 reduced inside a thread-block cluster, no workspace), 1 =
  * mma.sync (same tiles and data path; split through the workspace), 2 =
  * wgmma with the split through the workspace. mt = 0 restores the automatic

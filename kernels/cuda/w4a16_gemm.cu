@@ -232,6 +232,7 @@ struct gk_args {
     float *part;
     int *cnt;
     int K, KC, G, n16a, m, n, ldy, gate_up, cps, ksplit;
+    int dbg; /* timing experiments only (AWQD_W4A16_GEMM_DBG): 1 no MMA, 2 no x copy, 4 no permutation */
 };
 
 #define GK_THREADS 256
@@ -379,7 +380,7 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
         if (s < nk) load_w(s, kc0 + s);
     g_pdl_wait();
     for (int s = 0; s < ST - 1; s++)
-        if (s < nk) load_x(s, kc0 + s);
+        if (s < nk && !(a.dbg & 2)) load_x(s, kc0 + s);
     g_commit();
     for (int s = 1; s < ST - 1; s++) g_commit();
 
@@ -391,7 +392,7 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
 
     g_wait<ST - 2>(); /* chunk 0 */
     __syncthreads();
-    if (nk > 0) permute_x(0, 0);
+    if (nk > 0 && !(a.dbg & 4)) permute_x(0, 0);
 
     for (int it = 0; it < nk; it++) {
         g_wait<ST - 3>(); /* this thread's copies of chunk it + 1 have landed */
@@ -399,10 +400,11 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
                              slot (it - 1) % ST and buffer (it + 1) % 3 are no longer read */
         if (it + ST - 1 < nk) {
             load_w((it + ST - 1) % ST, kc0 + it + ST - 1);
-            load_x((it + ST - 1) % ST, kc0 + it + ST - 1);
+            if (!(a.dbg & 2)) load_x((it + ST - 1) % ST, kc0 + it + ST - 1);
         }
         g_commit();
-        if (it + 1 < nk) permute_x((it + 1) % ST, (it + 1) % C::NP);
+        if (it + 1 < nk && !(a.dbg & 4)) permute_x((it + 1) % ST, (it + 1) % C::NP);
+        if (a.dbg & 1) continue;
 
         const int slot = it % ST;
         const unsigned char *stp = smem + slot * C::STAGE;
@@ -813,6 +815,8 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
     ka.gate_up = a->gate_up;
     ka.cps = cps;
     ka.ksplit = ks;
+    static const int dbg = getenv("AWQD_W4A16_GEMM_DBG") ? atoi(getenv("AWQD_W4A16_GEMM_DBG")) : 0;
+    ka.dbg = dbg;
     dim3 grid(cdiv(a->n16, 8 * ch.mt), cdiv(a->m, ch.bn), ks);
     if (grid.y > 65535) return util_err(err, errlen, -EINVAL, "w4a16_gemm: m=%d too large", a->m);
     if (ch.mode == 1) return gk_dispatch<false, false>(ch, ka, grid, pdl, s, err, errlen);

@@ -16,6 +16,8 @@
 
 /* Rows of logits computed per lm_head call (bounds the logits workspace). */
 #define LOGIT_CHUNK 32
+/* Adjustment entries the sampling buffers first hold per chunk (doubled as needed). */
+#define SAMPLE_ADJ_CAP0 1024
 /* Most batch-size buckets with a CUDA graph (decode steps). */
 #define MODEL_MAX_BUCKETS 64
 
@@ -50,9 +52,13 @@ struct model {
     struct buf *h;                        /* ACT [T, hidden] residual stream */
     struct buf *x;                        /* ACT [T, hidden] normed input of a block */
     struct buf *qkv;                      /* ACT [T, (nh + 2 nkv) hd] */
-    struct buf *att;                      /* ACT [T, nh hd] */
+    struct buf *att;                      /* ACT [T, nh hd]; the same buffer as x (never live
+                                             together: x is read by the qkv linear before
+                                             attention writes att, att by o_proj before
+                                             add_rmsnorm writes x) */
     struct buf *proj;                     /* ACT [T, hidden] o_proj / down_proj output */
-    struct buf *mlp;                      /* ACT [T, inter] */
+    struct buf *mlp;                      /* ACT [T, inter]; the same buffer as qkv (qkv is
+                                             dead after attention, mlp after down_proj) */
     struct buf *logits;                   /* F32 [LOGIT_CHUNK, vocab_rows] */
     /* host staging */
     int32_t *h_ids, *h_pos, *h_slots, *h_rows;      /* [T] */
@@ -136,6 +142,38 @@ size_t model_kv_block_bytes(const struct model_weights *w, int block_size, int a
     return (size_t)2 * w->cfg.n_layers * block_size * w->n_kv_heads * w->cfg.head_dim * act_bytes;
 }
 
+/* Elements of the two shared activation buffers per row: x|att and qkv|mlp. */
+static size_t xa_cols(int H, int nh, int hd) { return (size_t)(H > nh * hd ? H : nh * hd); }
+static size_t qm_cols(int nh, int nkv, int hd, int inter) {
+    size_t q = (size_t)(nh + 2 * nkv) * hd;
+    return q > (size_t)inter ? q : (size_t)inter;
+}
+
+void model_workspace(const struct model_config *cfg, int tp, const struct model_opts *o,
+                     int act_bytes, struct model_ws *ws) {
+    memset(ws, 0, sizeof *ws);
+    if (tp < 1) tp = 1;
+    /* this rank's geometry as ckpt_load shards it */
+    int nh = cfg->n_heads / tp, nkv = tp <= cfg->n_kv_heads ? cfg->n_kv_heads / tp : 1;
+    int hd = cfg->head_dim, H = cfg->hidden, inter = cfg->intermediate / tp;
+    size_t V = (size_t)(cfg->vocab + tp - 1) / tp;
+    size_t T = (size_t)o->max_tokens, S = (size_t)o->max_seqs;
+    int bs = o->block_size > 0 ? o->block_size : 16;
+    size_t mbps = o->max_blocks_per_seq > 0 ? (size_t)o->max_blocks_per_seq
+                                            : (size_t)(cfg->max_position + bs - 1) / bs;
+    ws->act = T * ((size_t)2 * H + xa_cols(H, nh, hd) + qm_cols(nh, nkv, hd, inter)) * act_bytes;
+    ws->act_unshared = T * ((size_t)3 * H + (size_t)(nh + 2 * nkv) * hd + (size_t)nh * hd + inter) *
+                       act_bytes;
+    ws->batch = (4 * T + 2 * S + 1 + S * mbps) * sizeof(int32_t);
+    ws->logit_chunk = LOGIT_CHUNK;
+    ws->logits = (size_t)LOGIT_CHUNK * V * sizeof(float);
+    ws->sample = sample_work_floats(LOGIT_CHUNK, (int)V, SAMPLE_MAX_K) * sizeof(float) +
+                 (LOGIT_CHUNK + LOGIT_CHUNK + 1 + 3 * LOGIT_CHUNK) * 4 +
+                 (2 * SAMPLE_ADJ_CAP0) * sizeof(int32_t) +
+                 SAMPLE_OUT_FLOATS(LOGIT_CHUNK, SAMPLE_MAX_K, SAMPLE_ADJ_CAP0) * sizeof(float);
+    ws->total = ws->act + ws->batch + ws->logits + ws->sample;
+}
+
 static struct buf *up_w16(struct model *m, const uint16_t *src, size_t n) {
     struct buf *b = m->ops->alloc(m->ops->ctx, BUF_W16, n);
     if (b && m->ops->upload(m->ops->ctx, b, 0, src, n)) {
@@ -172,8 +210,8 @@ void model_free(struct model *m) {
     o->free(c, m->final_norm);
     o->free(c, m->inv_freq);
     struct buf *ws[] = {m->ids, m->positions, m->slots, m->q_start, m->past, m->block_table,
-                        m->logit_rows, m->h, m->x, m->qkv, m->att, m->proj, m->mlp,
-                        m->logits};
+                        m->logit_rows, m->h, m->x, m->qkv, m->proj, m->logits,
+                        m->att != m->x ? m->att : NULL, m->mlp != m->qkv ? m->mlp : NULL};
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) o->free(c, ws[i]);
     free(m->h_ids);
     free(m->h_pos);
@@ -298,13 +336,13 @@ int model_init(const struct model_weights *w, struct ops *ops, struct comm *comm
         !(m->block_table = ops->alloc(c, BUF_I32, btn)) ||
         !(m->logit_rows = ops->alloc(c, BUF_I32, (size_t)T)) ||
         !(m->h = ops->alloc(c, BUF_ACT, (size_t)T * H)) ||
-        !(m->x = ops->alloc(c, BUF_ACT, (size_t)T * H)) ||
-        !(m->qkv = ops->alloc(c, BUF_ACT, (size_t)T * qkvw)) ||
-        !(m->att = ops->alloc(c, BUF_ACT, (size_t)T * m->nh * m->hd)) ||
+        !(m->x = ops->alloc(c, BUF_ACT, (size_t)T * xa_cols(H, m->nh, m->hd))) ||
+        !(m->qkv = ops->alloc(c, BUF_ACT, (size_t)T * qm_cols(m->nh, m->nkv, m->hd, m->inter))) ||
         !(m->proj = ops->alloc(c, BUF_ACT, (size_t)T * H)) ||
-        !(m->mlp = ops->alloc(c, BUF_ACT, (size_t)T * m->inter)) ||
         !(m->logits = ops->alloc(c, BUF_F32, (size_t)LOGIT_CHUNK * m->vocab_rows)))
         goto oom;
+    m->att = m->x;   /* shared: see struct model */
+    m->mlp = m->qkv;
     m->h_ids = malloc((size_t)T * sizeof(int32_t));
     m->h_pos = malloc((size_t)T * sizeof(int32_t));
     m->h_slots = malloc((size_t)T * sizeof(int32_t));
@@ -618,7 +656,7 @@ static int sample_reserve(struct model *m, size_t n_adj) {
             return -ENOMEM;
     }
     if (!m->s_out || n_adj > m->s_cap_adj) {
-        size_t cap = m->s_cap_adj ? m->s_cap_adj : 1024;
+        size_t cap = m->s_cap_adj ? m->s_cap_adj : SAMPLE_ADJ_CAP0;
         while (cap < n_adj) cap *= 2;
         O->free(c, m->s_adj);
         O->free(c, m->s_out);

@@ -143,6 +143,27 @@ const struct model_opts *model_opts(const struct model *m);
  * sizing n_blocks from free memory. act_bytes: 4 on CPU, 2 on CUDA. */
 size_t model_kv_block_bytes(const struct model_weights *w, int block_size, int act_bytes);
 
+/* The device workspace a struct model allocates on its backend, itemized
+ * (the CUDA memory plan prints it): one rank of `tp` of cfg with options o
+ * (T = o->max_tokens rows, o->max_seqs sequences; max_blocks_per_seq <= 0:
+ * from max_position), act_bytes per activation element (2 on CUDA, 4 on the
+ * CPU). Buffers not live at the same time share memory: x (the normed input
+ * of a block) with att (the attention output), qkv with mlp (the gate|up
+ * output); h and proj stay separate. */
+struct model_ws {
+    size_t act;                   /* h, x|att, qkv|mlp, proj: T rows each */
+    size_t act_unshared;          /* what the same six buffers take without sharing */
+    size_t batch;                 /* ids, positions, slots, logit rows [T]; q_start, past,
+                                     block table [max_seqs, max_blocks_per_seq] (int32) */
+    size_t logits;                /* F32 [logit_chunk, vocab_rows]: the lm_head's rows */
+    size_t sample;                /* sample_topk scratch, per-row inputs and outputs of a
+                                     chunk (1024 adjustments; grows with penalty histories) */
+    int logit_chunk;              /* rows per lm_head / sample_topk call */
+    size_t total;                 /* act + batch + logits + sample */
+};
+void model_workspace(const struct model_config *cfg, int tp, const struct model_opts *o,
+                     int act_bytes, struct model_ws *ws);
+
 /* RoPE inverse frequencies exactly as Hugging Face computes them for the
  * config (default and llama3 scaling). inv_freq: [head_dim / 2]. */
 void model_rope_inv_freq(const struct model_config *cfg, float *inv_freq);

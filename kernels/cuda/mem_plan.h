@@ -10,9 +10,10 @@
  * The budget is total * gpu_memory_fraction minus what other processes (and
  * this one, so far) already hold; from it come the weights (INT4 linears with
  * their fp16 scales and packed zeros, fp16 embeddings / lm_head / norms — never
- * a dequantized copy), the workspace (activations for max_tokens rows, the
- * attention and split-K scratch, the logits, cuBLAS, a fixed reserve), and
- * what is left becomes KV blocks. -ENOMEM with a message when the weights and
+ * a dequantized copy), the workspace (itemized: the model's activations for
+ * max_tokens rows, batch tables, the lm_head's logits chunk, the sampling
+ * scratch; the backend's split-K, attention partials, lm_head gather and a
+ * small slack), and what is left becomes KV blocks. -ENOMEM with a message when the weights and
  * workspace alone do not fit; -EIO when the device cannot be queried.
  *
  * Thread safety: any thread; it only reads device properties. */
@@ -37,9 +38,27 @@ struct cuda_mem_plan {
     uint64_t budget;              /* total * fraction - in_use */
     uint64_t weights;             /* INT4 linears + fp16 tables of one rank */
     uint64_t weights_int4;        /* of which the quantized linears */
-    uint64_t workspace;           /* activations + scratch + reserve */
+    uint64_t workspace;           /* the sum of the ws_* items below */
+    /* workspace, itemized: the model's buffers (engine/model.h model_workspace)
+     * and the CUDA backend's own (kernels/cuda/ops_cuda.cu, attn*.cu) */
+    int max_tokens, max_seqs;     /* rows per forward (T), sequences per forward */
+    uint64_t ws_act;              /* h, x|att, qkv|mlp, proj [T rows] */
+    uint64_t ws_act_unshared;     /* the same without sharing (for comparison) */
+    uint64_t ws_batch;            /* ids, positions, slots, logit rows, block tables */
+    uint64_t ws_logits;           /* F32 [logit_chunk, vocab]: the lm_head's rows */
+    uint64_t ws_sample;           /* sample_topk scratch + a chunk's inputs and outputs */
+    int logit_chunk;
+    uint64_t ws_linear;           /* W4A16 split-K (and, with AWQD_W4A16_WS_ROWS >= 256, the
+                                     transient dequantized layer): estimate */
+    uint64_t ws_attn;             /* decode split partials (exact) + prefill split partials
+                                     (bound) */
+    uint64_t ws_lm_head;          /* lm_head row gather (cuBLAS path, > LM_HEAD_TC_MAX rows) */
+    uint64_t ws_slack;            /* allocator rounding, cuBLAS handle, lazily loaded kernels */
     uint64_t kv_bytes;            /* n_blocks * kv_block_bytes */
     uint64_t kv_block_bytes;      /* one block: K and V, all layers, fp16 */
+    uint64_t kv_alloc;            /* what the 2 x n_layers K/V buffers take, each rounded up to
+                                     the allocation granularity (2 MiB) */
+    int n_layers;
     int block_size;
     int n_blocks;                 /* KV blocks the cache holds */
     uint64_t kv_tokens;           /* n_blocks * block_size */
@@ -49,6 +68,10 @@ struct cuda_mem_plan {
 int cuda_mem_plan_make(const struct model_config *cfg, int tp, int device, double fraction,
                        int block_size, int max_tokens, int max_seqs, struct cuda_mem_plan *p,
                        char *err, size_t errlen);
+
+/* Device bytes the KV cache of n_blocks takes under plan p: 2 x n_layers
+ * buffers (K and V per layer), each rounded up to 2 MiB. */
+uint64_t cuda_mem_plan_kv_alloc(const struct cuda_mem_plan *p, int n_blocks);
 
 /* Writes the plan as a few human-readable lines. */
 void cuda_mem_plan_print(const struct cuda_mem_plan *p, FILE *f);

@@ -506,6 +506,144 @@ TEST(ops_cuda, lm_head_rows) {
     pair_close(&p);
 }
 
+/* lm_head on every path (default cuBLAS, AWQD_CUDA_LM_HEAD=tc: tensor cores
+ * for m <= 32, =gemv: the GEMV for m <= 8): vocabularies that are not multiples of the 16-row
+ * warp tile or the 128-row CTA tile, dims with a partial last 256-column
+ * slice, repeated and permuted rows; every path against the CPU op. */
+TEST(ops_cuda, lm_head_tc_rows) {
+    OPEN(p);
+    const int vocabs[] = {1000, 4099, 20011, 129};
+    const int dims[] = {4096, 96, 512, 288};
+    const int ms[] = {9, 13, 16, 17, 24, 31, 32, 1, 5, 8};
+    const char *modes[] = {NULL, "tc", "gemv"};
+    for (int c = 0; c < 4 && !test_failed(); c++) {
+        int V = vocabs[c], dim = dims[c], n = 40;
+        float *x = malloc((size_t)n * dim * 4), *t = malloc((size_t)V * dim * 4);
+        fill(x, (size_t)n * dim, -1, 1);
+        fill(t, (size_t)V * dim, -0.1f, 0.1f);
+        int32_t rows[32];
+        for (int i = 0; i < 32; i++) rows[i] = (i * 7 + 3) % n;
+        rows[5] = rows[4]; /* a repeated row */
+        struct twin X = twin_new(&p, BUF_ACT, (size_t)n * dim, x), T = twin_w16(&p, t, (size_t)V * dim);
+        for (int mi = 0; mi < 10 && !test_failed(); mi++)
+            for (int md = 0; md < 3 && !test_failed(); md++) {
+                int m = ms[mi];
+                if (modes[md]) setenv("AWQD_CUDA_LM_HEAD", modes[md], 1);
+                else unsetenv("AWQD_CUDA_LM_HEAD");
+                struct twin R = twin_new(&p, BUF_I32, (size_t)m, rows),
+                            L = twin_new(&p, BUF_F32, (size_t)m * V, NULL);
+                p.cpu->lm_head(p.cpu->ctx, L.c, X.c, R.c, m, T.c, dim, V);
+                p.gpu->lm_head(p.gpu->ctx, L.g, X.g, R.g, m, T.g, dim, V);
+                char what[96];
+                snprintf(what, sizeof what, "lm_head V %d dim %d m %d (%s)", V, dim, m,
+                         modes[md] ? modes[md] : "default");
+                twin_check(&p, &L, 0, (size_t)m * V, 2e-3, 0, what);
+                twin_free(&p, &R);
+                twin_free(&p, &L);
+            }
+        unsetenv("AWQD_CUDA_LM_HEAD");
+        twin_free(&p, &X);
+        twin_free(&p, &T);
+        free(x);
+        free(t);
+    }
+    pair_close(&p);
+}
+
+/* lm_head timing at Qwen3-8B's shape (vocab 151936 x 4096 fp16, 1.24 GB)
+ * per path and row count: prints µs per call and the table's read rate
+ * (best of 5 after a warm-up). Asserts only that the calls succeed. */
+TEST(ops_cuda, bench_lm_head) {
+    int nd = 0;
+    if (cudaGetDeviceCount(&nd) != cudaSuccess || nd == 0) TEST_SKIP("no CUDA device");
+    char err[256];
+    struct ops *g = NULL;
+    ASSERT_MSG(ops_cuda_create(0, &g, err, sizeof err) == 0, "cuda: %s", err);
+    const int V = 151936, dim = 4096, M = 32;
+    struct buf *T = g->alloc(g->ctx, BUF_W16, (size_t)V * dim), *X = g->alloc(g->ctx, BUF_ACT, (size_t)M * dim);
+    struct buf *R = g->alloc(g->ctx, BUF_I32, (size_t)M), *L = g->alloc(g->ctx, BUF_F32, (size_t)M * V);
+    ASSERT(T && X && R && L);
+    int32_t rows[32];
+    for (int i = 0; i < M; i++) rows[i] = (i * 5) % M;
+    g->upload(g->ctx, R, 0, rows, (size_t)M);
+    const int ms[] = {1, 8, 9, 16, 24, 32};
+    const char *modes[] = {NULL, "gemv", "tc"};
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    printf("\nlm_head %d x %d fp16 (%.2f GB): us per call (GB/s of the table)\n", V, dim, (double)V * dim * 2 / 1e9);
+    printf("| rows | default (cuBLAS) | gemv (GEMV <= 8, else cuBLAS) | tc |\n|---|---|---|---|\n");
+    for (int mi = 0; mi < 6; mi++) {
+        int m = ms[mi];
+        printf("| %d |", m);
+        for (int md = 0; md < 3; md++) {
+            if (modes[md]) setenv("AWQD_CUDA_LM_HEAD", modes[md], 1);
+            else unsetenv("AWQD_CUDA_LM_HEAD");
+            float best = 1e30f;
+            for (int r = 0; r < 6; r++) {
+                g->sync(g->ctx);
+                cudaEventRecord(e0, 0);
+                g->lm_head(g->ctx, L, X, R, m, T, dim, V);
+                g->sync(g->ctx);
+                cudaEventRecord(e1, 0);
+                cudaEventSynchronize(e1);
+                float ms_ = 0;
+                cudaEventElapsedTime(&ms_, e0, e1);
+                if (r > 0 && ms_ < best) best = ms_;
+            }
+            printf(" %.0f (%.0f) |", best * 1e3, (double)V * dim * 2 / (best * 1e-3) / 1e9);
+        }
+        printf("\n");
+    }
+    fflush(stdout);
+    unsetenv("AWQD_CUDA_LM_HEAD");
+    ASSERT_EQ_INT(g->sync(g->ctx), 0);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    g->free(g->ctx, T);
+    g->free(g->ctx, X);
+    g->free(g->ctx, R);
+    g->free(g->ctx, L);
+    ops_destroy(g);
+}
+
+/* What device memory allocations really take (for the memory plan's
+ * rounding and slack): cudaMemGetInfo deltas over many cudaMallocs of the
+ * sizes the model makes (norms, scales, KV buffers), and what creating a
+ * CUDA backend (stream, cuBLAS handle, pinned ring) takes. Prints; asserts
+ * only that the calls succeed. */
+TEST(ops_cuda, mem_granularity) {
+    int nd = 0;
+    if (cudaGetDeviceCount(&nd) != cudaSuccess || nd == 0) TEST_SKIP("no CUDA device");
+    cudaSetDevice(0);
+    cudaFree(0);
+    const size_t sizes[] = {256, 8192, 65536, 393216, 1572864, 6291456, 549584896};
+    const int counts[] = {100, 100, 50, 50, 20, 10, 4};
+    printf("\n| bytes requested | allocations | bytes taken per allocation |\n|---|---|---|\n");
+    for (int i = 0; i < 7; i++) {
+        void *p[100];
+        size_t f0, f1, t;
+        cudaDeviceSynchronize();
+        cudaMemGetInfo(&f0, &t);
+        int n = 0;
+        for (; n < counts[i]; n++)
+            if (cudaMalloc(&p[n], sizes[i]) != cudaSuccess) break;
+        cudaMemGetInfo(&f1, &t);
+        printf("| %zu | %d | %.0f |\n", sizes[i], n, n ? (double)(f0 - f1) / n : 0.0);
+        for (int j = 0; j < n; j++) cudaFree(p[j]);
+        ASSERT_EQ_INT(n, counts[i]);
+    }
+    size_t f0, f1, t;
+    cudaMemGetInfo(&f0, &t);
+    char err[256];
+    struct ops *g = NULL;
+    ASSERT_MSG(ops_cuda_create(0, &g, err, sizeof err) == 0, "cuda: %s", err);
+    cudaMemGetInfo(&f1, &t);
+    printf("ops_cuda_create: %.1f MB of device memory\n", ((double)f0 - f1) / 1e6);
+    fflush(stdout);
+    ops_destroy(g);
+}
+
 /* ---- linear (through kernels/cuda/w4a16) --------------------------------- */
 
 TEST(ops_cuda, linear_shapes) {

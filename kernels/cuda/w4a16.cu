@@ -492,7 +492,8 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         }
     }
     cp_async_wait<0>();
-    pdl_launch();
+    pdl_launch(); /* after the main loop: measured (H200, session 3) faster for this kernel than
+                   * before the wait (q|k|v M = 1 back to back 9.9 -> 11.7 us when moved) */
 
     if (CL) { /* the ring (>= MT * 4 KB) holds the cluster partials */
         if (!cluster_reduce<MT * 4, SK_WARPS * 32>(&acc[0][0], (float *)(smem + L.w_off), ksplit, tid))
@@ -795,6 +796,10 @@ k_gemv(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 #define DC_MAX_M 16 /* MT = 1 (M <= 8) or 2 (M <= 16) blocks of 8 rows */
 #define DC_SMEM_BUDGET (113 * 1024) /* two blocks per SM: 2 x (113 + 1 reserved) <= 228 KB */
 #define DC_SMEM_MAX (227 * 1024)    /* M > 8: x alone takes up to 128 KB, one block per SM */
+#define DC_NS_DEFAULT 1  /* streams per warp, M <= 8 (2 measured slower on H200, session 3) */
+#define DC_BPS_DEFAULT 2 /* blocks per SM, M <= 8 (2 measured faster than 1 on the large shapes) */
+#define DC_EVICT 1        /* flags: L2 evict-first policy on the weight loads */
+#define DC_LATE_TRIGGER 2 /* flags (measurement): launch_dependents after the main loop */
 
 struct dc_smem {
     size_t s_off, z_off, x_off, total; /* ring at 0: [8 warps][ST][32 lanes] uint4 */
@@ -841,26 +846,29 @@ static __device__ __forceinline__ void dc_mma_z(float d[4], const uint32_t a[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 }
 
-/* NC (measurement only, AWQD_W4A16_DC_NOCOMPUTE=1): stream and read the ring
- * but skip the dequantize + mma: the memory-only time of the same kernel. */
-template <int MT, int ST, bool NC>
-static __global__ void __launch_bounds__(DC_WARPS * 32, MT == 1 ? 2 : 1)
+/* NS: independent streams per warp (the warp's range is cut in NS; their
+ * units are fetched into one ring stage together and their dequantize + mma
+ * are interleaved, so that a warp has NS independent dependency chains:
+ * one chain per warp was measured latency-bound, ~700 cycles per chunk). */
+template <int MT, int ST, int NS, int MINB>
+static __global__ void __launch_bounds__(DC_WARPS * 32, MINB)
 k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
-         int G, int T, int evict, epi_args ep) {
+         int G, int T, int flags, epi_args ep) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, c = lane & 3;
     const int P = gridDim.x, b = blockIdx.x;
+    const int evict = flags & DC_EVICT, late = flags & DC_LATE_TRIGGER;
     const int t0 = (int)((long long)b * T / P), nt = (int)((long long)(b + 1) * T / P) - t0;
     const int KG = K / G, cpg = G / 64;
     const int U = nt * KC; /* the block's units, tile-major: u = j * KC + kc */
-    const int u0 = warp * U / DC_WARPS, n = (warp + 1) * U / DC_WARPS - u0;
-    const dc_smem L = dc_layout(ep.m, K, KG, (T + P - 1) / P, ST);
-    uint4 *ring = (uint4 *)smem + warp * ST * 32 + lane; /* this lane's slot 0 */
-    uint32_t *ssc = (uint32_t *)(smem + L.s_off);        /* [KG][nt][8] half2 {s(r), s(r+8)} */
-    uint8_t *szr = smem + L.z_off;                       /* [KG][nt][8] z(r) | z(r+8) << 4 */
-    uint16_t *sx = (uint16_t *)(smem + L.x_off);         /* [M][K + 8] */
+    constexpr int S = DC_WARPS * NS; /* streams of the block; stream warp * NS + q */
+    const dc_smem L = dc_layout(ep.m, K, KG, (T + P - 1) / P, ST * NS);
+    uint4 *ring = (uint4 *)smem + warp * ST * NS * 32 + lane; /* [ST][NS][32] per warp */
+    uint32_t *ssc = (uint32_t *)(smem + L.s_off);              /* [KG][nt][8] half2 {s(r), s(r+8)} */
+    uint8_t *szr = smem + L.z_off;                             /* [KG][nt][8] z(r) | z(r+8) << 4 */
+    uint16_t *sx = (uint16_t *)(smem + L.x_off);               /* [M][K + 8] */
 
     uint64_t pol = 0;
     if (evict) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
@@ -876,30 +884,40 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         }
         cp_async_commit();
     }
-    /* ... and the warp's first ST - 1 units, one group each */
-    int ft = u0 / KC, fk = u0 - ft * KC; /* fetch cursor: block tile, chunk */
+    /* ... and the first ST - 1 stages of every stream of the warp */
+    int n[NS], ft[NS], fk[NS];
+    const uint4 *fp[NS];
     auto unit = [&](int j, int kc) {
         const int t = t0 + j;
         return qw + (((size_t)(t >> 3) * KC + kc) * 8 + (t & 7)) * 32 + lane;
     };
-    const uint4 *fp = unit(ft, fk);
-    auto fetch = [&](int slot) {
-        dc_cp16(ring + slot * 32, fp, evict, pol);
-        if (++fk == KC) {
-            fk = 0;
-            ++ft;
-            fp = unit(ft, 0); /* past the block's last tile only when never fetched */
+#pragma unroll
+    for (int q = 0; q < NS; q++) {
+        const int s0 = (warp * NS + q) * U / S;
+        n[q] = (warp * NS + q + 1) * U / S - s0;
+        ft[q] = s0 / KC;
+        fk[q] = s0 - ft[q] * KC;
+        fp[q] = unit(ft[q], fk[q]);
+    }
+    auto fetch = [&](int q, int slot) {
+        dc_cp16(ring + (slot * NS + q) * 32, fp[q], evict, pol);
+        if (++fk[q] == KC) {
+            fk[q] = 0;
+            ++ft[q];
+            fp[q] = unit(ft[q], 0); /* past the block's last tile only when never fetched */
         } else {
-            fp += 256;
+            fp[q] += 256;
         }
     };
 #pragma unroll 1
-    for (int s = 0; s < ST - 1; s++) {
-        if (s < n) fetch(s);
+    for (int st = 0; st < ST - 1; st++) {
+#pragma unroll
+        for (int q = 0; q < NS; q++)
+            if (st < n[q]) fetch(q, st);
         cp_async_commit();
     }
-    pdl_launch(); /* the next kernel may become resident and prefetch now */
-    pdl_wait();   /* x is the previous kernel's output */
+    if (!late) pdl_launch(); /* the next kernel may become resident and prefetch now */
+    pdl_wait();              /* x is the previous kernel's output */
 
     /* 2. x rows -> shared memory */
     {
@@ -927,22 +945,34 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     dc_wait<ST - 1>(); /* this thread's scale/zero copies */
     __syncthreads();
 
-    /* 3. stream the warp's range */
-    int ct = u0 / KC, ck = u0 - ct * KC; /* consume cursor */
-    int seg_k0 = ck, seg_first = 1;      /* where the current segment started */
-    int g = ck / cpg, gc = ck - g * cpg; /* group of ck, chunk inside the group */
-    uint32_t mlo = 0, mhi = 0;
-    float slo = 0.f, shi = 0.f;
-    auto load_group = [&]() {
-        const int i = (g * nt + ct) * 8 + r;
+    /* 3. stream the warp's ranges (consume cursors: tile ct, chunk ck) */
+    int ct[NS] = {}, ck[NS] = {}, seg_k0[NS] = {}, seg_first[NS] = {}, g[NS] = {}, gc[NS] = {},
+        gfirst[NS] = {};
+    uint32_t mlo[NS] = {}, mhi[NS] = {};
+    float slo[NS] = {}, shi[NS] = {};
+    auto load_group = [&](int q) {
+        const int i = (g[q] * nt + ct[q]) * 8 + r;
         uint32_t s2 = ssc[i], z = szr[i];
         __half2 sh2 = *reinterpret_cast<__half2 *>(&s2);
-        slo = __low2float(sh2);
-        shi = __high2float(sh2) * 0.0625f; /* rows r+8 come out as 16 (q - z) */
-        mlo = magic_lo(z & 15);
-        mhi = magic_hi(z >> 4);
+        slo[q] = __low2float(sh2);
+        shi[q] = __high2float(sh2) * 0.0625f; /* rows r+8 come out as 16 (q - z) */
+        mlo[q] = magic_lo(z & 15);
+        mhi[q] = magic_hi(z >> 4);
     };
-    if (n > 0) load_group();
+#pragma unroll
+    for (int q = 0; q < NS; q++) {
+        const int s0 = (warp * NS + q) * U / S;
+        ct[q] = s0 / KC;
+        ck[q] = s0 - ct[q] * KC;
+        seg_k0[q] = ck[q];
+        seg_first[q] = 1;
+        g[q] = ck[q] / cpg;
+        gc[q] = ck[q] - g[q] * cpg;
+        gfirst[q] = 1; /* the next chunk starts a group: its mma start from zero */
+        mlo[q] = mhi[q] = 0;
+        slo[q] = shi[q] = 0.f;
+        if (n[q] > 0) load_group(q);
+    }
     bool xv[MT];
     const uint16_t *xr[MT];
 #pragma unroll
@@ -950,139 +980,144 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         xv[i] = i * 8 + r < ep.m;
         xr[i] = sx + (xv[i] ? i * 8 + r : 0) * L.xstride + 16 * c;
     }
-    float acc[MT][4], first[MT][4], last[MT][4];
+    float acc[NS][MT][4], first[NS][MT][4], last[NS][MT][4];
 #pragma unroll
-    for (int i = 0; i < MT; i++)
+    for (int q = 0; q < NS; q++)
 #pragma unroll
-        for (int k = 0; k < 4; k++) acc[i][k] = first[i][k] = last[i][k] = 0.f;
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) acc[q][i][k] = first[q][i][k] = last[q][i][k] = 0.f;
     /* One mma chain per k16 step t, accumulated over the chunks of one scale
      * group (mma t of the next chunk needs this chunk's mma t, issued a whole
      * chunk earlier: no stall), scaled into acc once per group. */
-    float d[MT][4][4];
-    int gfirst = 1; /* the next chunk starts a group: its mma start from zero */
+    float d[NS][MT][4][4];
+    const int nmax = n[0] > n[NS - 1] ? n[0] : n[NS - 1]; /* the ranges differ by <= 1 */
     int slot = 0, fslot = ST - 1;
 #pragma unroll 1
-    for (int it = 0; it < n; it++) {
-        if (it + ST - 1 < n) fetch(fslot);
+    for (int it = 0; it < nmax; it++) {
+#pragma unroll
+        for (int q = 0; q < NS; q++)
+            if (it + ST - 1 < n[q]) fetch(q, fslot);
         fslot = fslot + 1 == ST ? 0 : fslot + 1;
         cp_async_commit();
-        dc_wait<ST - 1>(); /* unit it has landed */
-        const uint4 wv = ring[slot * 32];
+        dc_wait<ST - 1>(); /* stage it has landed */
+        uint4 wv[NS], xa[NS][MT], xb[NS][MT];
+#pragma unroll
+        for (int q = 0; q < NS; q++) {
+            wv[q] = ring[(slot * NS + q) * 32];
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                xa[q][i] = xb[q][i] = make_uint4(0, 0, 0, 0);
+                if (xv[i]) {
+                    xa[q][i] = *(const uint4 *)(xr[i] + ck[q] * 64);
+                    xb[q][i] = *(const uint4 *)(xr[i] + ck[q] * 64 + 8);
+                }
+            }
+        }
         slot = slot + 1 == ST ? 0 : slot + 1;
-        uint4 xa[MT], xb[MT];
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
-            xa[i] = xb[i] = make_uint4(0, 0, 0, 0);
-            if (xv[i]) {
-                xa[i] = *(const uint4 *)(xr[i] + ck * 64);
-                xb[i] = *(const uint4 *)(xr[i] + ck * 64 + 8);
-            }
-        }
-        const uint32_t *wt = &wv.x;
-        if (NC) {
-            d[0][0][0] += __uint_as_float(wv.x ^ wv.y ^ wv.z ^ wv.w ^ xa[0].x ^ xb[0].y) * 1e-30f;
-        } else if (gfirst) {
+        for (int t = 0; t < 4; t++) {
 #pragma unroll
-            for (int t = 0; t < 4; t++) {
+            for (int q = 0; q < NS; q++) { /* no branch: an exhausted stream's result is unused */
                 uint32_t a[4];
-                deq_raw(wt[t], mlo, mhi, a);
+                deq_raw((&wv[q].x)[t], mlo[q], mhi[q], a);
 #pragma unroll
                 for (int i = 0; i < MT; i++) {
-                    const uint32_t *xs = t < 2 ? &xa[i].x : &xb[i].x;
-                    dc_mma_z(d[i][t], a, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int t = 0; t < 4; t++) {
-                uint32_t a[4];
-                deq_raw(wt[t], mlo, mhi, a);
-#pragma unroll
-                for (int i = 0; i < MT; i++) {
-                    const uint32_t *xs = t < 2 ? &xa[i].x : &xb[i].x;
-                    dc_mma(d[i][t], a, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
+                    const uint32_t *xs = t < 2 ? &xa[q][i].x : &xb[q][i].x;
+                    if (gfirst[q]) dc_mma_z(d[q][i][t], a, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
+                    else dc_mma(d[q][i][t], a, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
                 }
             }
         }
-        const bool tile_end = ck == KC - 1, seg_end = tile_end || it == n - 1;
-        gfirst = seg_end || gc + 1 == cpg;
-        if (gfirst) { /* the group (or the segment) ends: scale it into acc */
 #pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int k = 0; k < 4; k++)
-                    acc[i][k] = fmaf(k < 2 ? slo : shi, (d[i][0][k] + d[i][1][k]) + (d[i][2][k] + d[i][3][k]),
-                                     acc[i][k]);
-        }
-        if (seg_end) {
-            if (seg_k0 == 0 && tile_end) { /* the whole tile was this warp's */
-#pragma unroll
-                for (int i = 0; i < MT; i++)
-                    epilogue(ep, t0 + ct, r, i * 8 + 2 * c, acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-            } else if (seg_first) {
+        for (int q = 0; q < NS; q++) {
+            if (NS > 1 && it >= n[q]) continue;
+            const bool tile_end = ck[q] == KC - 1, seg_end = tile_end || it == n[q] - 1;
+            gfirst[q] = seg_end || gc[q] + 1 == cpg;
+            if (gfirst[q]) { /* the group (or the segment) ends: scale it into acc */
 #pragma unroll
                 for (int i = 0; i < MT; i++)
 #pragma unroll
-                    for (int k = 0; k < 4; k++) first[i][k] = acc[i][k];
+                    for (int k = 0; k < 4; k++)
+                        acc[q][i][k] = fmaf(k < 2 ? slo[q] : shi[q],
+                                            (d[q][i][0][k] + d[q][i][1][k]) + (d[q][i][2][k] + d[q][i][3][k]),
+                                            acc[q][i][k]);
+            }
+            if (seg_end) {
+                if (seg_k0[q] == 0 && tile_end) { /* the whole tile was this stream's */
+#pragma unroll
+                    for (int i = 0; i < MT; i++)
+                        epilogue(ep, t0 + ct[q], r, i * 8 + 2 * c, acc[q][i][0], acc[q][i][1],
+                                 acc[q][i][2], acc[q][i][3]);
+                } else if (seg_first[q]) {
+#pragma unroll
+                    for (int i = 0; i < MT; i++)
+#pragma unroll
+                        for (int k = 0; k < 4; k++) first[q][i][k] = acc[q][i][k];
+                } else {
+#pragma unroll
+                    for (int i = 0; i < MT; i++)
+#pragma unroll
+                        for (int k = 0; k < 4; k++) last[q][i][k] = acc[q][i][k];
+                }
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) acc[q][i][k] = 0.f;
+                seg_first[q] = 0;
+                seg_k0[q] = 0;
+                ck[q] = 0;
+                ct[q]++;
+                g[q] = 0;
+                gc[q] = 0;
+                if (it + 1 < n[q]) load_group(q);
             } else {
-#pragma unroll
-                for (int i = 0; i < MT; i++)
-#pragma unroll
-                    for (int k = 0; k < 4; k++) last[i][k] = acc[i][k];
-            }
-#pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int k = 0; k < 4; k++) acc[i][k] = 0.f;
-            seg_first = 0;
-            seg_k0 = 0;
-            ck = 0;
-            ct++;
-            g = 0;
-            gc = 0;
-            if (it + 1 < n) load_group();
-        } else {
-            ck++;
-            if (++gc == cpg) {
-                gc = 0;
-                g++;
-                load_group();
+                ck[q]++;
+                if (++gc[q] == cpg) {
+                    gc[q] = 0;
+                    g[q]++;
+                    load_group(q);
+                }
             }
         }
     }
     dc_wait<0>();
+    if (late) pdl_launch();
 
-    /* 4. tiles shared by warps: partials in each warp's (now idle) ring,
-     * slot 0 = its first segment, slot 1 = its last ([MT][32 lanes][4]
-     * floats each); summed in warp order */
+    /* 4. tiles shared by streams: partials in each warp's (now idle) ring,
+     * [NS][slot 0 = first segment, 1 = last][MT][32 lanes][4] floats; summed
+     * in stream order (= k order) */
     float *red = (float *)smem;
-    const int rw = ST * 128; /* floats per warp ring */
+    const int rw = ST * NS * 128; /* floats per warp ring */
 #pragma unroll
-    for (int i = 0; i < MT; i++)
+    for (int q = 0; q < NS; q++)
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            red[warp * rw + i * 128 + lane * 4 + k] = first[i][k];
-            red[warp * rw + (MT + i) * 128 + lane * 4 + k] = last[i][k];
-        }
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                red[warp * rw + ((q * 2 + 0) * MT + i) * 128 + lane * 4 + k] = first[q][i][k];
+                red[warp * rw + ((q * 2 + 1) * MT + i) * 128 + lane * 4 + k] = last[q][i][k];
+            }
     __syncthreads();
     for (int j = warp; j < nt; j += DC_WARPS) {
         const int ua = j * KC, ub = ua + KC - 1;
-        int wa = 0, wb = 0;
-        for (int w = 0; w < DC_WARPS; w++) {
-            const int b0 = w * U / DC_WARPS, b1 = (w + 1) * U / DC_WARPS;
-            if (b0 <= ua && ua < b1) wa = w;
-            if (b0 <= ub && ub < b1) wb = w;
+        int sa = 0, sb = 0;
+        for (int s2 = 0; s2 < S; s2++) {
+            const int b0 = s2 * U / S, b1 = (s2 + 1) * U / S;
+            if (b0 <= ua && ua < b1) sa = s2;
+            if (b0 <= ub && ub < b1) sb = s2;
         }
-        if (wa == wb) continue; /* stored by its warp */
+        if (sa == sb) continue; /* stored by its stream */
         float sm[MT][4];
 #pragma unroll
         for (int i = 0; i < MT; i++)
 #pragma unroll
             for (int k = 0; k < 4; k++) sm[i][k] = 0.f;
-        for (int w = wa; w <= wb; w++) {
-            const int b0 = w * U / DC_WARPS, b1 = (w + 1) * U / DC_WARPS;
+        for (int s2 = sa; s2 <= sb; s2++) {
+            const int b0 = s2 * U / S, b1 = (s2 + 1) * U / S;
             if (b0 == b1) continue; /* empty range */
-            const float *p = red + w * rw + (b0 / KC == j ? 0 : MT * 128) + lane * 4;
+            const int w = s2 / NS, q = s2 % NS, sl = b0 / KC == j ? 0 : 1;
+            const float *p = red + w * rw + ((q * 2 + sl) * MT) * 128 + lane * 4;
 #pragma unroll
             for (int i = 0; i < MT; i++)
 #pragma unroll
@@ -1703,15 +1738,16 @@ static size_t gemm_ws(const struct w4a16_weight *w, int m, int ksplit) {
 }
 /* ---- end gemm helper ---- */
 
-/* Decode kernel: process-wide switch (default on; AWQD_W4A16_DECODE=0 turns it
- * off, w4a16_decode_kernel() overrides both). */
+/* Decode kernel: process-wide switch (default OFF: measured slower than the
+ * skinny kernel back to back on H200, docs/PERFORMANCE.md session 3;
+ * AWQD_W4A16_DECODE=1 turns it on, w4a16_decode_kernel() overrides both). */
 static std::atomic<int> g_decode{-1};
 
 static int decode_mode(void) {
     int v = g_decode.load(std::memory_order_relaxed);
     if (v < 0) {
         const char *e = getenv("AWQD_W4A16_DECODE");
-        v = e && !strcmp(e, "1") ? 1 : 0; /* TEMPORARY: off until validated on the GPU */
+        v = e && !strcmp(e, "1") ? 1 : 0;
         int expect = -1;
         g_decode.compare_exchange_strong(expect, v);
         v = g_decode.load(std::memory_order_relaxed);
@@ -1730,7 +1766,7 @@ extern "C" int w4a16_decode_kernel(int mode) {
  * the deepest that fits DC_SMEM_BUDGET. 0 when M or the shared memory (x of
  * M x K, the block's scales) does not fit: the skinny kernel runs instead. */
 struct dc_plan {
-    int blocks, st;
+    int blocks, st, ns, bps; /* grid, ring depth in stages, streams per warp, blocks per SM */
     size_t smem;
 };
 
@@ -1745,24 +1781,41 @@ static size_t dc_budget(void) {
     return b;
 }
 
+/* Measurement knobs: streams per warp (AWQD_W4A16_DC_NS = 1 or 2, M <= 8) and
+ * blocks per SM (AWQD_W4A16_DC_BPS = 1 or 2). */
+static int dc_env_int(const char *name, int def, int lo, int hi) {
+    const char *e = getenv(name);
+    int v = e ? atoi(e) : def;
+    return v < lo || v > hi ? def : v;
+}
+
 static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
-    /* instantiated ring depths (49: M <= 8 with a budget above ~200 KB only) */
-    static const int depths[] = {9, 13, 17, 25, 49};
+    /* instantiated ring depths, in stages of NS units per warp (49: M <= 8
+     * with a budget above ~200 KB only) */
+    static const int depths1[] = {9, 13, 17, 25, 49}, depths2[] = {5, 7, 9, 13, 25};
+    static const int ns_env = dc_env_int("AWQD_W4A16_DC_NS", DC_NS_DEFAULT, 1, 2);
+    static const int bps_env = dc_env_int("AWQD_W4A16_DC_BPS", DC_BPS_DEFAULT, 1, 2);
     if (m < 1 || m > DC_MAX_M) return 0;
+    const int bps = m <= 8 ? bps_env : 1;
+    const int ns = m <= 8 ? ns_env : 1;
+    const int *depths = ns == 2 ? depths2 : depths1;
     const int T = w->n16, sms = w->sms > 0 ? w->sms : 1;
-    const int P = T < sms ? T : sms, ntb = ceil_div(T, P);
-    const int nmax = ceil_div(ntb * w->kc, DC_WARPS);
+    const int P = T < bps * sms ? T : bps * sms, ntb = ceil_div(T, P);
+    const size_t budget = m > 8 ? (size_t)DC_SMEM_MAX : dc_budget();
+    const int nmax = ceil_div(ntb * w->kc, DC_WARPS * ns); /* units of the busiest stream */
     int best = 0;
-    for (int i = 0; i < (m <= 8 ? 5 : 4); i++) {
-        size_t b = dc_layout(m, w->k, w->kg, ntb, depths[i]).total;
-        if (b > (m <= 8 ? dc_budget() : (size_t)DC_SMEM_MAX)) break;
+    for (int i = 0; i < (m > 8 ? 4 : 5); i++) {
+        size_t b = dc_layout(m, w->k, w->kg, ntb, depths[i] * ns).total;
+        if (b > budget) break;
         best = depths[i];
         if (depths[i] - 1 >= nmax) break;
     }
     if (!best) return 0;
     pl->blocks = P;
     pl->st = best;
-    pl->smem = dc_layout(m, w->k, w->kg, ntb, best).total;
+    pl->ns = ns;
+    pl->bps = bps;
+    pl->smem = dc_layout(m, w->k, w->kg, ntb, best * ns).total;
     return 1;
 }
 
@@ -2091,14 +2144,18 @@ static int launch_skinny_st(const struct w4a16_weight *w, const uint16_t *x, epi
     return 0;
 }
 
-/* L2 evict-first policy on the decode kernel's weight loads (default on;
- * AWQD_W4A16_EVICT=0 turns it off, for measurements). */
-static int dc_evict(void) {
-    static const int v = !(getenv("AWQD_W4A16_EVICT") && !strcmp(getenv("AWQD_W4A16_EVICT"), "0"));
+/* Decode kernel flags: the L2 evict-first policy on the weight loads (on;
+ * AWQD_W4A16_EVICT=0 turns it off) and, for measurements only,
+ * AWQD_W4A16_DC_LATE=1: trigger the dependents after the main loop. */
+static int dc_flags(void) {
+    static const int v = [] {
+        const char *e = getenv("AWQD_W4A16_EVICT"), *l = getenv("AWQD_W4A16_DC_LATE");
+        return (e && !strcmp(e, "0") ? 0 : DC_EVICT) | (l && !strcmp(l, "1") ? DC_LATE_TRIGGER : 0);
+    }();
     return v;
 }
 
-template <int MT, int ST, bool NC = false>
+template <int MT, int ST, int NS, int MINB = MT == 1 ? 2 : 1>
 static int launch_decode_st(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
                             const struct dc_plan *pl, cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0};
@@ -2107,45 +2164,56 @@ static int launch_decode_st(const struct w4a16_weight *w, const uint16_t *x, epi
     if (dev >= 0 && dev < 64 && !(smem_set.load(std::memory_order_acquire) & (1ull << dev))) {
         /* the largest shared-memory carveout: this block and the next
          * kernel's must fit on one SM together */
-        CUDA_CHECK(cudaFuncSetAttribute((const void *)k_decode<MT, ST, NC>,
+        CUDA_CHECK(cudaFuncSetAttribute((const void *)k_decode<MT, ST, NS, MINB>,
                                         cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared),
                    err, errlen);
     }
-    int rc = smem_limit_once(&smem_set, (const void *)k_decode<MT, ST, NC>,
+    int rc = smem_limit_once(&smem_set, (const void *)k_decode<MT, ST, NS, MINB>,
                              MT == 1 ? (int)dc_budget() : DC_SMEM_MAX, err, errlen);
     if (rc) return rc;
-    CUDA_CHECK(launch_pdl(w, k_decode<MT, ST, NC>, dim3(pl->blocks), dim3(DC_WARPS * 32), pl->smem, s,
+    CUDA_CHECK(launch_pdl(w, k_decode<MT, ST, NS, MINB>, dim3(pl->blocks), dim3(DC_WARPS * 32), pl->smem, s,
                           w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, w->group, w->n16,
-                          dc_evict(), ep),
+                          dc_flags(), ep),
                err, errlen);
     return 0;
 }
 
+/* The one place where the decode plan becomes template parameters. */
 static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
                          cudaStream_t s, char *err, size_t errlen) {
     struct dc_plan pl;
     if (!decode_plan(w, ep.m, &pl))
         return util_err(err, errlen, -EINVAL, "w4a16_linear: decode kernel does not fit m=%d K=%d",
                         ep.m, w->k);
-    static const int nocompute = getenv("AWQD_W4A16_DC_NOCOMPUTE") && !strcmp(getenv("AWQD_W4A16_DC_NOCOMPUTE"), "1");
+#define DC_CASE(mt, st, ns) \
+    case st: return launch_decode_st<mt, st, ns>(w, x, ep, &pl, s, err, errlen)
     if (ep.m > 8) {
         switch (pl.st) {
-        case 9: return launch_decode_st<2, 9>(w, x, ep, &pl, s, err, errlen);
-        case 13: return launch_decode_st<2, 13>(w, x, ep, &pl, s, err, errlen);
-        case 17: return launch_decode_st<2, 17>(w, x, ep, &pl, s, err, errlen);
-        default: return launch_decode_st<2, 25>(w, x, ep, &pl, s, err, errlen);
+            DC_CASE(2, 9, 1);
+            DC_CASE(2, 13, 1);
+            DC_CASE(2, 17, 1);
+            DC_CASE(2, 25, 1);
+        }
+    } else if (pl.ns == 2) {
+        switch (pl.st) {
+            DC_CASE(1, 5, 2);
+            DC_CASE(1, 7, 2);
+            DC_CASE(1, 9, 2);
+            DC_CASE(1, 13, 2);
+            DC_CASE(1, 25, 2);
+        }
+    } else {
+        switch (pl.st) {
+            DC_CASE(1, 9, 1);
+            DC_CASE(1, 13, 1);
+            DC_CASE(1, 17, 1);
+            DC_CASE(1, 25, 1);
+            DC_CASE(1, 49, 1);
         }
     }
-    if (nocompute && pl.st == 17) return launch_decode_st<1, 17, true>(w, x, ep, &pl, s, err, errlen);
-    if (nocompute && pl.st == 25) return launch_decode_st<1, 25, true>(w, x, ep, &pl, s, err, errlen);
-    switch (pl.st) {
-    case 9: return launch_decode_st<1, 9>(w, x, ep, &pl, s, err, errlen);
-    case 13: return launch_decode_st<1, 13>(w, x, ep, &pl, s, err, errlen);
-    case 17: return launch_decode_st<1, 17>(w, x, ep, &pl, s, err, errlen);
-    case 25: return launch_decode_st<1, 25>(w, x, ep, &pl, s, err, errlen);
-    default: return launch_decode_st<1, 49>(w, x, ep, &pl, s, err, errlen);
-    }
+#undef DC_CASE
+    return util_err(err, errlen, -EINVAL, "w4a16_linear: decode depth %d not instantiated", pl.st);
 }
 
 template <int MT>

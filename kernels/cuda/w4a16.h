@@ -96,9 +96,9 @@ enum w4a16_kernel {
     W4A16_KERNEL_TC128 = 3,  /* pipelined tensor-core GEMM, block tile 128 n x 128 m */
     W4A16_KERNEL_CUBLAS = 4, /* large M: dequantize into the workspace + cuBLAS FP16 GEMM */
     W4A16_KERNEL_GEMV = 5,   /* CUDA-core streaming GEMV, M <= 4, split-K (decode) */
-    W4A16_KERNEL_DECODE = 6, /* persistent decode kernel, M <= 8: whole tiles per block, weights
+    W4A16_KERNEL_DECODE = 6, /* persistent decode kernel, M <= 16: whole tiles per block, weights
                                 prefetched before the PDL wait (falls back to SKINNY when its
-                                shared memory does not fit) */
+                                shared memory does not fit); opt-in, see w4a16_decode_kernel */
     W4A16_KERNEL_WGMMA = 8,  /* sm_90a INT4 GEMM (wgmma, A = weights from registers), large M;
                                 kernels/cuda/w4a16_gemm.cu. Falls back to TC64 where unavailable. */
 };
@@ -151,11 +151,12 @@ int w4a16_pdl(int mode);
  * the mode in effect (process-wide; default on unless AWQD_W4A16_CLUSTER=0). */
 int w4a16_cluster_reduce(int mode);
 
-/* The persistent decode kernel for M <= 8 (W4A16_KERNEL_DECODE; docs/KERNELS.md)
- * in the automatic dispatch. mode 1: on, 0: off (the skinny kernel as
- * before), < 0: only query. Returns the mode in effect (process-wide; default
- * on unless AWQD_W4A16_DECODE=0). Results differ from the skinny kernel's in
- * rounding only (another summation order); each is deterministic. */
+/* The persistent decode kernel for M <= 16 (W4A16_KERNEL_DECODE; docs/KERNELS.md)
+ * in the automatic dispatch. mode 1: on, 0: off (the skinny kernel), < 0: only
+ * query. Returns the mode in effect (process-wide; default OFF — measured
+ * slower than the skinny kernel on H200 — unless AWQD_W4A16_DECODE=1). Results
+ * differ from the skinny kernel's in rounding only (another summation order);
+ * each is deterministic. */
 int w4a16_decode_kernel(int mode);
 
 #ifdef __cplusplus

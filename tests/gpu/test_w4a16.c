@@ -423,6 +423,7 @@ TEST(w4a16, no_workspace) {
     struct w4a16_weight *dw = NULL;
     char err[256];
     ASSERT_MSG(w4a16_upload(&h.l, W4A16_LAYOUT_PLAIN, &dw, err, sizeof err) == 0, "%s", err);
+    const int dc0 = w4a16_decode_kernel(0); /* the skinny kernel's split-K (decode needs no workspace) */
     ASSERT(w4a16_workspace_bytes(dw, 1) > 0); /* N = 512 splits K at M = 1 */
     size_t ny = 4 * 512;
     uint16_t *dx, *dy, *hx = malloc(4 * 2048 * 2), *ha = malloc(ny * 2), *hb = malloc(ny * 2);
@@ -444,6 +445,7 @@ TEST(w4a16, no_workspace) {
         if (fabs(f_from_h(ha[i])) > mr) mr = fabs(f_from_h(ha[i]));
     }
     ASSERT_MSG(md <= 2e-3 * mr, "split vs unsplit differ by %g (max %g)", md, mr);
+    w4a16_decode_kernel(dc0);
     cudaFree(ws);
     cudaFree(dx);
     cudaFree(dy);

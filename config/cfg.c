@@ -68,7 +68,7 @@ void cfg_defaults(struct cfg *c) {
     c->port = 8000;
     c->backend = CFG_BACKEND_AUTO;
     c->tp = 1;
-    c->max_batch_tokens = 8192;
+    c->max_batch_tokens = 4096;
     c->max_num_seqs = 256;
     c->max_waiting = 1024;
     c->gpu_memory_fraction = 0.90;

@@ -161,7 +161,7 @@ void engine_opts_defaults(struct engine_opts *o) {
     memset(o, 0, sizeof *o);
     o->backend = CFG_BACKEND_AUTO;
     o->tp = 1;
-    o->max_batch_tokens = 8192;
+    o->max_batch_tokens = 4096;
     o->max_num_seqs = 256;
     o->max_waiting = 1024;
     o->kv_block_size = 16;
@@ -289,7 +289,7 @@ int engine_init(struct engine **out, const struct engine_opts *o, char *err, siz
 #endif
     e->info.backend = backend;
 
-    e->step_tokens = o->max_batch_tokens > 0 ? o->max_batch_tokens : 8192;
+    e->step_tokens = o->max_batch_tokens > 0 ? o->max_batch_tokens : 4096;
     long n_blocks = 0;
     rc = load_group(e, cfg, backend, mml, bs, &n_blocks, err, errlen);
 #ifdef AWQD_CUDA

@@ -1682,7 +1682,21 @@ static void grid_of(const struct w4a16_weight *w, int m, enum w4a16_kernel k, in
 /* From this M on the dispatch uses it where available (9.0 device, sm_90a
  * build); it replaces tc64 and dequantize + cuBLAS there and needs no fp16
  * copy (workspace only for its split-K partials). Measured: docs/PERFORMANCE.md. */
-#define DISPATCH_WGMMA_MIN_M 64
+#define DISPATCH_WGMMA_MIN_M 512 /* measured (H200, Session 3): from here it beats tc64 */
+
+/* Where dequantize + cuBLAS has no room (no / too small workspace: the
+ * INT4-only default), large M runs the wgmma GEMM instead of tc64 (1.0x at
+ * M = 512, 1.4 - 1.9x from 1024 on, no workspace). AWQD_W4A16_WGMMA=0 turns
+ * that off; AWQD_W4A16_WGMMA=1 uses it for every M >= DISPATCH_WGMMA_MIN_M
+ * even where cuBLAS could run (measured slower there: experiments only). */
+static int gemm_env(void) {
+    static const int v = getenv("AWQD_W4A16_WGMMA") ? atoi(getenv("AWQD_W4A16_WGMMA")) : -1;
+    return v;
+}
+static int gemm_fallback_ok(const struct w4a16_weight *w, int m) {
+    (void)w;
+    return m >= DISPATCH_WGMMA_MIN_M && gemm_env() != 0 && w4a16_gemm_available();
+}
 
 static int pdl_mode(void);
 
@@ -1714,9 +1728,8 @@ static void gemm_args_of(const struct w4a16_weight *w, const uint16_t *x, int m,
  * forced); returns 1 with *kern, *ksplit set, else 0 (forced but not
  * available: *kern becomes TC64). */
 static int gemm_pick(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern, int *ksplit) {
-    static const int on = getenv("AWQD_W4A16_WGMMA") && !strcmp(getenv("AWQD_W4A16_WGMMA"), "1");
     const int want = *kern == W4A16_KERNEL_WGMMA ||
-                     (*kern == W4A16_KERNEL_AUTO && m >= DISPATCH_WGMMA_MIN_M && on);
+                     (*kern == W4A16_KERNEL_AUTO && m >= DISPATCH_WGMMA_MIN_M && gemm_env() == 1);
     if (!want) return 0;
     if (!w4a16_gemm_available()) {
         if (*kern == W4A16_KERNEL_WGMMA) *kern = W4A16_KERNEL_TC64;
@@ -2264,6 +2277,11 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
         if (!workspace && ws_call(w, m, k, ks) > 0) ks = 1;
     }
     if (k == W4A16_KERNEL_CUBLAS && (!workspace || ws_need(w, m, k, 1) > ws_bytes)) {
+        if (gemm_fallback_ok(w, m)) { /* gemm helper: INT4 wgmma GEMM, needs no workspace */
+            struct w4a16_gemm_args ga;
+            gemm_args_of(w, x, m, y, ep.bias, silu, 0, &ga);
+            return w4a16_gemm_run(&ga, workspace, ws_bytes, pdl_mode() && w->cc_major >= 9, s, err, errlen);
+        }
         k = W4A16_KERNEL_TC64; /* no room for the transient fp16 copy */
         ks = 0;
         choose(w, m, &k, &ks);

@@ -71,6 +71,17 @@
 static __device__ __forceinline__ uint32_t g_smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
+static __device__ __forceinline__ void g_cp16(uint32_t dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
+}
+static __device__ __forceinline__ void g_cp4(uint32_t dst, const void *src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes));
+}
+static __device__ __forceinline__ void g_commit(void) { asm volatile("cp.async.commit_group;"); }
+template <int N>
+static __device__ __forceinline__ void g_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
 static __device__ __forceinline__ void g_pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -224,8 +235,8 @@ struct gk_args {
     float *part;
     int *cnt;
     int K, KC, G, n16a, m, n, ldy, gate_up, cps, ksplit;
-    int dbg; /* timing experiments only (AWQD_W4A16_GEMM_DBG): 1 no MMA, 2 no x copy, 4 no permutation,
-                8 no proxy fence (results may be wrong with any of them) */
+    int dbg; /* timing experiments only (AWQD_W4A16_GEMM_DBG): 1 no MMA, 2 no x copy, 8 no proxy
+                fence (results may be wrong with any of them) */
 };
 
 #define GK_THREADS 256
@@ -233,16 +244,12 @@ struct gk_args {
 template <int MT, int BN, int ST>
 struct gk_cfg {
     static constexpr int BT = 8 * MT;                     /* n16 tiles per block */
-    static constexpr int XR_STRIDE = 144;                 /* raw x row: 128 bytes + 16 (banks) */
-    static constexpr int X_BYTES = BN * XR_STRIDE;        /* raw x tile, first in a ring slot */
+    static constexpr int X_BYTES = BN * 128;              /* x tile, first (1 KB aligned) */
     static constexpr int W_BYTES = BT * 512;              /* INT4 tile */
     static constexpr int S_BYTES = BT * 32;               /* scales */
     static constexpr int Z_BYTES = BT * 8;                /* zeros */
-    static constexpr int STAGE = (X_BYTES + W_BYTES + S_BYTES + Z_BYTES + 127) / 128 * 128;
-    static constexpr int NP = 3;                          /* permuted x buffers */
-    static constexpr int P_BYTES = BN * 128;              /* one permuted, swizzled x tile */
-    static constexpr int P_OFF = (STAGE * ST + 1023) / 1024 * 1024; /* after the ring, 1 KB aligned */
-    static constexpr int SMEM = P_OFF + NP * P_BYTES + 1024; /* + alignment slack */
+    static constexpr int STAGE = (X_BYTES + W_BYTES + S_BYTES + Z_BYTES + 1023) / 1024 * 1024;
+    static constexpr int SMEM = STAGE * ST + 1024;        /* + alignment slack */
     static constexpr int NACC = MT * BN / 2;              /* fp32 accumulators per thread */
 };
 
@@ -304,92 +311,65 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
     const int kc0 = split * a.cps, kc1 = min(a.KC, kc0 + a.cps);
     const int nk = kc1 - kc0;
     const int nt0 = nb * C::BT, tok0 = mb * BN;
-    const int cpg = a.G / 64;
+    const int cpg = a.G / 64, ncb = a.n16a / 8;
 
-    /* Loads are bulk asynchronous copies (cp.async.bulk, the copy engine,
-     * async proxy) issued by warp 0 and completed on one mbarrier per ring
-     * slot: thread-issued cp.async would be pending generic-proxy writes, and
-     * the proxy fence that the permuted x needs before wgmma would wait for
-     * them each chunk (measured: ~0.9 us per chunk, the pipeline collapsed).
-     * Chunk j uses slot j % ST and completes phase (j / ST) & 1 of its
-     * barrier. Per chunk: BN raw x rows of 128 bytes (rows >= M are not
-     * copied: their garbage only reaches accumulator columns that are never
-     * stored), the INT4 tiles (4 KB per 128-column block), scales, zeros. */
-    __shared__ __align__(8) uint64_t full[ST];
-    const int xrows = min(BN, a.m - tok0);
-    const int ntl = min(C::BT, a.n16a - nt0);   /* allocated tiles of this block (multiple of 8) */
-    const int ncbv = ntl / 8;                    /* their 128-column blocks */
-    const uint32_t chunk_tx = (uint32_t)(((a.dbg & 2) ? 0 : xrows * 128) + ncbv * 4096 + ntl * 40);
-    if (tid == 0) {
-        for (int i = 0; i < ST; i++)
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(g_smem_u32(&full[i])));
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-    auto bulk = [&](uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-    };
-    /* constant data of chunk kc (warp 0; lane 0 first announces the bytes) */
+    /* weights, scales, zeros of chunk kc into ring slot `slot` (constant data) */
     auto load_w = [&](int slot, int kc) {
-        const uint32_t st = sbase + slot * C::STAGE, bar = g_smem_u32(&full[slot]);
-        if (lane == 0) {
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(chunk_tx) : "memory");
-            const int g = kc / cpg;
-            for (int j = 0; j < ncbv; j++)
-                bulk(st + C::X_BYTES + j * 4096, a.qw + ((size_t)(nb * MT + j) * a.KC + kc) * 256, 4096, bar);
-            bulk(st + C::X_BYTES + C::W_BYTES, a.sc + ((size_t)g * a.n16a + nt0) * 8, ntl * 32, bar);
-            bulk(st + C::X_BYTES + C::W_BYTES + C::S_BYTES, a.zr + ((size_t)g * a.n16a + nt0) * 8, ntl * 8, bar);
+        const uint32_t st = sbase + slot * C::STAGE;
+        for (int i = tid; i < C::BT * 32; i += GK_THREADS) {
+            const int nt = nt0 + (i >> 5), cb = nt >> 3;
+            const bool ok = cb < ncb;
+            const uint4 *src = a.qw + (((size_t)(ok ? cb : 0) * a.KC + kc) * 8 + (nt & 7)) * 32 + (i & 31);
+            g_cp16(st + C::X_BYTES + i * 16, src, ok ? 16 : 0);
         }
-        __syncwarp();
+        const int g = kc / cpg;
+        for (int i = tid; i < 2 * C::BT; i += GK_THREADS) {
+            const int nt = nt0 + (i >> 1);
+            const bool ok = nt < a.n16a;
+            const unsigned char *src =
+                (const unsigned char *)(a.sc + ((size_t)g * a.n16a + (ok ? nt : 0)) * 8) + (i & 1) * 16;
+            g_cp16(st + C::X_BYTES + C::W_BYTES + i * 16, src, ok ? 16 : 0);
+        }
+        for (int i = tid; i < C::BT / 2; i += GK_THREADS) {
+            const int nt = nt0 + 2 * i;
+            const bool ok = nt < a.n16a;
+            const unsigned char *src = a.zr + ((size_t)g * a.n16a + (ok ? nt : 0)) * 8;
+            g_cp16(st + C::X_BYTES + C::W_BYTES + C::S_BYTES + i * 16, src, ok ? 16 : 0);
+        }
     };
-    /* x rows of chunk kc (warp 0, after the weights of the same chunk) */
+    /* x rows [tok0, tok0 + BN) of chunk kc, permuted + swizzled (header comment) */
+    /* Warp w copies rows w, w + 8, ...: row & 7 == w, so the destination is
+     * one per-thread offset + 1 KB per row step, the source one per-thread
+     * pointer + 8 rows per step (rows >= M: zero-filled from a valid dummy). */
+    const int dw = ((lane >> 1) & 3) * 8 + (lane & 1) * 4 + (lane >> 3); /* destination word */
+    const uint32_t xdst0 = warp * 128 + (((dw >> 2) ^ warp) << 4) + (dw & 3) * 4;
+    const int xrows = min(BN, a.m - tok0); /* valid rows of this block */
+    const uint16_t *xsrc0 = a.x + (size_t)(tok0 + (warp < xrows ? warp : 0)) * a.K + 2 * lane;
+    const size_t xstep = (size_t)8 * a.K;
     auto load_x = [&](int slot, int kc) {
-        const uint32_t st = sbase + slot * C::STAGE, bar = g_smem_u32(&full[slot]);
-        for (int row = lane; row < xrows; row += 32)
-            bulk(st + row * C::XR_STRIDE, a.x + (size_t)(tok0 + row) * a.K + kc * 64, 128, bar);
-    };
-    auto wait_chunk = [&](int j) {
-        const uint32_t bar = g_smem_u32(&full[j % ST]), par = (uint32_t)((j / ST) & 1);
-        asm volatile("{\n.reg .pred P1;\nWAIT_%=:\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-                     "@!P1 bra WAIT_%=;\n}\n" ::"r"(bar), "r"(par) : "memory");
-    };
-    /* Raw x of ring slot `slot` -> permuted buffer pb (header comment): the
-     * thread of (row, b) holds raw units 2c + b (c = 0..3) and writes units
-     * 4b + w (w = 0..3) = {raw[0].w, raw[1].w, raw[2].w, raw[3].w}, a 4x4
-     * word transpose in registers. 8 consecutive threads take 8 consecutive
-     * rows: the 144-byte raw stride and the swizzle keep both conflict-free.
-     * Then fences for the async proxy (wgmma reads the buffer). */
-    auto permute_x = [&](int slot, int pb) {
-        const unsigned char *raw = smem + slot * C::STAGE;
-        unsigned char *dst = smem + C::P_OFF + pb * C::P_BYTES;
+        const uint32_t dst = sbase + slot * C::STAGE + xdst0;
+        const uint16_t *src = xsrc0 + kc * 64;
+        if (xrows >= BN) {
 #pragma unroll
-        for (int p = tid; p < BN * 2; p += GK_THREADS) {
-            const int row = p % BN, b = p / BN, sw = row & 7;
-            uint4 v[4];
+            for (int i = 0; i < BN / 8; i++) g_cp4(dst + i * 1024, src + i * xstep, 4);
+        } else {
 #pragma unroll
-            for (int cc = 0; cc < 4; cc++) v[cc] = *(const uint4 *)(raw + row * C::XR_STRIDE + (2 * cc + b) * 16);
-            *(uint4 *)(dst + row * 128 + (((4 * b + 0) ^ sw) << 4)) = make_uint4(v[0].x, v[1].x, v[2].x, v[3].x);
-            *(uint4 *)(dst + row * 128 + (((4 * b + 1) ^ sw) << 4)) = make_uint4(v[0].y, v[1].y, v[2].y, v[3].y);
-            *(uint4 *)(dst + row * 128 + (((4 * b + 2) ^ sw) << 4)) = make_uint4(v[0].z, v[1].z, v[2].z, v[3].z);
-            *(uint4 *)(dst + row * 128 + (((4 * b + 3) ^ sw) << 4)) = make_uint4(v[0].w, v[1].w, v[2].w, v[3].w);
+            for (int i = 0; i < BN / 8; i++) {
+                const bool ok = warp + 8 * i < xrows;
+                g_cp4(dst + i * 1024, ok ? src + i * xstep : a.x, ok ? 4 : 0);
+            }
         }
-        if (!(a.dbg & 8)) g_fence_async();
     };
 
-    /* Pipeline (ST - 1 chunks ahead): at iteration it the ring holds chunks
-     * it .. it + ST - 1; chunk it + 1 is permuted into buffer (it + 1) % 3
-     * while the MMAs read buffer it % 3 (permuted one iteration earlier) and
-     * the weights of slot it % ST. Prologue: constant data before the
-     * programmatic-launch wait, x after it. */
-    if (warp == 0)
-        for (int s = 0; s < ST - 1; s++)
-            if (s < nk) load_w(s, kc0 + s);
+    /* prologue: constant data before the programmatic-launch wait, x after;
+     * one group for all prologue stages + empty groups keep the count */
+    for (int s = 0; s < ST - 2; s++)
+        if (s < nk) load_w(s, kc0 + s);
     g_pdl_wait();
-    if (warp == 0 && !(a.dbg & 2))
-        for (int s = 0; s < ST - 1; s++)
-            if (s < nk) load_x(s, kc0 + s);
+    for (int s = 0; s < ST - 2; s++)
+        if (s < nk && !(a.dbg & 2)) load_x(s, kc0 + s);
+    g_commit();
+    for (int s = 1; s < ST - 2; s++) g_commit();
 
     float acc[MT][BN / 2];
 #pragma unroll
@@ -397,22 +377,15 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) acc[mt][i] = 0.f;
 
-    if (nk > 0) {
-        wait_chunk(0);
-        if (!(a.dbg & 4)) permute_x(0, 0);
-    }
-
     for (int it = 0; it < nk; it++) {
-        __syncthreads(); /* chunk it permuted and visible; slot (it - 1) % ST and
-                            buffer (it + 1) % 3 are no longer read */
-        if (warp == 0 && it + ST - 1 < nk) {
-            load_w((it + ST - 1) % ST, kc0 + it + ST - 1);
-            if (!(a.dbg & 2)) load_x((it + ST - 1) % ST, kc0 + it + ST - 1);
+        g_wait<ST - 3>(); /* this thread's copies of chunk it have landed */
+        if (!(a.dbg & 8)) g_fence_async();
+        __syncthreads(); /* everyone's copies visible; slot (it - 2) % ST no longer read */
+        if (it + ST - 2 < nk) {
+            load_w((it + ST - 2) % ST, kc0 + it + ST - 2);
+            if (!(a.dbg & 2)) load_x((it + ST - 2) % ST, kc0 + it + ST - 2);
         }
-        if (it + 1 < nk) {
-            wait_chunk(it + 1);
-            if (!(a.dbg & 4)) permute_x((it + 1) % ST, (it + 1) % C::NP);
-        }
+        g_commit();
         if (a.dbg & 1) continue;
 
         const int slot = it % ST;
@@ -428,7 +401,7 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
             wv[mt] = sw[T * 32 + lane];
             dq[mt] = g_deq_make(ss[T * 8 + r], sz[T * 8 + r]);
         }
-        const uint32_t xb = sbase + C::P_OFF + (it % C::NP) * C::P_BYTES;
+        const uint32_t xb = sbase + slot * C::STAGE;
 #pragma unroll
         for (int t = 0; t < 4; t++) {
             uint32_t af[MT][4];
@@ -467,6 +440,7 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
 #if !WG_ENABLED
     if (WG) __trap(); /* never launched: w4a16_gemm_available() is 0 without sm_90a code */
 #endif
+    g_wait<0>();
     g_pdl_launch();
 
     if (CL) {
@@ -561,8 +535,8 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
 /* Ring depth per tile shape (fits 227 KB of shared memory, one block per SM). */
 #define GK_ST_1_64 8
 #define GK_ST_2_64 8
-#define GK_ST_1_128 7
-#define GK_ST_2_128 6
+#define GK_ST_1_128 8
+#define GK_ST_2_128 7
 
 #define GK_KSPLIT_MAX 16
 

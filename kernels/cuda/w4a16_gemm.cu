@@ -295,8 +295,6 @@ static __device__ __forceinline__ void g_cluster_sync(void) {
 #endif
 }
 
-#define GK_WD(mt) ((mt) == 1 ? 3 : 1) /* wgmma groups left pending after each k16 step */
-
 template <int MT, int BN, int ST, bool WG, bool CL>
 static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a) {
     typedef gk_cfg<MT, BN, ST> C;
@@ -418,11 +416,7 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
                     else wgmma_n128(acc[mt], af[mt], desc);
                 }
                 wg_commit();
-                /* groups in flight: A registers of GK_WD(MT) + 1 steps stay live
-                 * (MT = 2 has no registers left for more); at most one chunk's
-                 * steps, so the slot read two chunks ago is free after the
-                 * barrier */
-                wg_wait<GK_WD(MT)>();
+                wg_wait<1>();
             } else {
                 /* ldmatrix x4: matrices (tokens 8j.., unit 2t), (8j.., 2t+1),
                  * (8j+8.., 2t), (8j+8.., 2t+1) = b0, b1 of n8 blocks j, j+1 */

@@ -54,6 +54,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/w4a16.h"
+#include "kernels/cuda/w4a16_common.cuh"
 #include "kernels/cuda/w4a16_gemm.h" /* gemm helper (Session 3): sm_90a large-M GEMM */
 
 extern "C" {
@@ -97,34 +98,6 @@ static __device__ __forceinline__ uint32_t lop3_hi(uint32_t w) {
     asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(w), "n"(0x00f000f0), "n"(0x64006400));
     return d;
 }
-static __device__ __forceinline__ uint32_t hsub2u(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("sub.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-static __device__ __forceinline__ uint32_t hadd2u(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("add.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-static __device__ __forceinline__ uint32_t hfma2u(uint32_t a, uint32_t b, uint32_t c) {
-    uint32_t d;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-static __device__ __forceinline__ uint32_t hmul2u(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-
-static __device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4], uint32_t b0,
-                                                uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 /* d = A * B (no accumulator input) */
 static __device__ __forceinline__ void mma16816_z(float d[4], const uint32_t a[4], uint32_t b0,
@@ -135,42 +108,15 @@ static __device__ __forceinline__ void mma16816_z(float d[4], const uint32_t a[4
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 }
 
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src),
                  "r"(bytes));
 }
-static __device__ __forceinline__ void cp_async_commit(void) {
-    asm volatile("cp.async.commit_group;");
-}
-template <int N>
-static __device__ __forceinline__ void cp_async_wait(void) {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
 
-/* ------------------------------------------------------------------------ */
-/* Programmatic dependent launch (sm_90). A kernel launched with the         */
-/* programmatic-stream-serialization attribute may start while the previous  */
-/* kernel on the stream drains; it must not touch memory that kernel writes  */
-/* (x, y, workspace, counters) before pdl_wait(). Weights, scales, zeros and */
-/* bias are constant after upload, so they are prefetched before the wait.   */
-/* pdl_launch() lets the next PDL kernel on the stream start early (it only  */
-/* matters when that kernel was launched with the attribute). No-ops before  */
-/* sm_90 and when the kernel was launched without the attribute.             */
-/* ------------------------------------------------------------------------ */
-
-static __device__ __forceinline__ void pdl_wait(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void pdl_launch(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+/* Programmatic dependent launch (pdl_wait / pdl_launch, w4a16_common.cuh):
+ * x, y, workspace and counters are written by earlier kernels and are read
+ * only after pdl_wait(); weights, scales, zeros and bias are constant after
+ * upload, so they are prefetched before the wait. */
 
 /* Zero-point subtrahends: {1024+z, 1024+z} and {1024+16z, 1024+16z} as half2 bits. */
 static __device__ __forceinline__ uint32_t magic_lo(uint32_t z) {

@@ -50,6 +50,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/w4a16_common.cuh"
 #include "kernels/cuda/w4a16_gemm.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -68,29 +69,11 @@
 /* Device helpers                                                            */
 /* ------------------------------------------------------------------------ */
 
-static __device__ __forceinline__ uint32_t g_smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
 static __device__ __forceinline__ void g_cp16(uint32_t dst, const void *src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
 }
 static __device__ __forceinline__ void g_cp4(uint32_t dst, const void *src, int bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes));
-}
-static __device__ __forceinline__ void g_commit(void) { asm volatile("cp.async.commit_group;"); }
-template <int N>
-static __device__ __forceinline__ void g_wait(void) {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-static __device__ __forceinline__ void g_pdl_wait(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void g_pdl_launch(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
 }
 /* cp.async writes (generic proxy) -> visible to wgmma's operand reads (async proxy) */
 static __device__ __forceinline__ void g_fence_async(void) {
@@ -128,21 +111,6 @@ static __device__ __forceinline__ uint32_t g_lop3(uint32_t w, uint32_t mask) {
     asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(w), "r"(mask), "n"(0x64006400));
     return d;
 }
-static __device__ __forceinline__ uint32_t g_hsub2(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("sub.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-static __device__ __forceinline__ uint32_t g_hfma2(uint32_t a, uint32_t b, uint32_t c) {
-    uint32_t d;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-static __device__ __forceinline__ uint32_t g_hmul2(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
 
 /* Per-lane dequantization constants of one n16 tile and group: s2 = half2
  * {s(r), s(r+8)}, z = z(r) | z(r+8) << 4. */
@@ -165,22 +133,12 @@ static __device__ __forceinline__ g_deq g_deq_make(uint32_t s2, uint32_t z) {
 static __device__ __forceinline__ void g_deq_word(uint32_t w, const g_deq &d, uint32_t a[4]) {
     const uint32_t sixteenth = 0x2c002c00u;
     uint32_t w8 = w >> 8;
-    a[0] = g_hmul2(g_hsub2(g_lop3(w, 0x000f000fu), d.mlo), d.slo);
-    a[1] = g_hmul2(g_hfma2(g_lop3(w, 0x00f000f0u), sixteenth, d.nzhi), d.shi);
-    a[2] = g_hmul2(g_hsub2(g_lop3(w8, 0x000f000fu), d.mlo), d.slo);
-    a[3] = g_hmul2(g_hfma2(g_lop3(w8, 0x00f000f0u), sixteenth, d.nzhi), d.shi);
+    a[0] = hmul2u(hsub2u(g_lop3(w, 0x000f000fu), d.mlo), d.slo);
+    a[1] = hmul2u(hfma2u(g_lop3(w, 0x00f000f0u), sixteenth, d.nzhi), d.shi);
+    a[2] = hmul2u(hsub2u(g_lop3(w8, 0x000f000fu), d.mlo), d.slo);
+    a[3] = hmul2u(hfma2u(g_lop3(w8, 0x00f000f0u), sixteenth, d.nzhi), d.shi);
 }
 
-static __device__ __forceinline__ void g_mma(float *d, const uint32_t a[4], uint32_t b0, uint32_t b1) {
-#if MMA_ENABLED
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    (void)d, (void)a, (void)b0, (void)b1;
-#endif
-}
 static __device__ __forceinline__ void g_ldsm4(uint32_t b[4], uint32_t addr) {
 #if MMA_ENABLED
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -300,9 +258,9 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
     typedef gk_cfg<MT, BN, ST> C;
     extern __shared__ unsigned char g_smem_raw[];
     __shared__ int s_last;
-    const uint32_t sraw = g_smem_u32(g_smem_raw);
+    const uint32_t sraw = smem_u32(g_smem_raw);
     unsigned char *smem = g_smem_raw + (((sraw + 1023u) & ~1023u) - sraw);
-    const uint32_t sbase = g_smem_u32(smem);
+    const uint32_t sbase = smem_u32(smem);
 
     const int nb = blockIdx.x, mb = blockIdx.y, split = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -365,11 +323,11 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
      * one group for all prologue stages + empty groups keep the count */
     for (int s = 0; s < ST - 2; s++)
         if (s < nk) load_w(s, kc0 + s);
-    g_pdl_wait();
+    pdl_wait();
     for (int s = 0; s < ST - 2; s++)
         if (s < nk && !(a.dbg & 2)) load_x(s, kc0 + s);
-    g_commit();
-    for (int s = 1; s < ST - 2; s++) g_commit();
+    cp_async_commit();
+    for (int s = 1; s < ST - 2; s++) cp_async_commit();
 
     float acc[MT][BN / 2];
 #pragma unroll
@@ -378,14 +336,14 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
         for (int i = 0; i < BN / 2; i++) acc[mt][i] = 0.f;
 
     for (int it = 0; it < nk; it++) {
-        g_wait<ST - 3>(); /* this thread's copies of chunk it have landed */
+        cp_async_wait<ST - 3>(); /* this thread's copies of chunk it have landed */
         if (!(a.dbg & 8)) g_fence_async();
         __syncthreads(); /* everyone's copies visible; slot (it - 2) % ST no longer read */
         if (it + ST - 2 < nk) {
             load_w((it + ST - 2) % ST, kc0 + it + ST - 2);
             if (!(a.dbg & 2)) load_x((it + ST - 2) % ST, kc0 + it + ST - 2);
         }
-        g_commit();
+        cp_async_commit();
         if (a.dbg & 1) continue;
 
         const int slot = it % ST;
@@ -429,8 +387,8 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
                     g_ldsm4(b, xb + row * 128 + ((u ^ (row & 7)) << 4));
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
-                        g_mma(&acc[mt][4 * j], af[mt], b[0], b[1]);
-                        g_mma(&acc[mt][4 * j + 4], af[mt], b[2], b[3]);
+                        mma16816(&acc[mt][4 * j], af[mt], b[0], b[1]);
+                        mma16816(&acc[mt][4 * j + 4], af[mt], b[2], b[3]);
                     }
                 }
             }
@@ -440,8 +398,8 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
 #if !WG_ENABLED
     if (WG) __trap(); /* never launched: w4a16_gemm_available() is 0 without sm_90a code */
 #endif
-    g_wait<0>();
-    g_pdl_launch();
+    cp_async_wait<0>();
+    pdl_launch();
 
     if (CL) {
         /* split-K inside a thread-block cluster (sm_90; cluster = the ksplit
@@ -461,7 +419,7 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
         g_cluster_sync();
         uint32_t rank;
         asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-        const uint32_t base = g_smem_u32(red) + (uint32_t)tid * 4;
+        const uint32_t base = smem_u32(red) + (uint32_t)tid * 4;
 #pragma unroll
         for (int q = 0; q < MT * BN / 8; q++) {
             if (q % a.ksplit != (int)rank) continue;

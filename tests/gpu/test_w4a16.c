@@ -30,6 +30,7 @@
 
 #include "engine/ckpt.h"
 #include "kernels/cuda/w4a16.h"
+#include "tests/gpu/w4a16_ref.h"
 #include "tests/harness/test.h"
 
 /* ---- small helpers (local; the test must not depend on the code it checks) */
@@ -42,40 +43,6 @@ static uint32_t rnd(void) {
     return (uint32_t)(rng_state >> 16);
 }
 static float rnd_unit(void) { return (float)(rnd() & 0xffffff) / 16777216.0f; } /* [0,1) */
-
-static uint16_t h_from_f(float f) { /* fp32 -> fp16, round to nearest even */
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    int32_t e = (int32_t)((x >> 23) & 0xff) - 127 + 15;
-    uint32_t man = x & 0x7fffffu;
-    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
-    if (e <= 0) {
-        if (e < -10) return (uint16_t)sign;
-        man |= 0x800000u;
-        int shift = 14 - e;
-        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1))) h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
-    return (uint16_t)(sign | h);
-}
-static float f_from_h(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31, man = h & 0x3ffu, x;
-    if (e == 0) {
-        float v = ldexpf((float)man, -24);
-        return sign ? -v : v;
-    }
-    if (e == 31) x = sign | 0x7f800000u | (man << 13);
-    else x = sign | ((e - 15 + 127) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-static const int ORDER[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 struct host_layer {
     struct awq_linear l;
@@ -122,8 +89,8 @@ static float *ref_dequant(const struct awq_linear *l) {
         const uint16_t *sr = l->scales + (size_t)(k / G) * N;
         float *wr = w + (size_t)k * N;
         for (int n = 0; n < N; n++) {
-            int q = (int)((qr[n / 8] >> (4 * ORDER[n % 8])) & 15);
-            int z = (int)((zr[n / 8] >> (4 * ORDER[n % 8])) & 15);
+            int q = (int)((qr[n / 8] >> (4 * REF_AWQ_ORDER[n % 8])) & 15);
+            int z = (int)((zr[n / 8] >> (4 * REF_AWQ_ORDER[n % 8])) & 15);
             wr[n] = (float)(q - z) * f_from_h(sr[n]);
         }
     }

@@ -31,6 +31,7 @@
 #include "engine/ckpt.h"
 #include "kernels/cuda/w4a16.h"
 #include "kernels/cuda/w4a16_gemm.h"
+#include "tests/gpu/w4a16_ref.h"
 #include "tests/harness/test.h"
 
 static uint64_t g_rng = 0x2545f4914f6cdd1dull;
@@ -41,40 +42,6 @@ static uint32_t grnd(void) {
     return (uint32_t)(g_rng >> 16);
 }
 static float grnd_unit(void) { return (float)(grnd() & 0xffffff) / 16777216.0f; }
-
-static uint16_t gh_from_f(float f) { /* fp32 -> fp16, round to nearest even (normal range) */
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    int32_t e = (int32_t)((x >> 23) & 0xff) - 127 + 15;
-    uint32_t man = x & 0x7fffffu;
-    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
-    if (e <= 0) {
-        if (e < -10) return (uint16_t)sign;
-        man |= 0x800000u;
-        int shift = 14 - e;
-        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1))) h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
-    return (uint16_t)(sign | h);
-}
-static float gf_from_h(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31, man = h & 0x3ffu, x;
-    if (e == 0) {
-        float v = ldexpf((float)man, -24);
-        return sign ? -v : v;
-    }
-    if (e == 31) x = sign | 0x7f800000u | (man << 13);
-    else x = sign | ((e - 15 + 127) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-static const int GORDER[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 struct glayer {
     struct awq_linear l;
@@ -94,11 +61,11 @@ static void glayer_make(struct glayer *h, int K, int N, int G, int gate_up, int 
     ASSERT(h->qw && h->qz && h->sc && h->wref);
     for (size_t i = 0; i < nq; i++) h->qw[i] = grnd() ^ (grnd() << 16);
     for (size_t i = 0; i < nz; i++) h->qz[i] = grnd() ^ (grnd() << 16);
-    for (size_t i = 0; i < ns; i++) h->sc[i] = gh_from_f(0.005f + 0.01f * grnd_unit());
+    for (size_t i = 0; i < ns; i++) h->sc[i] = h_from_f(0.005f + 0.01f * grnd_unit());
     if (with_bias) {
         h->bias = malloc((size_t)N * 2);
         ASSERT(h->bias);
-        for (int i = 0; i < N; i++) h->bias[i] = gh_from_f(2.f * grnd_unit() - 1.f);
+        for (int i = 0; i < N; i++) h->bias[i] = h_from_f(2.f * grnd_unit() - 1.f);
     }
     h->l.k = K;
     h->l.n = N;
@@ -109,9 +76,9 @@ static void glayer_make(struct glayer *h, int K, int N, int G, int gate_up, int 
     h->l.bias = h->bias;
     for (int k = 0; k < K; k++)
         for (int n = 0; n < N; n++) {
-            int q = (int)((h->qw[(size_t)k * (N / 8) + n / 8] >> (4 * GORDER[n % 8])) & 15);
-            int z = (int)((h->qz[(size_t)(k / G) * (N / 8) + n / 8] >> (4 * GORDER[n % 8])) & 15);
-            h->wref[(size_t)k * N + n] = (float)(q - z) * gf_from_h(h->sc[(size_t)(k / G) * N + n]);
+            int q = (int)((h->qw[(size_t)k * (N / 8) + n / 8] >> (4 * REF_AWQ_ORDER[n % 8])) & 15);
+            int z = (int)((h->qz[(size_t)(k / G) * (N / 8) + n / 8] >> (4 * REF_AWQ_ORDER[n % 8])) & 15);
+            h->wref[(size_t)k * N + n] = (float)(q - z) * f_from_h(h->sc[(size_t)(k / G) * N + n]);
         }
     char err[256];
     int rc = w4a16_upload(&h->l, gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &h->dw, err,
@@ -141,7 +108,7 @@ static void gcheck(const struct glayer *h, int gate_up, int M, int bias, enum w4
     uint16_t *hx = malloc(nx * 2), *hy = malloc(ny * 2), *hy2 = malloc(ny * 2);
     double *ref = malloc(sizeof(double) * N);
     ASSERT(hx && hy && hy2 && ref);
-    for (size_t i = 0; i < nx; i++) hx[i] = gh_from_f(2.f * grnd_unit() - 1.f);
+    for (size_t i = 0; i < nx; i++) hx[i] = h_from_f(2.f * grnd_unit() - 1.f);
     uint16_t *dx = NULL, *dy = NULL;
     void *ws = NULL;
     size_t wsb = no_ws ? 0 : w4a16_workspace_bytes(h->dw, M);
@@ -165,7 +132,7 @@ static void gcheck(const struct glayer *h, int gate_up, int M, int bias, enum w4
     }
     size_t nan_at = ny;
     for (size_t i = 0; i < ny && nan_at == ny; i++)
-        if (isnan(gf_from_h(hy[i]))) nan_at = i;
+        if (isnan(f_from_h(hy[i]))) nan_at = i;
     ASSERT_MSG(nan_at == ny, "%s M=%d: y[%zu][%zu] not written (NaN)", what, M, nan_at / oc, nan_at % oc);
     ASSERT_MSG(memcmp(hy, hy2, ny * 2) == 0, "%s M=%d: two identical calls differ", what, M);
 
@@ -184,9 +151,9 @@ static void gcheck(const struct glayer *h, int gate_up, int M, int bias, enum w4
     ASSERT(yr);
     for (int ri = 0; ri < nr; ri++) {
         const uint16_t *xr = hx + (size_t)rows[ri] * K;
-        for (int n = 0; n < N; n++) ref[n] = bias ? gf_from_h(h->bias[n]) : 0.0;
+        for (int n = 0; n < N; n++) ref[n] = bias ? f_from_h(h->bias[n]) : 0.0;
         for (int k = 0; k < K; k++) {
-            double xk = gf_from_h(xr[k]);
+            double xk = f_from_h(xr[k]);
             const float *wr = h->wref + (size_t)k * N;
             for (int n = 0; n < N; n++) ref[n] += xk * wr[n];
         }
@@ -205,7 +172,7 @@ static void gcheck(const struct glayer *h, int gate_up, int M, int bias, enum w4
     const double bound = gate_up ? 5e-3 * gmax * umax : 2e-3 * maxref;
     for (int ri = 0; ri < nr; ri++)
         for (int j = 0; j < oc; j++) {
-            double yv = gf_from_h(hy[(size_t)rows[ri] * oc + j]), rv = yr[(size_t)ri * oc + j];
+            double yv = f_from_h(hy[(size_t)rows[ri] * oc + j]), rv = yr[(size_t)ri * oc + j];
             double e = fabs(yv - rv);
             if (e > bound && nbad++ < 6) /* where: tells a permutation from a rounding problem */
                 fprintf(stderr, "    %s M=%d: y[%d][%d] = %.5g, ref %.5g\n", what, M, rows[ri], j, yv, rv);
@@ -221,7 +188,7 @@ static void gcheck(const struct glayer *h, int gate_up, int M, int bias, enum w4
                 bound, maxerr / (maxref > 0 ? maxref : 1));
     ASSERT_MSG(maxerr <= bound && maxref > 0,
                "%s M=%d ks=%d: max|y-ref| = %.4g at [%d][%d] (y %.5g ref %.5g) > bound %.4g (max|ref| %.4g, %d bad)",
-               what, M, ks, maxerr, worst_m, worst_n, gf_from_h(hy[(size_t)worst_m * oc + worst_n]), worst_ref,
+               what, M, ks, maxerr, worst_m, worst_n, f_from_h(hy[(size_t)worst_m * oc + worst_n]), worst_ref,
                bound, maxref, nbad);
     free(yr);
     cudaFree(dx);
@@ -318,7 +285,7 @@ TEST(w4a16_gemm, cluster_matches_workspace) {
         uint16_t *hx = malloc((size_t)M * K * 2), *ya = malloc(ny * 2), *yb = malloc(ny * 2), *dx = NULL, *dy = NULL;
         void *ws = NULL;
         ASSERT(hx && ya && yb);
-        for (size_t i = 0; i < (size_t)M * K; i++) hx[i] = gh_from_f(2.f * grnd_unit() - 1.f);
+        for (size_t i = 0; i < (size_t)M * K; i++) hx[i] = h_from_f(2.f * grnd_unit() - 1.f);
         GCK(cudaMalloc((void **)&dx, (size_t)M * K * 2));
         GCK(cudaMalloc((void **)&dy, ny * 2));
         GCK(cudaMalloc(&ws, wsb));
@@ -468,7 +435,7 @@ TEST(w4a16_gemm, sweep) {
         ASSERT(qw && qz && sc);
         for (size_t i = 0; i < nq; i++) qw[i] = grnd() ^ (grnd() << 16);
         for (size_t i = 0; i < ns / 8; i++) qz[i] = grnd() ^ (grnd() << 16);
-        for (size_t i = 0; i < ns; i++) sc[i] = gh_from_f(0.001f);
+        for (size_t i = 0; i < ns; i++) sc[i] = h_from_f(0.001f);
         memset(&l, 0, sizeof l);
         l.k = sh[s].k;
         l.n = sh[s].n;
@@ -563,7 +530,7 @@ TEST(w4a16_gemm, diag) {
     static const int probes[][2] = {{0, 0}, {1, 0}, {2, 0}, {4, 0}, {16, 0}, {17, 3}, {33, 9}, {63, 15}, {5, 40}};
     uint16_t *hx = calloc((size_t)M * K, 2), *hy = malloc((size_t)M * N * 2), *dx = NULL, *dy = NULL;
     ASSERT(hx && hy);
-    for (int n = 0; n < M; n++) hx[(size_t)n * K + n] = gh_from_f(1.f);
+    for (int n = 0; n < M; n++) hx[(size_t)n * K + n] = h_from_f(1.f);
     GCK(cudaMalloc((void **)&dx, (size_t)M * K * 2));
     GCK(cudaMalloc((void **)&dy, (size_t)M * N * 2));
     GCK(cudaMemcpy(dx, hx, (size_t)M * K * 2, cudaMemcpyHostToDevice));
@@ -573,8 +540,8 @@ TEST(w4a16_gemm, diag) {
         uint16_t sc[64];
         for (int i = 0; i < 64 * 8; i++) qw[i] = 0x88888888u;
         for (int i = 0; i < 8; i++) qz[i] = 0x88888888u;
-        for (int i = 0; i < 64; i++) sc[i] = gh_from_f(1.f);
-        qw[k0 * 8 + c0 / 8] = (qw[k0 * 8 + c0 / 8] & ~(15u << (4 * GORDER[c0 % 8]))) | (9u << (4 * GORDER[c0 % 8]));
+        for (int i = 0; i < 64; i++) sc[i] = h_from_f(1.f);
+        qw[k0 * 8 + c0 / 8] = (qw[k0 * 8 + c0 / 8] & ~(15u << (4 * REF_AWQ_ORDER[c0 % 8]))) | (9u << (4 * REF_AWQ_ORDER[c0 % 8]));
         struct awq_linear l;
         memset(&l, 0, sizeof l);
         l.k = K;
@@ -596,8 +563,8 @@ TEST(w4a16_gemm, diag) {
                    cudaGetErrorString(e));
             int shown = 0;
             for (int i = 0; i < M * N && shown < 8; i++)
-                if (gf_from_h(hy[i]) != 0.f) {
-                    printf(" y[%d][%d]=%g", i / N, i % N, gf_from_h(hy[i]));
+                if (f_from_h(hy[i]) != 0.f) {
+                    printf(" y[%d][%d]=%g", i / N, i % N, f_from_h(hy[i]));
                     shown++;
                 }
             printf("\n");

@@ -158,43 +158,6 @@ struct epi_args {
     int gate_up;          /* 1: silu(gate) * up */
 };
 
-static __device__ __forceinline__ void store_h(uint16_t *p, float v) {
-    *p = __half_as_ushort(__float2half_rn(v));
-}
-
-/* One thread's mma D fragment of tile nt: d0 = (rho r, m0), d1 = (rho r, m0+1),
- * d2 = (rho r+8, m0), d3 = (rho r+8, m0+1). Applies bias / silu and stores. */
-static __device__ __forceinline__ void epilogue(const epi_args &ep, int nt, int r, int m0,
-                                                float d0, float d1, float d2, float d3) {
-    int plo = nt * 16 + r, phi = plo + 8;
-    if (ep.bias) {
-        float blo = __half2float(__ushort_as_half(ep.bias[plo]));
-        float bhi = __half2float(__ushort_as_half(ep.bias[phi]));
-        d0 += blo;
-        d1 += blo;
-        d2 += bhi;
-        d3 += bhi;
-    }
-    if (ep.gate_up) {
-        int j = nt * 8 + r;
-        if (j >= ep.ldy) return; /* padding tiles of the last block */
-        if (m0 < ep.m) store_h(ep.y + (size_t)m0 * ep.ldy + j, d0 / (1.f + __expf(-d0)) * d2);
-        if (m0 + 1 < ep.m)
-            store_h(ep.y + (size_t)(m0 + 1) * ep.ldy + j, d1 / (1.f + __expf(-d1)) * d3);
-    } else {
-        if (m0 < ep.m) {
-            uint16_t *row = ep.y + (size_t)m0 * ep.ldy;
-            if (plo < ep.n) store_h(row + plo, d0);
-            if (phi < ep.n) store_h(row + phi, d2);
-        }
-        if (m0 + 1 < ep.m) {
-            uint16_t *row = ep.y + (size_t)(m0 + 1) * ep.ldy;
-            if (plo < ep.n) store_h(row + plo, d1);
-            if (phi < ep.n) store_h(row + phi, d3);
-        }
-    }
-}
-
 /* Split-K: every block of one output tile writes its NACC fp32 values per
  * thread to part[(tile * ksplit + split) * NACC * NT + i * NT + tid]; the
  * last block to arrive (atomic counter) adds the ksplit partials in split
@@ -450,7 +413,7 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     }
 #pragma unroll
     for (int i = 0; i < MT; i++)
-        epilogue(ep, nt, r, i * 8 + 2 * c, acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+        w4_epilogue(ep, nt, r, i * 8 + 2 * c, acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -993,8 +956,8 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
                 if (seg_k0[q] == 0 && tile_end) { /* the whole tile was this stream's */
 #pragma unroll
                     for (int i = 0; i < MT; i++)
-                        epilogue(ep, t0 + ct[q], r, i * 8 + 2 * c, acc[q][i][0], acc[q][i][1],
-                                 acc[q][i][2], acc[q][i][3]);
+                        w4_epilogue(ep, t0 + ct[q], r, i * 8 + 2 * c, acc[q][i][0], acc[q][i][1],
+                                    acc[q][i][2], acc[q][i][3]);
                 } else if (seg_first[q]) {
 #pragma unroll
                     for (int i = 0; i < MT; i++)
@@ -1071,7 +1034,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         }
 #pragma unroll
         for (int i = 0; i < MT; i++)
-            epilogue(ep, t0 + j, r, i * 8 + 2 * c, sm[i][0], sm[i][1], sm[i][2], sm[i][3]);
+            w4_epilogue(ep, t0 + j, r, i * 8 + 2 * c, sm[i][0], sm[i][1], sm[i][2], sm[i][3]);
     }
 }
 
@@ -1204,8 +1167,8 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     for (int j = 0; j < 2; j++)
 #pragma unroll
         for (int i = 0; i < MW; i++)
-            epilogue(ep, nt0 + wn * 2 + j, r, m0 + wm * MW * 8 + i * 8 + 2 * c, acc[j][i][0],
-                     acc[j][i][1], acc[j][i][2], acc[j][i][3]);
+            w4_epilogue(ep, nt0 + wn * 2 + j, r, m0 + wm * MW * 8 + i * 8 + 2 * c, acc[j][i][0],
+                        acc[j][i][1], acc[j][i][2], acc[j][i][3]);
 }
 
 /* The two GEMM configurations. */

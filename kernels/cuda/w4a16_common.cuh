@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
@@ -72,6 +73,47 @@ static __device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4],
 #else
     (void)d, (void)a, (void)b0, (void)b1;
 #endif
+}
+
+static __device__ __forceinline__ void store_h(uint16_t *p, float v) {
+    *p = __half_as_ushort(__float2half_rn(v));
+}
+
+/* The output stage of every W4A16 kernel. One thread's mma D fragment of
+ * n16 tile nt: d0 = (rho r, m0), d1 = (rho r, m0+1), d2 = (rho r+8, m0),
+ * d3 = (rho r+8, m0+1); adds the bias, applies silu(gate) * up for the
+ * interleaved gate|up layout (gate rows rho < 8, up rows rho >= 8 of a
+ * tile), and stores fp16. A: any struct with y (fp16 [m][ldy]), bias (fp16
+ * or NULL), m, n, ldy and gate_up. */
+template <class A>
+static __device__ __forceinline__ void w4_epilogue(const A &a, int nt, int r, int m0, float d0,
+                                                   float d1, float d2, float d3) {
+    int plo = nt * 16 + r, phi = plo + 8;
+    if (a.bias) {
+        float blo = __half2float(__ushort_as_half(a.bias[plo]));
+        float bhi = __half2float(__ushort_as_half(a.bias[phi]));
+        d0 += blo;
+        d1 += blo;
+        d2 += bhi;
+        d3 += bhi;
+    }
+    if (a.gate_up) {
+        int j = nt * 8 + r;
+        if (j >= a.ldy) return; /* padding tiles of the last block */
+        if (m0 < a.m) store_h(a.y + (size_t)m0 * a.ldy + j, d0 / (1.f + __expf(-d0)) * d2);
+        if (m0 + 1 < a.m) store_h(a.y + (size_t)(m0 + 1) * a.ldy + j, d1 / (1.f + __expf(-d1)) * d3);
+    } else {
+        if (m0 < a.m) {
+            uint16_t *row = a.y + (size_t)m0 * a.ldy;
+            if (plo < a.n) store_h(row + plo, d0);
+            if (phi < a.n) store_h(row + phi, d2);
+        }
+        if (m0 + 1 < a.m) {
+            uint16_t *row = a.y + (size_t)(m0 + 1) * a.ldy;
+            if (plo < a.n) store_h(row + plo, d1);
+            if (phi < a.n) store_h(row + phi, d3);
+        }
+    }
 }
 
 #endif

@@ -211,42 +211,6 @@ struct gk_cfg {
     static constexpr int NACC = MT * BN / 2;              /* fp32 accumulators per thread */
 };
 
-static __device__ __forceinline__ void g_store(uint16_t *p, float v) {
-    *p = __half_as_ushort(__float2half_rn(v));
-}
-
-/* Same epilogue as w4a16.cu's kernels: fragment of tile nt, rows rho = r and
- * r + 8, tokens m0 and m0 + 1. */
-static __device__ __forceinline__ void g_epilogue(const gk_args &a, int nt, int r, int m0, float d0,
-                                                  float d1, float d2, float d3) {
-    int plo = nt * 16 + r, phi = plo + 8;
-    if (a.bias) {
-        float blo = __half2float(__ushort_as_half(a.bias[plo]));
-        float bhi = __half2float(__ushort_as_half(a.bias[phi]));
-        d0 += blo;
-        d1 += blo;
-        d2 += bhi;
-        d3 += bhi;
-    }
-    if (a.gate_up) {
-        int j = nt * 8 + r;
-        if (j >= a.ldy) return;
-        if (m0 < a.m) g_store(a.y + (size_t)m0 * a.ldy + j, d0 / (1.f + __expf(-d0)) * d2);
-        if (m0 + 1 < a.m) g_store(a.y + (size_t)(m0 + 1) * a.ldy + j, d1 / (1.f + __expf(-d1)) * d3);
-    } else {
-        if (m0 < a.m) {
-            uint16_t *row = a.y + (size_t)m0 * a.ldy;
-            if (plo < a.n) g_store(row + plo, d0);
-            if (phi < a.n) g_store(row + phi, d2);
-        }
-        if (m0 + 1 < a.m) {
-            uint16_t *row = a.y + (size_t)(m0 + 1) * a.ldy;
-            if (plo < a.n) g_store(row + plo, d1);
-            if (phi < a.n) g_store(row + phi, d3);
-        }
-    }
-}
-
 static __device__ __forceinline__ void g_cluster_sync(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -438,7 +402,7 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
             }
             const int mt = q / (BN / 8), j = q % (BN / 8);
             const int nt = nt0 + (wg * MT + mt) * 4 + wq;
-            if (nt < a.n16a) g_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, v[0], v[1], v[2], v[3]);
+            if (nt < a.n16a) w4_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, v[0], v[1], v[2], v[3]);
         }
         g_cluster_sync(); /* the other ranks' shared memory stays alive until read */
 #endif
@@ -481,7 +445,7 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
         if (nt >= a.n16a) continue;
 #pragma unroll
         for (int j = 0; j < BN / 8; j++)
-            g_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, acc[mt][4 * j], acc[mt][4 * j + 1],
+            w4_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, acc[mt][4 * j], acc[mt][4 * j + 1],
                        acc[mt][4 * j + 2], acc[mt][4 * j + 3]);
     }
 }

@@ -113,6 +113,11 @@ if has e2e && [ "$CUDA" != 0 ]; then
     wait_model
     run e2e 90 "$OUT/e2e.txt" "$BIN" bench e2e --model "$M" $E2E_ARGS
     grep -vE "^\s*$" "$OUT/e2e.txt" | tail -60 >>"$SUM"
+    # prefill through dequantize + cuBLAS in column slabs of the small
+    # default workspace (opt-in until measured) against the default above
+    AWQD_W4A16_SLABS=1 run "e2e ttft slabs" 60 "$OUT/e2e_slabs.txt" "$BIN" bench e2e --model "$M" \
+        --batches none
+    grep -E "^\| [0-9]" "$OUT/e2e_slabs.txt" | head -5 >>"$SUM"
 fi
 
 # 6. served: one greedy client (the model's own batch-1 rate), then 64

@@ -1185,12 +1185,13 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 /* wt: fp16 [n16*16][K] physical row order, each lane writes two 32-byte runs */
 static __global__ void k_dequant_t(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
                                    const uint8_t *__restrict__ zr, int n16, int n16a, int KC,
-                                   int K, int G, uint16_t *__restrict__ wt) {
+                                   int K, int G, uint16_t *__restrict__ wt, int nt0, int n_tiles) {
     size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (idx >= (size_t)n16a * KC * 32) return;
+    if (idx >= (size_t)n_tiles * KC * 32) return;
     int lane = (int)(idx & 31);
     size_t wi = idx >> 5;
-    int kc = (int)((wi >> 3) % KC), nt = (int)((wi >> 3) / KC) * 8 + (int)(wi & 7);
+    int kc = (int)((wi >> 3) % KC), ntr = (int)((wi >> 3) / KC) * 8 + (int)(wi & 7);
+    int nt = nt0 + ntr; /* qw and wt start at tile nt0 (a multiple of 8) */
     if (nt >= n16) return;
     int r = lane >> 2, c = lane & 3;
     uint4 wv = qw[idx];
@@ -1212,8 +1213,8 @@ static __global__ void k_dequant_t(const uint4 *__restrict__ qw, const uint32_t 
         hi[2 * t] = a[1];
         hi[2 * t + 1] = a[3];
     }
-    uint4 *plo = (uint4 *)(wt + (size_t)(nt * 16 + r) * K + kc * 64 + 16 * c);
-    uint4 *phi = (uint4 *)(wt + (size_t)(nt * 16 + r + 8) * K + kc * 64 + 16 * c);
+    uint4 *plo = (uint4 *)(wt + (size_t)(ntr * 16 + r) * K + kc * 64 + 16 * c);
+    uint4 *phi = (uint4 *)(wt + (size_t)(ntr * 16 + r + 8) * K + kc * 64 + 16 * c);
     plo[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     plo[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
     phi[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
@@ -1228,12 +1229,13 @@ static __global__ void k_bias(uint16_t *y, const uint16_t *__restrict__ bias, in
     y[i] = __half_as_ushort(__float2half_rn(v));
 }
 
-/* y[m][j] = silu(Y[m][pg] + b[pg]) * (Y[m][pu] + b[pu]), pg = (j/8)*16 + j%8, pu = pg + 8 */
+/* y[m][j] = silu(Y[m][pg] + b[pg]) * (Y[m][pu] + b[pu]), pg = (j/8)*16 + j%8, pu = pg + 8,
+ * j < cols; y rows ldy apart, Y rows ldY apart */
 static __global__ void k_silu_mul(const uint16_t *__restrict__ Y, const uint16_t *__restrict__ bias,
-                                  uint16_t *__restrict__ y, int m, int inter, int ldY) {
+                                  uint16_t *__restrict__ y, int m, int cols, int ldy, int ldY) {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)m * inter) return;
-    int row = (int)(i / inter), j = (int)(i % inter);
+    if (i >= (size_t)m * cols) return;
+    int row = (int)(i / cols), j = (int)(i % cols);
     int pg = (j >> 3) * 16 + (j & 7), pu = pg + 8;
     float g = __half2float(__ushort_as_half(Y[(size_t)row * ldY + pg]));
     float u = __half2float(__ushort_as_half(Y[(size_t)row * ldY + pu]));
@@ -1241,7 +1243,7 @@ static __global__ void k_silu_mul(const uint16_t *__restrict__ Y, const uint16_t
         g += __half2float(__ushort_as_half(bias[pg]));
         u += __half2float(__ushort_as_half(bias[pu]));
     }
-    y[i] = __half_as_ushort(__float2half_rn(g / (1.f + __expf(-g)) * u));
+    y[(size_t)row * ldy + j] = __half_as_ushort(__float2half_rn(g / (1.f + __expf(-g)) * u));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1660,6 +1662,28 @@ static size_t gemm_ws(const struct w4a16_weight *w, int m, int ksplit) {
 }
 /* ---- end gemm helper ---- */
 
+/* Dequantize + cuBLAS in column slabs when the workspace cannot hold the
+ * whole fp16 copy: process-wide switch (default OFF until measured on a GPU;
+ * AWQD_W4A16_SLABS=1 turns it on, w4a16_cublas_slabs() overrides both). */
+static std::atomic<int> g_slabs{-1};
+
+static int slabs_mode(void) {
+    int v = g_slabs.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("AWQD_W4A16_SLABS");
+        v = e && !strcmp(e, "1") ? 1 : 0;
+        int expect = -1;
+        g_slabs.compare_exchange_strong(expect, v);
+        v = g_slabs.load(std::memory_order_relaxed);
+    }
+    return v;
+}
+
+extern "C" int w4a16_cublas_slabs(int mode) {
+    if (mode >= 0) g_slabs.store(mode ? 1 : 0, std::memory_order_relaxed);
+    return slabs_mode();
+}
+
 /* Decode kernel: process-wide switch (default OFF: measured slower than the
  * skinny kernel back to back on H200, docs/PERFORMANCE.md session 3;
  * AWQD_W4A16_DECODE=1 turns it on, w4a16_decode_kernel() overrides both). */
@@ -2009,28 +2033,66 @@ static int launch_tc(const struct w4a16_weight *w, const uint16_t *x, int m, epi
 
 static thread_local cublasHandle_t tl_cublas = NULL;
 
+/* Bytes of workspace one slab of `cols` physical columns needs: its fp16
+ * copy [cols][K] and, for gate|up, its fp16 output [m][cols]. */
+static size_t slab_bytes(const struct w4a16_weight *w, int m, int cols) {
+    return align256((size_t)cols * w->k * 2) +
+           (w->layout == W4A16_LAYOUT_GATE_UP ? align256((size_t)m * cols * 2) : 0);
+}
+
+/* Dequantize + cuBLAS in column slabs: tiles [nt0, nt1) at a time (whole
+ * 8-tile blocks, 128 physical columns, as the repacked weight stores them)
+ * are dequantized into the workspace and multiplied, so the transient fp16
+ * copy is at most `cols` x K (the slab stays in L2 between the two); one
+ * slab of every column is the whole-matrix path. Plain: the slab's output
+ * columns are written in place (physical column = checkpoint column); gate|up:
+ * the slab's physical output goes to the workspace and silu(gate) * up writes
+ * its columns [nt0 * 8, nt1 * 8). A bias is added to the whole output at the
+ * end (plain) or in the silu stage (gate|up). -ENOSPC when not even one block
+ * of 128 columns fits. */
 static int launch_cublas(const struct w4a16_weight *w, const uint16_t *x, int m, epi_args ep,
-                         void *workspace, cudaStream_t s, char *err, size_t errlen) {
+                         void *workspace, size_t ws_bytes, cudaStream_t s, char *err, size_t errlen) {
+    const int K = w->k, nblk = w->n16a / 8;
+    int per = nblk; /* blocks of 8 tiles per slab: as many as fit */
+    while (per > 0 && slab_bytes(w, m, per * 128) > ws_bytes) per--;
+    if (per <= 0)
+        return util_err(err, errlen, -ENOSPC, "w4a16_linear: workspace of %zu bytes holds no slab",
+                        ws_bytes);
     if (!tl_cublas) CUBLAS_CHECK(cublasCreate(&tl_cublas), err, errlen);
     CUBLAS_CHECK(cublasSetStream(tl_cublas, s), err, errlen);
-    const int np = w->n16 * 16, K = w->k;
     uint16_t *wt = (uint16_t *)workspace;
-    uint16_t *Y = ep.gate_up ? (uint16_t *)((char *)workspace + align256((size_t)np * K * 2)) : ep.y;
-    size_t nthr = (size_t)w->n16a * w->kc * 32;
-    k_dequant_t<<<(unsigned)((nthr + 255) / 256), 256, 0, s>>>(w->qw, w->sc, w->zr, w->n16, w->n16a,
-                                                               w->kc, K, w->group, wt);
-    CUDA_CHECK_LAUNCH(err, errlen);
+    uint16_t *Y = (uint16_t *)((char *)workspace + align256((size_t)per * 128 * K * 2));
     const float one = 1.f, zero = 0.f;
-    int ng = ep.gate_up ? np : w->n;
-    CUBLAS_CHECK(cublasGemmEx(tl_cublas, CUBLAS_OP_T, CUBLAS_OP_N, ng, m, K, &one, wt, CUDA_R_16F, K,
-                              x, CUDA_R_16F, K, &zero, Y, CUDA_R_16F, ng, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT),
-                 err, errlen);
-    if (ep.gate_up) {
-        size_t n = (size_t)m * ep.ldy;
-        k_silu_mul<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(Y, ep.bias, ep.y, m, ep.ldy, np);
+    for (int b0 = 0; b0 < nblk; b0 += per) {
+        int nt0 = b0 * 8, nt1 = (b0 + per < nblk ? b0 + per : nblk) * 8;
+        if (nt1 > w->n16) nt1 = w->n16;
+        int np = (nt1 - nt0) * 16; /* physical columns of this slab */
+        size_t nthr = (size_t)(nt1 - nt0 + 7) / 8 * 8 * w->kc * 32;
+        k_dequant_t<<<(unsigned)((nthr + 255) / 256), 256, 0, s>>>(
+            w->qw + (size_t)b0 * w->kc * 8 * 32, w->sc, w->zr, w->n16, w->n16a, w->kc, K, w->group,
+            wt, nt0, nt1 - nt0);
         CUDA_CHECK_LAUNCH(err, errlen);
-    } else if (ep.bias) {
+        if (ep.gate_up) {
+            CUBLAS_CHECK(cublasGemmEx(tl_cublas, CUBLAS_OP_T, CUBLAS_OP_N, np, m, K, &one, wt,
+                                      CUDA_R_16F, K, x, CUDA_R_16F, K, &zero, Y, CUDA_R_16F, np,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                         err, errlen);
+            int j0 = nt0 * 8, j1 = nt1 * 8 < ep.ldy ? nt1 * 8 : ep.ldy;
+            if (j1 <= j0) continue;
+            size_t n = (size_t)m * (j1 - j0);
+            k_silu_mul<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(
+                Y, ep.bias ? ep.bias + nt0 * 16 : NULL, ep.y + j0, m, j1 - j0, ep.ldy, np);
+            CUDA_CHECK_LAUNCH(err, errlen);
+        } else {
+            int c1 = nt1 * 16 < w->n ? nt1 * 16 : w->n, ng = c1 - nt0 * 16;
+            if (ng <= 0) continue;
+            CUBLAS_CHECK(cublasGemmEx(tl_cublas, CUBLAS_OP_T, CUBLAS_OP_N, ng, m, K, &one, wt,
+                                      CUDA_R_16F, K, x, CUDA_R_16F, K, &zero, ep.y + nt0 * 16,
+                                      CUDA_R_16F, ep.ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                         err, errlen);
+        }
+    }
+    if (!ep.gate_up && ep.bias) {
         size_t n = (size_t)m * w->n;
         k_bias<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(ep.y, ep.bias, m, w->n);
         CUDA_CHECK_LAUNCH(err, errlen);
@@ -2185,7 +2247,8 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
         while (ks > 1 && ws_call(w, m, k, ks) > ws_bytes) ks--;
         if (!workspace && ws_call(w, m, k, ks) > 0) ks = 1;
     }
-    if (k == W4A16_KERNEL_CUBLAS && (!workspace || ws_need(w, m, k, 1) > ws_bytes)) {
+    if (k == W4A16_KERNEL_CUBLAS && (!workspace || ws_need(w, m, k, 1) > ws_bytes) &&
+        !(workspace && slabs_mode() && slab_bytes(w, m, 128) <= ws_bytes)) {
         if (gemm_fallback_ok(w, m)) { /* gemm helper: INT4 wgmma GEMM, needs no workspace */
             struct w4a16_gemm_args ga;
             gemm_args_of(w, x, m, y, ep.bias, silu, 0, &ga);
@@ -2234,7 +2297,7 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
         default: return util_err(err, errlen, -EINVAL, "w4a16_linear: skinny kernel with m=%d > 64", m);
         }
     } else if (k == W4A16_KERNEL_CUBLAS) {
-        rc = launch_cublas(w, x, m, ep, workspace, s, err, errlen);
+        rc = launch_cublas(w, x, m, ep, workspace, ws_bytes, s, err, errlen);
     } else if (k == W4A16_KERNEL_TC64) {
         static const int occ = getenv("AWQD_W4A16_TC64_OCC") != NULL; /* experiment knob */
         if (occ) {

@@ -159,6 +159,16 @@ int w4a16_cluster_reduce(int mode);
  * each is deterministic. */
 int w4a16_decode_kernel(int mode);
 
+/* Dequantize + cuBLAS (W4A16_KERNEL_CUBLAS, chosen from M >= 256) when the
+ * workspace is smaller than the whole fp16 copy: mode 1 runs it in column
+ * slabs of whole 128-column blocks that fit the workspace (the copy of one
+ * slab at a time), 0 falls back to an INT4 GEMM instead (wgmma from M 512 on
+ * sm_90a, else tc64), < 0 only queries. Returns the mode in effect
+ * (process-wide; default OFF until measured, unless AWQD_W4A16_SLABS=1).
+ * Same dequantized values as the whole-matrix path; the sums may differ in
+ * rounding (cuBLAS may pick another algorithm for a narrower GEMM). */
+int w4a16_cublas_slabs(int mode);
+
 #ifdef __cplusplus
 }
 #endif

@@ -116,6 +116,9 @@ static int have_gpu(void) {
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
+/* When nonzero, check_case gives the kernel exactly this much workspace. */
+static size_t g_ws_exact;
+
 /* Runs one (weight, M, epilogue, kernel, split) case and checks it. */
 static void check_case(const struct host_layer *h, const float *wref, struct w4a16_weight *dw,
                        int gate_up, int M, int epi, enum w4a16_kernel kern, int ksplit,
@@ -134,6 +137,7 @@ static void check_case(const struct host_layer *h, const float *wref, struct w4a
         size_t need = 16 * np * mp * 4 + np * K * 2 + mp * np * 2 + 4096;
         if (need > wsb) wsb = need;
     }
+    if (g_ws_exact) wsb = g_ws_exact;
     CK(cudaMalloc((void **)&dx, nx * 2));
     CK(cudaMalloc((void **)&dy, ny * 2));
     if (wsb) CK(cudaMalloc(&ws, wsb));
@@ -421,6 +425,51 @@ TEST(w4a16, no_workspace) {
     free(hb);
     w4a16_free(dw);
     layer_free(&h);
+}
+
+/* Dequantize + cuBLAS in column slabs (w4a16_cublas_slabs): workspaces of
+ * one, three and three and a half 128-column slabs, so that the last slab is
+ * partial; awkward N (a partial last tile and block), bias, gate|up. Every
+ * output written (NaN poison), deterministic, within the reference bound. */
+static size_t al256(size_t b) { return (b + 255) / 256 * 256; }
+
+TEST(w4a16, cublas_slabs) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    const int mode0 = w4a16_cublas_slabs(1);
+    const struct {
+        int K, N, gate_up, bias;
+    } shapes[] = {{2048, 1000, 0, 1}, {1024, 1552, 1, 0}, {1024, 1552, 1, 1}, {12288, 512, 0, 0}};
+    const int ms[] = {257, 1000};
+    const double slabs[] = {1, 3, 3.5};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0] && !test_failed(); si++) {
+        struct host_layer h;
+        layer_make(&h, shapes[si].K, shapes[si].N, 128, shapes[si].bias);
+        struct w4a16_weight *dw = NULL;
+        char err[256];
+        int gu = shapes[si].gate_up;
+        ASSERT_MSG(w4a16_upload(&h.l, gu ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &dw, err,
+                                sizeof err) == 0, "%s", err);
+        float *wref = ref_dequant(&h.l);
+        ASSERT(wref);
+        int epi = (gu ? W4A16_EPI_SILU_MUL : 0) | (shapes[si].bias ? W4A16_EPI_BIAS : 0);
+        for (int mi = 0; mi < 2 && !test_failed(); mi++)
+            for (int k = 0; k < 3 && !test_failed(); k++) {
+                int M = ms[mi];
+                size_t cols = (size_t)(slabs[k] * 128);
+                size_t one = al256((size_t)128 * h.l.k * 2) + (gu ? al256((size_t)M * 128 * 2) : 0);
+                size_t want = al256(cols * h.l.k * 2) + (gu ? al256((size_t)M * cols * 2) : 0);
+                g_ws_exact = want > one ? want : one;
+                char what[96];
+                snprintf(what, sizeof what, "slabs K=%d N=%d%s%s ws=%.1f slabs", h.l.k, h.l.n,
+                         gu ? " gate_up" : "", shapes[si].bias ? " bias" : "", slabs[k]);
+                check_case(&h, wref, dw, gu, M, epi, W4A16_KERNEL_CUBLAS, 0, what);
+                g_ws_exact = 0;
+            }
+        free(wref);
+        w4a16_free(dw);
+        layer_free(&h);
+    }
+    w4a16_cublas_slabs(mode0);
 }
 
 TEST(w4a16, rejects_bad_input) {

@@ -1186,6 +1186,7 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 static __global__ void k_dequant_t(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
                                    const uint8_t *__restrict__ zr, int n16, int n16a, int KC,
                                    int K, int G, uint16_t *__restrict__ wt, int nt0, int n_tiles) {
+    /* n_tiles: a multiple of 8 (whole blocks; idx runs block, chunk, tile, lane) */
     size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (idx >= (size_t)n_tiles * KC * 32) return;
     int lane = (int)(idx & 31);
@@ -2053,24 +2054,27 @@ static size_t slab_bytes(const struct w4a16_weight *w, int m, int cols) {
 static int launch_cublas(const struct w4a16_weight *w, const uint16_t *x, int m, epi_args ep,
                          void *workspace, size_t ws_bytes, cudaStream_t s, char *err, size_t errlen) {
     const int K = w->k, nblk = w->n16a / 8;
+    const int n_phys = w->n16 * 16;
     int per = nblk; /* blocks of 8 tiles per slab: as many as fit */
-    while (per > 0 && slab_bytes(w, m, per * 128) > ws_bytes) per--;
+    while (per > 0 && slab_bytes(w, m, per * 128 < n_phys ? per * 128 : n_phys) > ws_bytes) per--;
     if (per <= 0)
         return util_err(err, errlen, -ENOSPC, "w4a16_linear: workspace of %zu bytes holds no slab",
                         ws_bytes);
     if (!tl_cublas) CUBLAS_CHECK(cublasCreate(&tl_cublas), err, errlen);
     CUBLAS_CHECK(cublasSetStream(tl_cublas, s), err, errlen);
     uint16_t *wt = (uint16_t *)workspace;
-    uint16_t *Y = (uint16_t *)((char *)workspace + align256((size_t)per * 128 * K * 2));
+    const int slab_cols = per * 128 < n_phys ? per * 128 : n_phys; /* the widest slab */
+    uint16_t *Y = (uint16_t *)((char *)workspace + align256((size_t)slab_cols * K * 2));
     const float one = 1.f, zero = 0.f;
     for (int b0 = 0; b0 < nblk; b0 += per) {
         int nt0 = b0 * 8, nt1 = (b0 + per < nblk ? b0 + per : nblk) * 8;
         if (nt1 > w->n16) nt1 = w->n16;
         int np = (nt1 - nt0) * 16; /* physical columns of this slab */
-        size_t nthr = (size_t)(nt1 - nt0 + 7) / 8 * 8 * w->kc * 32;
+        int nt_blk = (nt1 - nt0 + 7) / 8 * 8; /* whole blocks: tiles past n16 return at once */
+        size_t nthr = (size_t)nt_blk * w->kc * 32;
         k_dequant_t<<<(unsigned)((nthr + 255) / 256), 256, 0, s>>>(
             w->qw + (size_t)b0 * w->kc * 8 * 32, w->sc, w->zr, w->n16, w->n16a, w->kc, K, w->group,
-            wt, nt0, nt1 - nt0);
+            wt, nt0, nt_blk);
         CUDA_CHECK_LAUNCH(err, errlen);
         if (ep.gate_up) {
             CUBLAS_CHECK(cublasGemmEx(tl_cublas, CUBLAS_OP_T, CUBLAS_OP_N, np, m, K, &one, wt,

@@ -145,7 +145,6 @@ static const char *kname(enum w4a16_kernel k) {
     case W4A16_KERNEL_TC64: return "tc64";
     case W4A16_KERNEL_TC128: return "tc128";
     case W4A16_KERNEL_CUBLAS: return "deq+cublas";
-    case W4A16_KERNEL_GEMV: return "gemv";
     case W4A16_KERNEL_WGMMA: return "wgmma"; /* gemm helper */
     case W4A16_KERNEL_DECODE: return "decode";
     default: return "auto";
@@ -174,8 +173,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     "                          [--b2b-m 1,2,4,8,16] [--b2b-only] [--variants] [--csv FILE]\n"
                     "  --set       Qwen3-8B shapes (default), Qwen3-32B at tp = 1, 2, 4, or both\n"
                     "  --b2b-only  only the back-to-back table (no single cold calls, no cuBLAS)\n"
-                    "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, gemv) at each M\n"
-                    "  --sweep     time the split counts of gemv (M = 1, 2, 4), skinny (1, 16), tc64 (64, 128)\n");
+                    "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, decode) at each M\n"
+                    "  --sweep     time the split counts of skinny (M = 1, 2, 4, 16), tc64 (64, 128)\n");
             return strcmp(argv[i], "--help") && strcmp(argv[i], "-h") ? 2 : 0;
         }
     }
@@ -261,10 +260,10 @@ extern "C" int bench_kernels(int argc, char **argv) {
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv)
         fprintf(csv, "shape,K,N,M,kernel,ksplit,us,weight_GBs,pct_copy,TFLOPs,cublas_us,"
-                     "speedup_vs_cublas,skinny_us,tc64_us,tc128_us,deqcublas_us,gemv_us,nocluster_us,old_dispatch_us\n");
+                     "speedup_vs_cublas,skinny_us,tc64_us,tc128_us,deqcublas_us,decode_us,nocluster_us,old_dispatch_us\n");
     printf("\n%-8s %5s %-10s %3s %9s %8s %6s %7s %10s %8s", "shape", "M", "kernel", "ks", "us",
            "GB/s", "%copy", "TFLOP/s", "cublas_us", "speedup");
-    if (variants) printf(" %9s %9s %9s %9s %9s %9s", "skinny", "tc64", "tc128", "deq+cubl", "gemv", "nocluster");
+    if (variants) printf(" %9s %9s %9s %9s %9s %9s", "skinny", "tc64", "tc128", "deq+cubl", "decode", "nocluster");
     printf("\n");
 
     for (const shape &sh : shapes) {
@@ -426,8 +425,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
             for (int mi2 = 0; mi2 < 7; mi2++)
                 for (int si = 0; si < 10; si++) {
                     int rc2 = 0, mm = sweep_m[mi2];
-                    enum w4a16_kernel fk = mi2 < 3 ? W4A16_KERNEL_GEMV
-                                           : mm <= 16 ? W4A16_KERNEL_SKINNY : W4A16_KERNEL_TC64;
+                    enum w4a16_kernel fk = mm <= 16 ? W4A16_KERNEL_SKINNY : W4A16_KERNEL_TC64;
                     double sus = time_median_us(t, reps, [&] {
                         rc2 |= w4a16_linear_ex(w, dx, mm, dy, epi, fk, sms_[si], ws, wsb_var, 0, err,
                                                sizeof err);
@@ -477,11 +475,14 @@ extern "C" int bench_kernels(int argc, char **argv) {
                 w4a16_cluster_reduce(cl0);
             }
             if (variants) {
+                static const enum w4a16_kernel vk[5] = {W4A16_KERNEL_SKINNY, W4A16_KERNEL_TC64,
+                                                        W4A16_KERNEL_TC128, W4A16_KERNEL_CUBLAS,
+                                                        W4A16_KERNEL_DECODE};
                 for (int v = 0; v < 5; v++) {
-                    enum w4a16_kernel fk = (enum w4a16_kernel)(W4A16_KERNEL_SKINNY + v);
+                    enum w4a16_kernel fk = vk[v];
                     if (fk == W4A16_KERNEL_SKINNY && M > 64) continue;
-                    if (fk == W4A16_KERNEL_GEMV && M > 4) continue;
-                    if (fk != W4A16_KERNEL_SKINNY && fk != W4A16_KERNEL_GEMV && M < 8) continue;
+                    if (fk == W4A16_KERNEL_DECODE && M > 16) continue;
+                    if (fk != W4A16_KERNEL_SKINNY && fk != W4A16_KERNEL_DECODE && M < 8) continue;
                     var[v] = time_median_us(t, reps, [&] {
                         rc |= w4a16_linear_ex(w, dx, M, dy, epi, fk, 0, ws, wsb_var, 0, err, sizeof err);
                     });

@@ -417,255 +417,6 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 }
 
 /* ------------------------------------------------------------------------ */
-/* GEMV kernel (decode, M = 1..4 rows): CUDA cores, no tensor cores.         */
-/* Block = GV_WARPS warps on one 128-column block (8 n16 tiles) and one K    */
-/* range [kc0, kc1) of 64-deep chunks (split-K across blocks, deterministic  */
-/* reduction). Each warp streams a contiguous sub-range of chunks: one step  */
-/* = the block's 8 tiles at one chunk = 4 KB contiguous, 8 x 16-byte         */
-/* cp.async per lane into the warp's D-stage shared-memory ring (each lane   */
-/* reads back only what it copied: no barrier), so (D - 1) x 4 KB per warp   */
-/* stay in flight without holding registers. The block's scales/zeros and    */
-/* the first D - 1 stages are requested before pdl_wait(); x of the block's  */
-/* K range goes to shared memory after it.                                   */
-/*                                                                            */
-/* Lane (r, c) of a step holds, per tile, 16 k (16c .. 16c+15) x 2 columns   */
-/* (rho = r, r + 8) — the mma A fragment of the layout, used as plain data:  */
-/* LOP3 -> half2 {1024 + q} / {1024 + 16 q}; one sub (fma for the high       */
-/* nibbles) leaves q - z exactly; times the fp16 scale = the fp16            */
-/* dequantized weight (what cuBLAS on a dequantized copy sees); one HFMA2    */
-/* per two weights per row of x into half2 partial sums (8 products each, at */
-/* the output's magnitude: no overflow unless y itself overflows), added to  */
-/* fp32 after every step. At the end: shuffle-add over the 4 lanes c, add    */
-/* the warps in order in shared memory, split-K partials in the workspace    */
-/* added in split order by the last block of the column block.               */
-/* ------------------------------------------------------------------------ */
-
-#define GV_WARPS 4
-#define GV_STAGES 4                /* default ring depth (steps of 4 KB per warp) */
-#define GV_X_BYTES_MAX (32 * 1024) /* x slice limit -> K range per split */
-
-struct gv_smem {
-    size_t ring_off, s_off, z_off, x_off, red_off, total;
-    int ngroups, xstride;
-};
-
-static __host__ __device__ inline gv_smem gv_layout(int mr, int cps, int G, int d) {
-    gv_smem L;
-    L.ngroups = (cps * 64 + G - 1) / G + 1;
-    L.xstride = cps * 64;
-    L.ring_off = 0;
-    L.s_off = (size_t)GV_WARPS * d * 4096;
-    L.z_off = L.s_off + (size_t)L.ngroups * 256;
-    L.x_off = L.z_off + (size_t)L.ngroups * 64;
-    L.red_off = L.x_off + ((size_t)mr * L.xstride * 2 + 15) / 16 * 16;
-    L.total = L.red_off + (size_t)GV_WARPS * mr * 128 * 4;
-    return L;
-}
-
-template <int MR, int D>
-static __global__ void __launch_bounds__(GV_WARPS * 32)
-k_gemv(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
-       const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
-       int G, int cps, int ksplit, epi_args ep, float *__restrict__ part,
-       int *__restrict__ cnt) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    const int nb = blockIdx.x, split = blockIdx.y;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int r = lane >> 2, c = lane & 3;
-    const int kc0 = split * cps, kc1 = min(KC, kc0 + cps), n = kc1 - kc0;
-    const int wb = kc0 + warp * n / GV_WARPS, we = kc0 + (warp + 1) * n / GV_WARPS;
-    const int nw = we - wb;
-    const gv_smem L = gv_layout(MR, cps, G, D);
-    uint4 *ring = (uint4 *)(smem + L.ring_off) + (size_t)warp * D * 256 + lane; /* [D][8][32] */
-    const uint32_t *ssc = (const uint32_t *)(smem + L.s_off);
-    const uint8_t *szr = smem + L.z_off;
-    uint16_t *sx = (uint16_t *)(smem + L.x_off);
-    float *red = (float *)(smem + L.red_off); /* [W][MR][128] */
-    const int cpg = G / 64;
-    const int g0 = kc0 / cpg, g1 = (kc1 - 1) / cpg + 1;
-
-    /* constant data before the dependency wait: scales, zeros of the block's
-     * groups (group g: sc row g, tiles nb*8 .. nb*8+7 = 256 bytes), ring stages */
-    for (int i = tid; i < (g1 - g0) * 16; i += GV_WARPS * 32) {
-        int g = i >> 4, ch = i & 15;
-        cp_async16((unsigned char *)ssc + g * 256 + ch * 16,
-                   (const unsigned char *)(sc + ((size_t)(g0 + g) * n16a + nb * 8) * 8) + ch * 16, 16);
-    }
-    for (int i = tid; i < (g1 - g0) * 4; i += GV_WARPS * 32) {
-        int g = i >> 2, ch = i & 3;
-        cp_async16((unsigned char *)szr + g * 64 + ch * 16,
-                   zr + ((size_t)(g0 + g) * n16a + nb * 8) * 8 + ch * 16, 16);
-    }
-    /* chunk kc, tile j: qw[((nb * KC + kc) * 8 + j) * 32 + lane] */
-    const uint4 *wsrc = qw + ((size_t)nb * KC + wb) * 256 + lane;
-#pragma unroll
-    for (int st = 0; st < D - 1; st++) {
-        if (st < nw) {
-#pragma unroll
-            for (int j = 0; j < 8; j++) cp_async16(ring + (st * 8 + j) * 32, wsrc + st * 256 + j * 32, 16);
-        }
-        cp_async_commit();
-    }
-    pdl_wait();
-    {   /* x rows [0, MR) x [kc0*64, kc1*64) */
-        const int cpr = n * 8; /* 16-byte pieces per row */
-        for (int i = tid; i < MR * cpr; i += GV_WARPS * 32) {
-            int row = i / cpr, ch = i - row * cpr;
-            cp_async16(sx + row * L.xstride + ch * 8, x + (size_t)row * K + kc0 * 64 + ch * 8, 16);
-        }
-        cp_async_commit();
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-
-    float acc[8][2][MR];
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int m = 0; m < MR; m++) acc[j][0][m] = acc[j][1][m] = 0.f;
-
-    for (int it = 0; it < nw; it++) {
-        const int kc = wb + it;
-        if (it + D - 1 < nw) {
-            uint4 *dst = ring + ((it + D - 1) % D) * 256;
-            const uint4 *src = wsrc + (size_t)(it + D - 1) * 256;
-#pragma unroll
-            for (int j = 0; j < 8; j++) cp_async16(dst + j * 32, src + j * 32, 16);
-        }
-        cp_async_commit();
-        cp_async_wait<D - 1>();
-        const uint4 *stg = ring + (it % D) * 256;
-        const uint16_t *xs = sx + (kc - kc0) * 64 + 16 * c;
-        uint32_t xh[MR][8];
-#pragma unroll
-        for (int m = 0; m < MR; m++) {
-            uint4 a = *(const uint4 *)(xs + m * L.xstride), b = *(const uint4 *)(xs + m * L.xstride + 8);
-            xh[m][0] = a.x, xh[m][1] = a.y, xh[m][2] = a.z, xh[m][3] = a.w;
-            xh[m][4] = b.x, xh[m][5] = b.y, xh[m][6] = b.z, xh[m][7] = b.w;
-        }
-        const int go = (kc / cpg - g0) * 64 + r;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const uint4 wv = stg[j * 32];
-            const uint32_t z = szr[go + j * 8], s2 = ssc[go + j * 8];
-            const uint32_t mlo = magic_lo(z & 15);
-            uint32_t nz = 0xd400u | ((z >> 4) << 4); /* -(64 + z_hi) */
-            nz |= nz << 16;
-            const uint32_t slo = __byte_perm(s2, 0, 0x1010), shi = __byte_perm(s2, 0, 0x3232);
-            const uint32_t *wt = &wv.x;
-            uint32_t plo[MR], phi[MR];
-#pragma unroll
-            for (int t = 0; t < 4; t++) {
-                uint32_t a[4];
-                deq_scaled(wt[t], mlo, nz, slo, shi, a);
-#pragma unroll
-                for (int m = 0; m < MR; m++) {
-                    if (t == 0) {
-                        plo[m] = hmul2u(a[0], xh[m][0]);
-                        phi[m] = hmul2u(a[1], xh[m][0]);
-                    } else {
-                        plo[m] = hfma2u(a[0], xh[m][2 * t], plo[m]);
-                        phi[m] = hfma2u(a[1], xh[m][2 * t], phi[m]);
-                    }
-                    plo[m] = hfma2u(a[2], xh[m][2 * t + 1], plo[m]);
-                    phi[m] = hfma2u(a[3], xh[m][2 * t + 1], phi[m]);
-                }
-            }
-#pragma unroll
-            for (int m = 0; m < MR; m++) {
-                /* {lo.x + lo.y, hi.x + hi.y} in one HADD2, then two conversions */
-                uint32_t sum = hadd2u(__byte_perm(plo[m], phi[m], 0x5410), __byte_perm(plo[m], phi[m], 0x7632));
-                float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&sum));
-                acc[j][0][m] += f.x;
-                acc[j][1][m] += f.y;
-            }
-        }
-    }
-    cp_async_wait<0>();
-    pdl_launch();
-
-    /* sum over the 4 lanes c of each r, then over the warps (fixed order) */
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int m = 0; m < MR; m++) {
-                float v = acc[j][h][m];
-                v += __shfl_xor_sync(0xffffffffu, v, 1);
-                v += __shfl_xor_sync(0xffffffffu, v, 2);
-                acc[j][h][m] = v;
-            }
-    if (c == 0) {
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int m = 0; m < MR; m++) red[(warp * MR + m) * 128 + j * 16 + r + 8 * h] = acc[j][h][m];
-    }
-    __syncthreads();
-    float v[MR];
-#pragma unroll
-    for (int m = 0; m < MR; m++) {
-        v[m] = red[m * 128 + tid];
-#pragma unroll
-        for (int w2 = 1; w2 < GV_WARPS; w2++) v[m] += red[(w2 * MR + m) * 128 + tid];
-    }
-    if (ksplit > 1) {
-        __shared__ int s_last;
-        float *mine = part + ((size_t)nb * ksplit + split) * MR * 128;
-#pragma unroll
-        for (int m = 0; m < MR; m++) __stcg(mine + m * 128 + tid, v[m]);
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-            int old = atomicAdd(cnt + nb, 1);
-            s_last = old == ksplit - 1;
-            if (s_last) cnt[nb] = 0;
-        }
-        __syncthreads();
-        if (!s_last) return;
-        __threadfence();
-#pragma unroll
-        for (int m = 0; m < MR; m++) v[m] = 0.f;
-        for (int s = 0; s < ksplit; s++) {
-            const float *p = part + ((size_t)nb * ksplit + s) * MR * 128;
-#pragma unroll
-            for (int m = 0; m < MR; m++) v[m] += __ldcg(p + m * 128 + tid);
-        }
-    }
-    /* epilogue: physical column p = nb * 128 + tid */
-    const int p = nb * 128 + tid;
-    if (!ep.gate_up) {
-        if (p < ep.n) {
-            float b = ep.bias ? __half2float(__ushort_as_half(ep.bias[p])) : 0.f;
-#pragma unroll
-            for (int m = 0; m < MR; m++) store_h(ep.y + (size_t)m * ep.ldy + p, v[m] + b);
-        }
-        return;
-    }
-    __syncthreads(); /* red is reused for the final values */
-#pragma unroll
-    for (int m = 0; m < MR; m++) red[m * 128 + tid] = v[m];
-    __syncthreads();
-    if (tid < 64) {
-        const int pg = nb * 128 + (tid >> 3) * 16 + (tid & 7), pu = pg + 8; /* physical rows */
-        const int jcol = nb * 64 + tid;
-        if (jcol < ep.ldy) {
-            float bg = ep.bias ? __half2float(__ushort_as_half(ep.bias[pg])) : 0.f;
-            float bu = ep.bias ? __half2float(__ushort_as_half(ep.bias[pu])) : 0.f;
-#pragma unroll
-            for (int m = 0; m < MR; m++) {
-                float g = red[m * 128 + (tid >> 3) * 16 + (tid & 7)] + bg;
-                float u = red[m * 128 + (tid >> 3) * 16 + (tid & 7) + 8] + bu;
-                store_h(ep.y + (size_t)m * ep.ldy + jcol, g / (1.f + __expf(-g)) * u);
-            }
-        }
-    }
-}
-
-/* ------------------------------------------------------------------------ */
 /* Decode kernel (M <= 8): persistent grid, whole n16 tiles per block.       */
 /*                                                                            */
 /* Decomposition. The T = n16 column tiles (16 physical columns x all of K)  */
@@ -1463,7 +1214,6 @@ fail:
 #define SK_SPLIT_CAP 8 /* skinny splits when the grid is large enough anyway */
 
 /* Crossovers measured on an H100 (docs/PERFORMANCE.md). */
-#define DISPATCH_GEMV_MAX_M 0 /* not yet measured faster than skinny */
 #define DISPATCH_DECODE_MAX_M 16 /* the decode kernel (when its shared memory fits) */
 #define DISPATCH_SKINNY_MAX_M 32
 #define DISPATCH_CUBLAS_MIN_M 256
@@ -1487,16 +1237,11 @@ static int occ_query(F *fn, int threads, size_t smem) {
 
 static int sk_stages(void) { return SK_STAGES; }
 
-/* GEMV ring depth (3 and 6 were measured slower; 3 and 6 also hit an
- * illegal address in a long sweep that was not tracked down: not built). */
-static int gv_stages(void) { return GV_STAGES; }
-
 static int kernel_occupancy(enum w4a16_kernel k, int m) {
     static int cache[16];
     int mt = (m + 7) / 8, slot;
     if (k == W4A16_KERNEL_TC64) slot = 0;
     else if (k == W4A16_KERNEL_TC128) slot = 1;
-    else if (k == W4A16_KERNEL_GEMV) slot = 5 + (m < 1 ? 1 : m > 4 ? 4 : m);
     else slot = mt <= 1 ? 2 : mt <= 2 ? 3 : mt <= 4 ? 4 : 5;
     if (cache[slot]) return cache[slot];
     int n = 1;
@@ -1506,11 +1251,7 @@ static int kernel_occupancy(enum w4a16_kernel k, int m) {
     case 2: n = occ_query(k_skinny<1, SK_STAGES, false>, SK_WARPS * 32, sk_layout(8, 16, 128, sk_stages()).total); break;
     case 3: n = occ_query(k_skinny<2, SK_STAGES, false>, SK_WARPS * 32, sk_layout(16, 16, 128, sk_stages()).total); break;
     case 4: n = occ_query(k_skinny<4, SK_STAGES, false>, SK_WARPS * 32, sk_layout(32, 12, 128, sk_stages()).total); break;
-    case 5: n = occ_query(k_skinny<8, SK_STAGES, false>, SK_WARPS * 32, sk_layout(64, 6, 128, sk_stages()).total); break;
-    case 6: n = occ_query(k_gemv<1, GV_STAGES>, GV_WARPS * 32, gv_layout(1, 16, 128, gv_stages()).total); break;
-    case 7: n = occ_query(k_gemv<2, GV_STAGES>, GV_WARPS * 32, gv_layout(2, 16, 128, gv_stages()).total); break;
-    case 8: n = occ_query(k_gemv<3, GV_STAGES>, GV_WARPS * 32, gv_layout(3, 16, 128, gv_stages()).total); break;
-    default: n = occ_query(k_gemv<4, GV_STAGES>, GV_WARPS * 32, gv_layout(4, 16, 128, gv_stages()).total); break;
+    default: n = occ_query(k_skinny<8, SK_STAGES, false>, SK_WARPS * 32, sk_layout(64, 6, 128, sk_stages()).total); break;
     }
     cache[slot] = n;
     return n;
@@ -1525,52 +1266,9 @@ static int sk_min_split(const struct w4a16_weight *w, int m) {
     return ceil_div(w->kc, sk_max_cps(m));
 }
 
-/* GEMV: the block's x slice (m rows x K range) must fit GV_X_BYTES_MAX. */
-static int gv_max_cps(int m) {
-    int c = GV_X_BYTES_MAX / (m * 128);
-    return c < 1 ? 1 : c;
-}
-
-/* GEMV split: the number of K ranges that minimizes the modelled time of the
- * busiest SM, in 4 KB steps: (blocks on it) x (chunks per block + a fixed
- * per-block cost of ~3 steps, fitted to a sweep on H200), divided by the
- * fraction of the bandwidth its resident warps can pull (bytes in flight
- * (D - 1) x 4 KB per warp; below ~96 KB per SM modelled as proportionally
- * slower), plus a fixed cost for the split-K reduction. Ties go to fewer
- * splits. */
-static int gv_split(const struct w4a16_weight *w, int m) {
-    const int nb = ceil_div(w->n16, 8), KC = w->kc, sms = w->sms > 0 ? w->sms : 1;
-    const int occ = kernel_occupancy(W4A16_KERNEL_GEMV, m);
-    const int maxc = gv_max_cps(m);
-    double best = 1e30;
-    int best_s = ceil_div(KC, maxc);
-    for (int s = 1; s <= KC && s <= 64; s++) {
-        int cps = ceil_div(KC, s);
-        if (cps > maxc) continue;
-        int se = ceil_div(KC, cps);
-        if (se != s) continue; /* same as a smaller s */
-        int blocks = nb * se;
-        int per_sm = ceil_div(blocks, sms);
-        int resident = per_sm < occ ? per_sm : occ;
-        double inflight = resident * GV_WARPS * (gv_stages() - 1) * 4.0; /* KB */
-        double bw = inflight >= 96.0 ? 1.0 : inflight / 96.0;
-        double cost = per_sm * (cps + 3.0) / bw + (se > 1 ? 3.0 : 0.0);
-        if (cost < best - 1e-9) {
-            best = cost;
-            best_s = se;
-        }
-    }
-    return best_s;
-}
-
 static void grid_of(const struct w4a16_weight *w, int m, enum w4a16_kernel k, int *nb, int *mbk,
                     int *nacc_threads) {
     switch (k) {
-    case W4A16_KERNEL_GEMV:
-        *nb = ceil_div(w->n16, 8);
-        *mbk = 1;
-        *nacc_threads = m * 128;
-        break;
     case W4A16_KERNEL_SKINNY:
         *nb = ceil_div(w->n16, SK_WARPS);
         *mbk = 1;
@@ -1784,11 +1482,9 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
         }
     }
     if (k == W4A16_KERNEL_AUTO)
-        k = m <= DISPATCH_GEMV_MAX_M     ? W4A16_KERNEL_GEMV
-            : m <= DISPATCH_SKINNY_MAX_M ? W4A16_KERNEL_SKINNY
+        k = m <= DISPATCH_SKINNY_MAX_M  ? W4A16_KERNEL_SKINNY
             : m < DISPATCH_CUBLAS_MIN_M ? W4A16_KERNEL_TC64
                                         : W4A16_KERNEL_CUBLAS;
-    if (k == W4A16_KERNEL_GEMV && m > 4) k = W4A16_KERNEL_SKINNY;
     if (k == W4A16_KERNEL_SKINNY && m > 64) k = W4A16_KERNEL_TC64;
     if (k == W4A16_KERNEL_CUBLAS) {
         *kern = k;
@@ -1803,9 +1499,7 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
          * chunks per warp as long as the grid stays one wave; the GEMM with the
          * most splits that still fit one wave of resident blocks. */
         int slots = kernel_occupancy(k, m) * w->sms;
-        if (k == W4A16_KERNEL_GEMV) {
-            ks = gv_split(w, m);
-        } else if (k == W4A16_KERNEL_SKINNY) {
+        if (k == W4A16_KERNEL_SKINNY) {
             ks = ceil_div(w->kc, 16);
             /* measured (H200 sweep): 8 splits beat 12 on down (K 12288, 32
              * column blocks) with or without the cluster reduction */
@@ -1823,7 +1517,6 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
         if (ks < 1) ks = 1;
     }
     if (k == W4A16_KERNEL_SKINNY && ks < sk_min_split(w, m)) ks = sk_min_split(w, m);
-    if (k == W4A16_KERNEL_GEMV && ks < ceil_div(w->kc, gv_max_cps(m))) ks = ceil_div(w->kc, gv_max_cps(m));
     if (ks > w->kc) ks = w->kc;
     *kern = k;
     *ksplit = ks;
@@ -1986,31 +1679,6 @@ template <typename... KArgs, typename... Args>
 static cudaError_t launch_pdl(const struct w4a16_weight *w, void (*kern)(KArgs...), dim3 grid,
                               dim3 block, size_t smem, cudaStream_t s, Args... args) {
     return launch_pdl_cl(w, kern, grid, block, smem, s, dim3(1, 1, 1), args...);
-}
-
-template <int MR, int D>
-static int launch_gemv_d(const struct w4a16_weight *w, const uint16_t *x, epi_args ep, int ksplit,
-                         float *part, cudaStream_t s, char *err, size_t errlen) {
-    static std::atomic<unsigned long long> smem_set{0};
-    int rc = smem_limit_once(&smem_set, (const void *)k_gemv<MR, D>, 200 * 1024, err, errlen);
-    if (rc) return rc;
-    int cps = ceil_div(w->kc, ksplit);
-    if (cps > gv_max_cps(MR)) cps = gv_max_cps(MR);
-    ksplit = ceil_div(w->kc, cps);
-    dim3 grid(ceil_div(w->n16, 8), ksplit);
-    if (ksplit > 1 && (int)grid.x > w->cnt_len) return -ERANGE;
-    CUDA_CHECK(launch_pdl(w, k_gemv<MR, D>, grid, dim3(GV_WARPS * 32),
-                          gv_layout(MR, cps, w->group, D).total, s,
-                          w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, w->group, cps, ksplit, ep,
-                          part, w->cnt),
-               err, errlen);
-    return 0;
-}
-
-template <int MR>
-static int launch_gemv(const struct w4a16_weight *w, const uint16_t *x, epi_args ep, int ksplit,
-                       float *part, cudaStream_t s, char *err, size_t errlen) {
-    return launch_gemv_d<MR, GV_STAGES>(w, x, ep, ksplit, part, s, err, errlen);
 }
 
 template <int WN, int WM, int MW, int STAGES, int MINB>
@@ -2229,6 +1897,14 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
         return util_err(err, errlen, -EINVAL, "w4a16_linear: bias epilogue on a weight without bias");
     if (((uintptr_t)x | (uintptr_t)y) & 15)
         return util_err(err, errlen, -EINVAL, "w4a16_linear: x and y must be 16-byte aligned");
+    switch (kernel) {
+    case W4A16_KERNEL_AUTO: case W4A16_KERNEL_SKINNY: case W4A16_KERNEL_TC64:
+    case W4A16_KERNEL_TC128: case W4A16_KERNEL_CUBLAS: case W4A16_KERNEL_DECODE:
+    case W4A16_KERNEL_WGMMA:
+        break;
+    default:
+        return util_err(err, errlen, -EINVAL, "w4a16_linear: unknown kernel %d", (int)kernel);
+    }
 
     epi_args ep;
     ep.y = y;
@@ -2264,13 +1940,6 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
         while (ks > 1 && ws_call(w, m, k, ks) > ws_bytes) ks--;
         if (!workspace && ws_call(w, m, k, ks) > 0) ks = 1;
     }
-    if (k == W4A16_KERNEL_GEMV && ks < ceil_div(w->kc, gv_max_cps(m))) {
-        k = W4A16_KERNEL_SKINNY; /* no room for the split the GEMV kernel needs */
-        ks = 0;
-        choose(w, m, &k, &ks);
-        while (ks > 1 && ws_call(w, m, k, ks) > ws_bytes) ks--;
-        if (!workspace && ws_call(w, m, k, ks) > 0) ks = 1;
-    }
     if (k == W4A16_KERNEL_SKINNY && ks < sk_min_split(w, m)) {
         k = W4A16_KERNEL_TC64; /* no room for the split the skinny kernel needs */
         ks = 1;
@@ -2279,14 +1948,6 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
     int rc;
     if (k == W4A16_KERNEL_DECODE) {
         rc = launch_decode(w, x, ep, s, err, errlen);
-    } else if (k == W4A16_KERNEL_GEMV) {
-        switch (m) {
-        case 1: rc = launch_gemv<1>(w, x, ep, ks, part, s, err, errlen); break;
-        case 2: rc = launch_gemv<2>(w, x, ep, ks, part, s, err, errlen); break;
-        case 3: rc = launch_gemv<3>(w, x, ep, ks, part, s, err, errlen); break;
-        case 4: rc = launch_gemv<4>(w, x, ep, ks, part, s, err, errlen); break;
-        default: return util_err(err, errlen, -EINVAL, "w4a16_linear: gemv kernel with m=%d > 4", m);
-        }
     } else if (k == W4A16_KERNEL_SKINNY) {
         int mt = ceil_div(m, 8);
         switch (mt) {

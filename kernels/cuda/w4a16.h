@@ -42,7 +42,7 @@
  * and arguments, -ENOMEM / -EIO from CUDA (every CUDA call is checked).
  *
  * Programmatic dependent launch (sm_90+, on by default; AWQD_CUDA_PDL=0 or
- * w4a16_pdl(0) turns it off): the GEMV / skinny / tc64 kernels are launched
+ * w4a16_pdl(0) turns it off): the skinny / decode / tc64 kernels are launched
  * with cudaLaunchAttributeProgrammaticStreamSerialization, so they may start
  * while the previous kernel on the stream is still running. Before their
  * `griddepcontrol.wait` they read only the weight (qweight, scales, zeros,
@@ -95,7 +95,7 @@ enum w4a16_kernel {
     W4A16_KERNEL_TC64 = 2,   /* pipelined tensor-core GEMM, block tile 128 n x 64 m */
     W4A16_KERNEL_TC128 = 3,  /* pipelined tensor-core GEMM, block tile 128 n x 128 m */
     W4A16_KERNEL_CUBLAS = 4, /* large M: dequantize into the workspace + cuBLAS FP16 GEMM */
-    W4A16_KERNEL_GEMV = 5,   /* CUDA-core streaming GEMV, M <= 4, split-K (decode) */
+    /* 5: the CUDA-core GEMV of sessions 1-2, removed (measured slower than SKINNY) */
     W4A16_KERNEL_DECODE = 6, /* persistent decode kernel, M <= 16: whole tiles per block, weights
                                 prefetched before the PDL wait (falls back to SKINNY when its
                                 shared memory does not fit); opt-in, see w4a16_decode_kernel */

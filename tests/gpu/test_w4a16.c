@@ -317,10 +317,12 @@ TEST(w4a16, forced_kernels_and_splits) {
     float *wref = ref_dequant(&h.l);
     static const int ms[] = {1, 2, 3, 4, 5, 9, 16, 24, 32, 33, 64, 65, 130};
     static const int splits[] = {1, 2, 3, 7, 16};
-    for (int kern = W4A16_KERNEL_SKINNY; kern <= W4A16_KERNEL_DECODE; kern++)
+    static const int kerns[] = {W4A16_KERNEL_SKINNY, W4A16_KERNEL_TC64, W4A16_KERNEL_TC128,
+                                W4A16_KERNEL_CUBLAS, W4A16_KERNEL_DECODE};
+    for (int ki = 0; ki < NM(kerns); ki++)
         for (int i = 0; i < NM(ms); i++) {
+            const int kern = kerns[ki];
             if (kern == W4A16_KERNEL_SKINNY && ms[i] > 64) continue;
-            if (kern == W4A16_KERNEL_GEMV && ms[i] > 4) continue;
             if (kern == W4A16_KERNEL_DECODE && ms[i] > 16) continue;
             for (int s = 0; s < NM(splits); s++) {
                 if ((kern == W4A16_KERNEL_CUBLAS || kern == W4A16_KERNEL_DECODE) && s > 0)
@@ -493,6 +495,10 @@ TEST(w4a16, rejects_bad_input) {
     ASSERT_EQ_INT(w4a16_linear(dw, dx, 1, dy, W4A16_EPI_BIAS, NULL, 0, 0, err, sizeof err), -EINVAL);
     ASSERT_CONTAINS(err, "without bias");
     ASSERT_EQ_INT(w4a16_linear(dw, dx + 1, 1, dy, 0, NULL, 0, 0, err, sizeof err), -EINVAL);
+    ASSERT_EQ_INT(w4a16_linear_ex(dw, dx, 1, dy, 0, (enum w4a16_kernel)5, 0, NULL, 0, 0, err,
+                                  sizeof err),
+                  -EINVAL); /* the removed GEMV kernel */
+    ASSERT_CONTAINS(err, "unknown kernel");
     cudaFree(dx);
     cudaFree(dy);
     w4a16_free(dw);

@@ -20,7 +20,10 @@
 # Timing seen on 4x H200 (2026-11-21): build 17 s, tests 63 s, all-reduce
 # benches 5 s, mkmodel (background) 55 s, but model loads of 11-75 s each
 # (qwen3-32b tp=1 47 s, llama3-70b tp=2 75 s; --comm-off loads twice): the
-# whole plan needs LIMIT of about 700 s; with 330 it stopped in llama3-70b.
+# whole plan needs about 700 s, more than one device call (600 s), so run it
+# as two calls on the same warm machine (the checkpoints stay on its tmpfs):
+# LIMIT=575 PHASES="build tests bench_ar check" (395 s on 2026-11-22), then
+# LIMIT=575 PHASES="e2e fault graphs".
 set -u
 OUT=${OUT:-/tmp/tp_check}
 BUILD=${BUILD:-build-gpu}
@@ -168,7 +171,7 @@ wait_models() {
 
 # 5. decode step at batch 1 and 32 (context 512), qwen3-32b tp=1/2/4 and
 #    llama3-70b tp=2/4; --comm-off gives the all-reduce time per step
-E2E="--batches 1,32 --contexts 512 --prompts none --steps 24"
+E2E="--batches 1,32 --contexts 512 --prompts none --steps 24 --sampling greedy"
 e2e() { # name need model tp [extra...]
     local name=$1 need=$2 m=$3 tp=$4
     shift 4

@@ -33,29 +33,7 @@ PORT=${PORT:-8100}
 export AWQD_TOKENIZER_DIR=${AWQD_TOKENIZER_DIR:-$PWD/.device/tok/qwen3}
 export AWQD_FIXTURES=${AWQD_FIXTURES:-$PWD/.device/fixtures}
 mkdir -p "$OUT"
-T0=$(date +%s)
-SUM=$OUT/summary.txt
-: >"$SUM"
-say() { echo "[$(($(date +%s) - T0))s] $*" | tee -a "$SUM"; }
-left() { echo $((LIMIT - ($(date +%s) - T0))); }
-has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
-# run NAME NEED_S LOG CMD...: CMD with a timeout of what is left (minus a
-# margin) when at least NEED_S seconds are left, appending to LOG
-run() {
-    local name=$1 need=$2 log=$3
-    shift 3
-    local l
-    l=$(left)
-    if [ "$l" -lt "$need" ]; then
-        say "SKIP $name (${l}s left, needs ${need}s)"
-        return 99
-    fi
-    echo "=== $name: $*" >>"$log"
-    timeout $((l - 8)) "$@" >>"$log" 2>&1
-    local rc=$?
-    say "$name rc=$rc"
-    return $rc
-}
+. "$(dirname "$0")/check_lib.sh" # T0, SUM, say, left, has, run
 
 say "host: $(nvidia-smi -L 2>/dev/null | head -1 || echo 'no GPU'); $(nproc) CPUs; commit $(git rev-parse --short HEAD 2>/dev/null) + working tree"
 BIN=$BUILD/awqd

@@ -36,29 +36,7 @@ export AWQD_FIXTURES=${AWQD_FIXTURES:-$PWD/.device/tp/fixtures}
 export AWQD_BIN=$PWD/$BUILD/awqd
 export AWQD_COMM_TIMEOUT_MS=${AWQD_COMM_TIMEOUT_MS:-15000} # a broken p2p wait ends soon
 NCPU=$(nproc)
-T0=$(date +%s)
-SUM=$OUT/summary.txt
-: >"$SUM"
-say() { echo "[$(($(date +%s) - T0))s] $*" | tee -a "$SUM"; }
-left() { echo $((LIMIT - ($(date +%s) - T0))); }
-has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
-# run NAME NEED_S LOG CMD...: runs CMD with a timeout of what is left (minus a
-# margin) when at least NEED_S seconds are left, appending to LOG
-run() {
-    local name=$1 need=$2 log=$3
-    shift 3
-    local l
-    l=$(left)
-    if [ "$l" -lt "$need" ]; then
-        say "SKIP $name (${l}s left, needs ${need}s)"
-        return 99
-    fi
-    echo "=== $name: $*" >>"$log"
-    timeout $((l - 8)) "$@" >>"$log" 2>&1
-    local rc=$?
-    say "$name rc=$rc"
-    return $rc
-}
+. "$(dirname "$0")/check_lib.sh" # T0, SUM, say, left, has, run
 
 say "host: $(nvidia-smi -L 2>/dev/null | wc -l) GPUs, $NCPU CPUs; commit $(git rev-parse --short HEAD 2>/dev/null) + working tree"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader >>"$SUM" 2>&1

@@ -104,17 +104,8 @@ attn_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
      * scores run: wait_group 1 always leaves exactly the newest group pending */
     auto load = [&](__half (*dst)[HD + 8], const __half *cache, int t0) {
         if (t0 < ke)
-            for (int e = tid; e < ATT_TK * (HD / 8); e += ATT_NT) {
-                int t = e / (HD / 8), dc = e % (HD / 8), ta = t0 + t;
-                const __half *src = cache;
-                int bytes = 0;
-                if (ta < ke) {
-                    size_t sl = (size_t)bt[ta / block_size] * block_size + ta % block_size;
-                    src = cache + (sl * nkv + g) * HD + dc * 8;
-                    bytes = 16;
-                }
-                cp_async16(&dst[t][dc * 8], src, bytes); /* zeros past ke */
-            }
+            for (int e = tid; e < ATT_TK * (HD / 8); e += ATT_NT) /* keys >= ke zero-filled */
+                kv_chunk_load<HD>(dst, cache, e, t0, ke, bt, block_size, nkv, g);
         cp_async_commit();
     };
     load(sm.k, kc, kb);
@@ -310,17 +301,8 @@ attn_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
 
     auto load = [&](__half (*dst)[HD + 8], const __half *cache, int t0) {
         if (t0 < ke)
-            for (int e = tid; e < ATT_TK * (HD / 8); e += ATT_NT) {
-                int t = e / (HD / 8), dc = e % (HD / 8), ta = t0 + t;
-                const __half *src = cache;
-                int bytes = 0;
-                if (ta < ke) {
-                    size_t sl = (size_t)bt[ta / block_size] * block_size + ta % block_size;
-                    src = cache + (sl * nkv + g) * HD + dc * 8;
-                    bytes = 16;
-                }
-                cp_async16(&dst[t][dc * 8], src, bytes);
-            }
+            for (int e = tid; e < ATT_TK * (HD / 8); e += ATT_NT) /* keys >= ke zero-filled */
+                kv_chunk_load<HD>(dst, cache, e, t0, ke, bt, block_size, nkv, g);
         cp_async_commit();
     };
     load(sm.k, kc, kb);

@@ -1,6 +1,7 @@
 /* attn_common.cuh — device pieces shared by the attention kernels (attn.cu:
  * prefill / general; attn_decode.cu: the fixed-split decode kernel): cp.async
- * copies into shared memory, the m16n8k16 tensor-core MMA, and one step of
+ * copies into shared memory (one 16-byte chunk of a paged KV tile), the
+ * m16n8k16 tensor-core MMA, and one step of
  * the online softmax on MMA accumulator fragments. Header-only, static
  * inline: each .cu file gets its own copy. */
 #ifndef AWQD_ATTN_COMMON_CUH
@@ -24,6 +25,26 @@ static __device__ __forceinline__ void cp_async_wait1(void) {
 }
 static __device__ __forceinline__ void cp_async_wait0(void) {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+/* Chunk e of a KV tile: key t0 + e / (HD / 8), dims (e % (HD / 8)) * 8 ..+7
+ * of KV head g, copied from the paged cache (slot = block_table[key /
+ * block_size] * block_size + key % block_size; cache [slots][nkv][HD]) into
+ * dst[key - t0][...]; keys >= ke are zero-filled. The callers' loops over e
+ * make the whole tile. */
+template <int HD>
+static __device__ __forceinline__ void kv_chunk_load(__half (*dst)[HD + 8], const __half *cache,
+                                                     int e, int t0, int ke, const int *bt,
+                                                     int block_size, int nkv, int g) {
+    int t = e / (HD / 8), dc = e % (HD / 8), ta = t0 + t;
+    const __half *src = cache;
+    int bytes = 0;
+    if (ta < ke) {
+        size_t sl = (size_t)bt[ta / block_size] * block_size + ta % block_size;
+        src = cache + (sl * nkv + g) * HD + dc * 8;
+        bytes = 16;
+    }
+    cp_async16(&dst[t][dc * 8], src, bytes);
 }
 
 /* c[4] += A (16x16 fp16, row) * B (16x8 fp16, col), fp32 accumulate. */

@@ -110,18 +110,8 @@ attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *
         if (t0 < ke) {
             constexpr int CH = HD / 8; /* 16-byte chunks per key */
 #pragma unroll
-            for (int it = 0; it < TK * CH / DEC_NT; it++) {
-                int e = tid + it * DEC_NT;
-                int t = e / CH, dc = e % CH, ta = t0 + t;
-                const __half *src = cache;
-                int bytes = 0;
-                if (ta < ke) {
-                    size_t sl = (size_t)bt[ta / block_size] * block_size + ta % block_size;
-                    src = cache + (sl * nkv + g) * HD + dc * 8;
-                    bytes = 16;
-                }
-                cp_async16(&dst[t][dc * 8], src, bytes); /* zeros past ke */
-            }
+            for (int it = 0; it < TK * CH / DEC_NT; it++) /* keys >= ke zero-filled */
+                kv_chunk_load<HD>(dst, cache, tid + it * DEC_NT, t0, ke, bt, block_size, nkv, g);
         }
         cp_async_commit();
     };
@@ -280,20 +270,10 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
 
     auto load = [&](__half(*dst)[HD + 8], const __half *cache, int t0) {
         if (t0 < ke) {
-            constexpr int CH = HD / 8;
+            constexpr int CH = HD / 8; /* 16-byte chunks per key */
 #pragma unroll
-            for (int it = 0; it < TK * CH / DEC_NT; it++) {
-                int e = tid + it * DEC_NT;
-                int t = e / CH, dc = e % CH, ta = t0 + t;
-                const __half *src = cache;
-                int bytes = 0;
-                if (ta < ke) {
-                    size_t sl = (size_t)bt[ta / block_size] * block_size + ta % block_size;
-                    src = cache + (sl * nkv + g) * HD + dc * 8;
-                    bytes = 16;
-                }
-                cp_async16(&dst[t][dc * 8], src, bytes);
-            }
+            for (int it = 0; it < TK * CH / DEC_NT; it++) /* keys >= ke zero-filled */
+                kv_chunk_load<HD>(dst, cache, tid + it * DEC_NT, t0, ke, bt, block_size, nkv, g);
         }
         cp_async_commit();
     };

@@ -1,9 +1,9 @@
 /* attn_common.cuh — device pieces shared by the attention kernels (attn.cu:
  * prefill / general; attn_decode.cu: the fixed-split decode kernel): cp.async
  * copies into shared memory (one 16-byte chunk of a paged KV tile), the
- * m16n8k16 tensor-core MMA, and one step of
- * the online softmax on MMA accumulator fragments. Header-only, static
- * inline: each .cu file gets its own copy. */
+ * m16n8k16 tensor-core MMA, and one step of the online softmax on MMA
+ * accumulator fragments. Header-only, static inline: each .cu file gets its
+ * own copy. */
 #ifndef AWQD_ATTN_COMMON_CUH
 #define AWQD_ATTN_COMMON_CUH
 

@@ -42,59 +42,10 @@ static uint32_t rnd(void) {
     rng_state ^= rng_state << 17;
     return (uint32_t)(rng_state >> 16);
 }
-static float rnd_unit(void) { return (float)(rnd() & 0xffffff) / 16777216.0f; } /* [0,1) */
+static float rnd_unit(void) { return ref_unit(rnd); } /* [0,1) */
 
-struct host_layer {
-    struct awq_linear l;
-    uint32_t *qw, *qz;
-    uint16_t *sc, *bias;
-};
-
-static void layer_make(struct host_layer *h, int K, int N, int G, int with_bias) {
-    memset(h, 0, sizeof *h);
-    size_t nq = (size_t)K * (N / 8), nz = (size_t)(K / G) * (N / 8), ns = (size_t)(K / G) * N;
-    h->qw = malloc(nq * 4);
-    h->qz = malloc(nz * 4);
-    h->sc = malloc(ns * 2);
-    for (size_t i = 0; i < nq; i++) h->qw[i] = rnd() ^ (rnd() << 16);
-    for (size_t i = 0; i < nz; i++) h->qz[i] = rnd() ^ (rnd() << 16);
-    for (size_t i = 0; i < ns; i++) h->sc[i] = h_from_f(0.005f + 0.01f * rnd_unit());
-    if (with_bias) {
-        h->bias = malloc((size_t)N * 2);
-        for (int i = 0; i < N; i++) h->bias[i] = h_from_f(2.f * rnd_unit() - 1.f);
-    }
-    h->l.k = K;
-    h->l.n = N;
-    h->l.group = G;
-    h->l.qweight = h->qw;
-    h->l.qzeros = h->qz;
-    h->l.scales = h->sc;
-    h->l.bias = h->bias;
-}
-
-static void layer_free(struct host_layer *h) {
-    free(h->qw);
-    free(h->qz);
-    free(h->sc);
-    free(h->bias);
-}
-
-/* W[K, N] fp32, exact (q - z) * s */
-static float *ref_dequant(const struct awq_linear *l) {
-    int K = l->k, N = l->n, G = l->group, n8 = N / 8;
-    float *w = malloc((size_t)K * N * 4);
-    if (!w) return NULL;
-    for (int k = 0; k < K; k++) {
-        const uint32_t *qr = l->qweight + (size_t)k * n8, *zr = l->qzeros + (size_t)(k / G) * n8;
-        const uint16_t *sr = l->scales + (size_t)(k / G) * N;
-        float *wr = w + (size_t)k * N;
-        for (int n = 0; n < N; n++) {
-            int q = (int)((qr[n / 8] >> (4 * REF_AWQ_ORDER[n % 8])) & 15);
-            int z = (int)((zr[n / 8] >> (4 * REF_AWQ_ORDER[n % 8])) & 15);
-            wr[n] = (float)(q - z) * f_from_h(sr[n]);
-        }
-    }
-    return w;
+static void layer_make(struct ref_layer *h, int K, int N, int G, int with_bias) {
+    ASSERT_MSG(ref_layer_make(h, K, N, G, with_bias, rnd) == 0, "out of memory (K=%d N=%d)", K, N);
 }
 
 /* out[N] (double) = x_row[K] @ W */
@@ -120,7 +71,7 @@ static int have_gpu(void) {
 static size_t g_ws_exact;
 
 /* Runs one (weight, M, epilogue, kernel, split) case and checks it. */
-static void check_case(const struct host_layer *h, const float *wref, struct w4a16_weight *dw,
+static void check_case(const struct ref_layer *h, const float *wref, struct w4a16_weight *dw,
                        int gate_up, int M, int epi, enum w4a16_kernel kern, int ksplit,
                        const char *what) {
     int K = h->l.k, N = h->l.n, oc = gate_up ? N / 2 : N;
@@ -223,7 +174,7 @@ static void check_case(const struct host_layer *h, const float *wref, struct w4a
 /* One shape: upload, then every M of ms[] through the automatic dispatch. */
 static void check_shape(const char *what, int K, int N, int G, int gate_up, int with_bias,
                         const int *ms, int nms) {
-    struct host_layer h;
+    struct ref_layer h;
     layer_make(&h, K, N, G, with_bias);
     struct w4a16_weight *dw = NULL;
     char err[256];
@@ -239,7 +190,7 @@ static void check_shape(const char *what, int K, int N, int G, int gate_up, int 
     }
     free(wref);
     w4a16_free(dw);
-    layer_free(&h);
+    ref_layer_free(&h);
 }
 
 static const int M_ALL[] = {1, 2, 3, 7, 8, 15, 16, 17, 31, 64, 100, 128, 257, 1000, 2048, 4096};
@@ -308,7 +259,7 @@ TEST(w4a16, awkward_shapes) {
 /* Every kernel and several splits on one shape, whatever the dispatch picks. */
 TEST(w4a16, forced_kernels_and_splits) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
-    struct host_layer h;
+    struct ref_layer h;
     layer_make(&h, 1024, 1040, 128, 1);
     struct w4a16_weight *dw = NULL, *dg = NULL;
     char err[256];
@@ -338,7 +289,7 @@ TEST(w4a16, forced_kernels_and_splits) {
     free(wref);
     w4a16_free(dw);
     w4a16_free(dg);
-    layer_free(&h);
+    ref_layer_free(&h);
 }
 
 /* The persistent decode kernel (M <= 16) on the shapes that exercise its
@@ -358,7 +309,7 @@ TEST(w4a16, decode_kernel_shapes) {
     };
     static const int ms[] = {1, 2, 3, 5, 8, 9, 13, 16};
     for (int si = 0; si < NM(shp); si++) {
-        struct host_layer h;
+        struct ref_layer h;
         layer_make(&h, shp[si].k, shp[si].n, shp[si].g, shp[si].bias);
         struct w4a16_weight *dw = NULL;
         char err[256], what[64];
@@ -384,14 +335,14 @@ TEST(w4a16, decode_kernel_shapes) {
         }
         free(wref);
         w4a16_free(dw);
-        layer_free(&h);
+        ref_layer_free(&h);
     }
 }
 
 /* A workspace too small (or none) must still give the right answer. */
 TEST(w4a16, no_workspace) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
-    struct host_layer h;
+    struct ref_layer h;
     layer_make(&h, 2048, 512, 128, 0);
     struct w4a16_weight *dw = NULL;
     char err[256];
@@ -426,7 +377,7 @@ TEST(w4a16, no_workspace) {
     free(ha);
     free(hb);
     w4a16_free(dw);
-    layer_free(&h);
+    ref_layer_free(&h);
 }
 
 /* Dequantize + cuBLAS in column slabs (w4a16_cublas_slabs): workspaces of
@@ -444,7 +395,7 @@ TEST(w4a16, cublas_slabs) {
     const int ms[] = {257, 1000};
     const double slabs[] = {1, 3, 3.5};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0] && !test_failed(); si++) {
-        struct host_layer h;
+        struct ref_layer h;
         layer_make(&h, shapes[si].K, shapes[si].N, 128, shapes[si].bias);
         struct w4a16_weight *dw = NULL;
         char err[256];
@@ -469,21 +420,21 @@ TEST(w4a16, cublas_slabs) {
             }
         free(wref);
         w4a16_free(dw);
-        layer_free(&h);
+        ref_layer_free(&h);
     }
     w4a16_cublas_slabs(mode0);
 }
 
 TEST(w4a16, rejects_bad_input) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
-    struct host_layer h;
+    struct ref_layer h;
     struct w4a16_weight *dw = NULL;
     char err[256] = "";
     layer_make(&h, 6432, 64, 32, 0); /* K % 64 != 0, group 32 */
     ASSERT_EQ_INT(w4a16_upload(&h.l, W4A16_LAYOUT_PLAIN, &dw, err, sizeof err), -EINVAL);
     ASSERT_CONTAINS(err, "unsupported shape");
     ASSERT(dw == NULL);
-    layer_free(&h);
+    ref_layer_free(&h);
     layer_make(&h, 256, 64, 128, 0);
     ASSERT_EQ_INT(w4a16_upload(&h.l, W4A16_LAYOUT_PLAIN, &dw, err, sizeof err), 0);
     uint16_t *dx, *dy;
@@ -502,7 +453,7 @@ TEST(w4a16, rejects_bad_input) {
     cudaFree(dx);
     cudaFree(dy);
     w4a16_free(dw);
-    layer_free(&h);
+    ref_layer_free(&h);
 }
 
 /* Programmatic dependent launch: a chain of dependent calls (each layer's x is
@@ -514,7 +465,7 @@ TEST(w4a16, pdl_chain_and_graph) {
     /* 2048 -> 20480 (160 column blocks: the cluster split-K for M <= 8),
      * 20480 -> 2048 (long K: workspace split-K), gate|up 2048 -> 2048 + bias */
     enum { NL = 3, K = 2048, KW = 20480 };
-    struct host_layer h[NL];
+    struct ref_layer h[NL];
     struct w4a16_weight *dw[NL];
     char err[256];
     const int gate_up[NL] = {0, 0, 1}, lk[NL] = {K, KW, K}, ln[NL] = {KW, K, 2 * K};
@@ -590,7 +541,7 @@ TEST(w4a16, pdl_chain_and_graph) {
     for (int r = 0; r < 3; r++) free(out[r]);
     for (int i = 0; i < NL; i++) {
         w4a16_free(dw[i]);
-        layer_free(&h[i]);
+        ref_layer_free(&h[i]);
     }
 }
 
@@ -601,7 +552,7 @@ TEST(w4a16, pdl_chain_and_graph) {
  * fallback to one split would round differently). */
 TEST(w4a16, cluster_reduce_matches_workspace) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
-    struct host_layer h;
+    struct ref_layer h;
     layer_make(&h, 4096, 20480, 128, 1);
     struct w4a16_weight *dw = NULL;
     char err[256];
@@ -653,5 +604,5 @@ TEST(w4a16, cluster_reduce_matches_workspace) {
     free(hb);
     free(hc);
     w4a16_free(dw);
-    layer_free(&h);
+    ref_layer_free(&h);
 }

@@ -41,57 +41,28 @@ static uint32_t grnd(void) {
     g_rng ^= g_rng << 17;
     return (uint32_t)(g_rng >> 16);
 }
-static float grnd_unit(void) { return (float)(grnd() & 0xffffff) / 16777216.0f; }
+static float grnd_unit(void) { return ref_unit(grnd); }
 
 struct glayer {
-    struct awq_linear l;
-    uint32_t *qw, *qz;
-    uint16_t *sc, *bias;
+    struct ref_layer r;
     float *wref; /* [K][N] (q - z) s */
     struct w4a16_weight *dw;
 };
 
 static void glayer_make(struct glayer *h, int K, int N, int G, int gate_up, int with_bias) {
     memset(h, 0, sizeof *h);
-    size_t nq = (size_t)K * (N / 8), nz = (size_t)(K / G) * (N / 8), ns = (size_t)(K / G) * N;
-    h->qw = malloc(nq * 4);
-    h->qz = malloc(nz * 4);
-    h->sc = malloc(ns * 2);
-    h->wref = malloc((size_t)K * N * 4);
-    ASSERT(h->qw && h->qz && h->sc && h->wref);
-    for (size_t i = 0; i < nq; i++) h->qw[i] = grnd() ^ (grnd() << 16);
-    for (size_t i = 0; i < nz; i++) h->qz[i] = grnd() ^ (grnd() << 16);
-    for (size_t i = 0; i < ns; i++) h->sc[i] = h_from_f(0.005f + 0.01f * grnd_unit());
-    if (with_bias) {
-        h->bias = malloc((size_t)N * 2);
-        ASSERT(h->bias);
-        for (int i = 0; i < N; i++) h->bias[i] = h_from_f(2.f * grnd_unit() - 1.f);
-    }
-    h->l.k = K;
-    h->l.n = N;
-    h->l.group = G;
-    h->l.qweight = h->qw;
-    h->l.qzeros = h->qz;
-    h->l.scales = h->sc;
-    h->l.bias = h->bias;
-    for (int k = 0; k < K; k++)
-        for (int n = 0; n < N; n++) {
-            int q = (int)((h->qw[(size_t)k * (N / 8) + n / 8] >> (4 * REF_AWQ_ORDER[n % 8])) & 15);
-            int z = (int)((h->qz[(size_t)(k / G) * (N / 8) + n / 8] >> (4 * REF_AWQ_ORDER[n % 8])) & 15);
-            h->wref[(size_t)k * N + n] = (float)(q - z) * f_from_h(h->sc[(size_t)(k / G) * N + n]);
-        }
+    ASSERT_MSG(ref_layer_make(&h->r, K, N, G, with_bias, grnd) == 0, "out of memory (K=%d N=%d)", K, N);
+    h->wref = ref_dequant(&h->r.l);
+    ASSERT(h->wref);
     char err[256];
-    int rc = w4a16_upload(&h->l, gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &h->dw, err,
+    int rc = w4a16_upload(&h->r.l, gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &h->dw, err,
                           sizeof err);
     ASSERT_MSG(rc == 0, "upload K=%d N=%d: %s", K, N, err);
 }
 
 static void glayer_free(struct glayer *h) {
     w4a16_free(h->dw);
-    free(h->qw);
-    free(h->qz);
-    free(h->sc);
-    free(h->bias);
+    ref_layer_free(&h->r);
     free(h->wref);
 }
 
@@ -102,7 +73,7 @@ static void glayer_free(struct glayer *h) {
  * against the reference. */
 static void gcheck(const struct glayer *h, int gate_up, int M, int bias, enum w4a16_kernel kern, int ks,
                    int no_ws, const char *what) {
-    const int K = h->l.k, N = h->l.n, oc = gate_up ? N / 2 : N;
+    const int K = h->r.l.k, N = h->r.l.n, oc = gate_up ? N / 2 : N;
     const int epi = (gate_up ? W4A16_EPI_SILU_MUL : 0) | (bias ? W4A16_EPI_BIAS : 0);
     size_t nx = (size_t)M * K, ny = (size_t)M * oc;
     uint16_t *hx = malloc(nx * 2), *hy = malloc(ny * 2), *hy2 = malloc(ny * 2);
@@ -151,7 +122,7 @@ static void gcheck(const struct glayer *h, int gate_up, int M, int bias, enum w4
     ASSERT(yr);
     for (int ri = 0; ri < nr; ri++) {
         const uint16_t *xr = hx + (size_t)rows[ri] * K;
-        for (int n = 0; n < N; n++) ref[n] = bias ? f_from_h(h->bias[n]) : 0.0;
+        for (int n = 0; n < N; n++) ref[n] = bias ? f_from_h(h->r.bias[n]) : 0.0;
         for (int k = 0; k < K; k++) {
             double xk = f_from_h(xr[k]);
             const float *wr = h->wref + (size_t)k * N;

@@ -347,18 +347,7 @@ attn_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
             pa[1] = pack_half2(sc[2 * kk][2], sc[2 * kk][3]);
             pa[2] = pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
             pa[3] = pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-            int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-            for (int j = 0; j < DT; j += 2) {
-                int d = j * 8 + (lane >> 4) * 8;
-                unsigned sa = (unsigned)__cvta_generic_to_shared(&sm.v[key][d]);
-                unsigned b0, b1, b2, b3;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                             : "r"(sa));
-                mma16816(o[j], pa, b0, b1);
-                mma16816(o[j + 1], pa, b2, b3);
-            }
+            pv_mma16<DT, HD>(o, pa, sm.v, kk * 16, lane);
         }
         __syncthreads();
         load(sm.v, vc, t0 + ATT_TK);

@@ -61,6 +61,27 @@ static __device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
     return *(unsigned *)&h;
 }
 
+/* O += P V for 16 keys: pa = this warp's P as the m16n8k16 A fragments
+ * (16 rows x keys k0 .. k0+15), V rows k0.. in shared memory (row stride
+ * HD + 8), whose B fragments come transposed by ldmatrix; o = the DT n8
+ * output fragments of the warp's rows (DT even). */
+template <int DT, int HD>
+static __device__ __forceinline__ void pv_mma16(float (*o)[4], const unsigned *pa,
+                                                const __half (*v)[HD + 8], int k0, int lane) {
+    int key = k0 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int j = 0; j < DT; j += 2) {
+        int d = j * 8 + (lane >> 4) * 8;
+        unsigned sa = (unsigned)__cvta_generic_to_shared(&v[key][d]);
+        unsigned b0, b1, b2, b3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                     : "r"(sa));
+        mma16816(o[j], pa, b0, b1);
+        mma16816(o[j + 1], pa, b2, b3);
+    }
+}
+
 /* One online-softmax step of a thread over a key tile held as NJ m16n8k16
  * accumulator fragments sc[NJ][4] of scaled scores in log2 units (-INFINITY
  * = masked). The thread's two rows are gq (elements 0, 1) and gq + 8

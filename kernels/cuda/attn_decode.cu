@@ -335,18 +335,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
             pa[1] = pack_half2(sc[0][2], sc[0][3]);
             pa[2] = pack_half2(sc[1][0], sc[1][1]);
             pa[3] = pack_half2(sc[1][2], sc[1][3]);
-            int key = kw + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-            for (int j = 0; j < DT; j += 2) {
-                int d = j * 8 + (lane >> 4) * 8;
-                unsigned sa = (unsigned)__cvta_generic_to_shared(&vs[key][d]);
-                unsigned b0, b1, b2, b3;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                             : "r"(sa));
-                mma16816(o[j], pa, b0, b1);
-                mma16816(o[j + 1], pa, b2, b3);
-            }
+            pv_mma16<DT, HD>(o, pa, vs, kw, lane);
         }
         __syncthreads();       /* V consumed */
         load(vs, vc, t0 + TK); /* the next tile's V */

@@ -14,7 +14,8 @@
 #      CPU backend), MODEL (a checkpoint to use instead of making one:
 #      e.g. a fixture for a CPU dry run), PRESET (mkmodel preset, default
 #      qwen3-8b), TESTS (awqd-test-gpu filters, default: all),
-#      AWQD_TOKENIZER_DIR (tokenizer for mkmodel; default .device/tok/qwen3),
+#      AWQD_TOKENIZER_DIR (tokenizers for mkmodel; default .device/tok, which
+#      holds qwen3/),
 #      E2E_ARGS (extra `bench e2e` arguments), LOAD_N (requests per load
 #      test, default 128), PORT (default 8100).
 # Logs under $OUT: build.log test.log kernels.txt e2e.txt serve.log load.txt
@@ -30,13 +31,14 @@ TESTS=${TESTS:-}
 E2E_ARGS=${E2E_ARGS:-}
 LOAD_N=${LOAD_N:-128}
 PORT=${PORT:-8100}
-export AWQD_TOKENIZER_DIR=${AWQD_TOKENIZER_DIR:-$PWD/.device/tok/qwen3}
+export AWQD_TOKENIZER_DIR=${AWQD_TOKENIZER_DIR:-$PWD/.device/tok} # holds qwen3/
 export AWQD_FIXTURES=${AWQD_FIXTURES:-$PWD/.device/fixtures}
 mkdir -p "$OUT"
 . "$(dirname "$0")/check_lib.sh" # T0, SUM, say, left, has, run
 
 say "host: $(nvidia-smi -L 2>/dev/null | head -1 || echo 'no GPU'); $(nproc) CPUs; commit $(git rev-parse --short HEAD 2>/dev/null) + working tree"
 BIN=$BUILD/awqd
+export AWQD_BIN=${AWQD_BIN:-$PWD/$BIN} # the binary the tests run
 BACKEND=cuda
 [ "$CUDA" = 0 ] && BACKEND=cpu
 
@@ -91,9 +93,9 @@ if has e2e && [ "$CUDA" != 0 ]; then
     wait_model
     run e2e 90 "$OUT/e2e.txt" "$BIN" bench e2e --model "$M" $E2E_ARGS
     grep -vE "^\s*$" "$OUT/e2e.txt" | tail -60 >>"$SUM"
-    # prefill through dequantize + cuBLAS in column slabs of the small
-    # default workspace (opt-in until measured) against the default above
-    AWQD_W4A16_SLABS=1 run "e2e ttft slabs" 60 "$OUT/e2e_slabs.txt" "$BIN" bench e2e --model "$M" \
+    # prefill without the dequantize + cuBLAS column slabs (the INT4 wgmma
+    # GEMM instead) against the default above
+    AWQD_W4A16_SLABS=0 run "e2e ttft no slabs" 60 "$OUT/e2e_slabs.txt" "$BIN" bench e2e --model "$M" \
         --batches none
     grep -E "^\| [0-9]" "$OUT/e2e_slabs.txt" | head -5 >>"$SUM"
 fi

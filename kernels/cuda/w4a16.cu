@@ -417,375 +417,256 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 }
 
 /* ------------------------------------------------------------------------ */
-/* Decode kernel (M <= 8): persistent grid, whole n16 tiles per block.       */
+/* Decode kernel (M <= 16, G = 128): whole columns per block, no split-K    */
+/* across blocks, every weight read once with a register ring.               */
 /*                                                                            */
-/* Decomposition. The T = n16 column tiles (16 physical columns x all of K)  */
-/* are dealt out to P = min(#SMs, T) blocks in contiguous runs [t0, t1) of   */
-/* floor or ceil(T / P) tiles. A block owns whole output columns: there is   */
-/* no split-K across blocks (no workspace, no counters, no cluster), and the */
-/* busiest SM streams ceil(T/P) / (T/P) of the average share (3% more on the */
-/* Qwen3-8B shapes). Inside the block the nt * KC (tile, 64-deep chunk)      */
-/* units, tile-major, are cut into 8 equal contiguous ranges, one per warp:  */
-/* [end of a tile][whole tiles ...][start of a tile]. A whole tile goes      */
-/* straight to the epilogue; a tile shared by several warps is summed in     */
-/* warp order (= k order) through shared memory after one barrier:           */
-/* deterministic, no atomics.                                                */
+/* Decomposition. Block b owns TB consecutive n16 tiles (16*TB physical      */
+/* columns) and all of K; its 8 warps cut the K/128 groups into 8            */
+/* contiguous ranges, warp w accumulating its range for the TB tiles. The    */
+/* block adds the 8 partials in warp order (= k order) through shared memory */
+/* after one barrier: deterministic, no workspace, no atomics, no cluster.   */
 /*                                                                            */
-/* Streaming. A warp copies its units (512 contiguous bytes each: one n16    */
-/* tile x 64 k of the layout above) with 16-byte cp.async into its own       */
-/* ST-deep ring (each lane reads back only its own 16 bytes: no barrier).    */
-/* Before the programmatic-launch wait the block requests its tiles' scales  */
-/* and zeros (all groups) and the first ST - 1 units of every warp: up to    */
-/* 96 KB per SM, the whole share of the q|k|v and o matrices, so in a        */
-/* forward pass their weights stream in while the previous kernel runs. It   */
-/* then triggers its dependents at once, so that the next PDL kernel's       */
-/* blocks can become resident beside it and prefetch in turn (the launcher   */
-/* keeps a block within DC_SMEM_BUDGET and 128 registers per thread, so two  */
-/* fit on an SM). x, written by the previous kernel, is read only after      */
-/* griddepcontrol.wait, with plain loads into shared memory [M][K + 8] (as a */
-/* cp.async group it would make the first chunk wait for the whole prefetch).*/
+/* Streaming. Every lane keeps an 8-deep ring of 16-byte weight loads in     */
+/* registers (ld.global.nc, L1 no-allocate): 8 chunks = 4 KB in flight per   */
+/* warp, 64 KB per SM at two blocks per SM. One ring turn is UG = 4 / TB     */
+/* groups x 2 chunks x TB tiles = 8 chunks, fully unrolled, so every slot is */
+/* a compile-time register and a consumed slot is refilled with the chunk    */
+/* one turn ahead (a predicated load: no branch in the turn). Scales and     */
+/* zeros ride in a ring of their own, one turn ahead too. The first turn is  */
+/* requested before the programmatic-launch wait (the weights are constant), */
+/* and the kernel triggers its dependents at once, so that the next PDL      */
+/* kernel's blocks start as soon as ours retire.                             */
 /*                                                                            */
-/* Per chunk: 4 mma, one chain per k16 step, accumulated over the chunks of */
-/* one scale group (consecutive mma of a chain are a whole chunk apart: no   */
-/* stall of the warp's in-order issue) and scaled into the fp32 accumulator  */
-/* once per group. Weights are requested with an L2 evict-first policy (read */
-/* once per forward pass).                                                   */
+/* Per chunk and tile: 16 LOP3 (+4 shifts) give the A fragments as           */
+/* {1024 + q} (rows r) and {1024 + 16 q} (rows r + 8) without subtracting   */
+/* the zero point; the zero point enters as a second mma per k16 step with   */
+/* the constant A = {-(1024 + z), -(1024 + 16 z)} on the same x fragment     */
+/* (4 mma instead of 16 HSUB2). Products are exact in fp32; the fp32 sums    */
+/* of the two mma cancel the 1024 offset after every k16 step. One scale     */
+/* multiply-add per group. x (M rows of the warp's K range) goes to shared   */
+/* memory after the wait; lanes of rows >= M read row M - 1 (their mma       */
+/* columns are never stored), so no lane needs a predicate.                  */
 /* ------------------------------------------------------------------------ */
 
 #define DC_WARPS 8
-#define DC_MAX_M 16 /* MT = 1 (M <= 8) or 2 (M <= 16) blocks of 8 rows */
-#define DC_SMEM_BUDGET (113 * 1024) /* two blocks per SM: 2 x (113 + 1 reserved) <= 228 KB */
-#define DC_SMEM_MAX (227 * 1024)    /* M > 8: x alone takes up to 128 KB, one block per SM */
-#define DC_NS_DEFAULT 1  /* streams per warp, M <= 8 (2 measured slower on H200, session 3) */
-#define DC_BPS_DEFAULT 2 /* blocks per SM, M <= 8 (2 measured faster than 1 on the large shapes) */
-#define DC_EVICT 1        /* flags: L2 evict-first policy on the weight loads */
-#define DC_LATE_TRIGGER 2 /* flags (measurement): launch_dependents after the main loop */
+#define DC_MAX_M 16              /* MT = 1 (M <= 8) or 2 (M <= 16) mma column blocks */
+#define DC_SMEM_MAX (200 * 1024) /* x of M x K + the reduction area */
 
-struct dc_smem {
-    size_t s_off, z_off, x_off, total; /* ring at 0: [8 warps][ST][32 lanes] uint4 */
-    int xstride;                       /* halves per x row */
+/* Shared memory of a decode block: x [m][K + 8] fp16 (the 16-byte pad puts
+ * the 8 rows' LDS.128 on distinct banks), then the reduction area
+ * [TB][MT*4][8 warps][32 lanes] fp32. */
+static __host__ __device__ inline size_t dc_x_bytes(int m, int K) {
+    return ((size_t)m * (K + 8) * 2 + 15) / 16 * 16;
+}
+static __host__ __device__ inline size_t dc_smem_bytes(int m, int K, int tb, int mt) {
+    return dc_x_bytes(m, K) + (size_t)tb * mt * 4 * DC_WARPS * 32 * 4;
+}
+
+/* Predicated loads (pred == 0: dst keeps its value; no branch). Weights:
+ * read-only path, no L1 allocation (each byte is read once). */
+static __device__ __forceinline__ void dc_ld16(uint4 &d, const uint4 *p, int pred) {
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t"
+                 "@q ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+                 : "+r"(d.x), "+r"(d.y), "+r"(d.z), "+r"(d.w)
+                 : "l"(p), "r"(pred));
+}
+static __device__ __forceinline__ void dc_ld4(uint32_t &d, const uint32_t *p, int pred) {
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q ld.global.nc.u32 %0, [%1];\n\t}"
+                 : "+r"(d) : "l"(p), "r"(pred));
+}
+static __device__ __forceinline__ void dc_ld1(uint32_t &d, const uint8_t *p, int pred) {
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q ld.global.nc.u8 %0, [%1];\n\t}"
+                 : "+r"(d) : "l"(p), "r"(pred));
+}
+/* d (+)= A * B, not volatile: the compiler may interleave independent chains */
+template <bool ZERO>
+static __device__ __forceinline__ void dc_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    if (ZERO)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+            : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* The per-lane state of one warp of the decode kernel. */
+template <int MT, int TB>
+struct dc_state {
+    static constexpr int UG = 4 / TB;     /* groups per ring turn */
+    static constexpr int NW = 2 * UG * TB; /* weight slots: 8 chunks */
+    static constexpr int NZ = UG * TB;     /* scale / zero slots */
+    uint4 wr[NW];       /* chunk (gi, kk, tb) of the turn in slot (gi*2 + kk)*TB + tb */
+    uint32_t sr[NZ];    /* half2 {s(r), s(r+8)} of (gi, tb) in slot gi*TB + tb */
+    uint32_t zq[NZ];    /* z(r) | z(r+8) << 4 */
+    float acc[TB][MT][4];
+    const uint4 *wp;    /* chunk 0 of tile 0 of the current turn (+ lane) */
+    const uint32_t *sp; /* scales of group 0 of the turn, tile 0 (+ r) */
+    const uint8_t *zp;
+    size_t gs;          /* elements per group in sc / zr: n16a * 8 */
+    const uint16_t *xr[MT]; /* x of the turn's chunk 0 for this lane's rows (+ 16c) */
 };
 
-/* m rows, K, KG groups, ntb = most tiles of a block, st = ring depth */
-static __host__ __device__ inline dc_smem dc_layout(int m, int K, int KG, int ntb, int st) {
-    dc_smem L;
-    L.xstride = K + 8; /* 16-byte pad: the 8 rows' LDS.128 hit distinct banks */
-    L.s_off = (size_t)DC_WARPS * st * 512;
-    L.z_off = L.s_off + (size_t)KG * ntb * 32;
-    L.x_off = L.z_off + ((size_t)KG * ntb * 8 + 15) / 16 * 16;
-    L.total = L.x_off + ((size_t)m * L.xstride * 2 + 15) / 16 * 16;
-    return L;
+/* Requests the weights, scales and zeros of NG groups starting `ahead`
+ * groups after the current turn's first (pred: this lane's range has them). */
+template <int MT, int TB>
+static __device__ __forceinline__ void dc_fetch_group(dc_state<MT, TB> &s, int gi, int ahead, int pred) {
+#pragma unroll
+    for (int tb = 0; tb < TB; tb++) {
+        dc_ld4(s.sr[gi * TB + tb], s.sp + (gi + ahead) * s.gs + tb * 8, pred);
+        dc_ld1(s.zq[gi * TB + tb], s.zp + (gi + ahead) * s.gs + tb * 8, pred);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+        for (int tb = 0; tb < TB; tb++)
+            dc_ld16(s.wr[(gi * 2 + kk) * TB + tb], s.wp + (2 * (gi + ahead) + kk) * 256 + tb * 32, pred);
 }
 
-static __device__ __forceinline__ void dc_cp16(void *dst, const void *src, int evict, uint64_t pol) {
-    if (evict)
-        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)),
-                     "l"(src), "l"(pol) : "memory");
-    else
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
-static __device__ __forceinline__ void dc_cp8(void *dst, const void *src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
-template <int N>
-static __device__ __forceinline__ void dc_wait(void) {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-/* d += A * B, not volatile: the compiler may schedule it like arithmetic */
-static __device__ __forceinline__ void dc_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-/* d = A * B */
-static __device__ __forceinline__ void dc_mma_z(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+/* One ring turn of NG (<= UG) groups; slot contents are refilled with the
+ * groups UG later where g0 + gi + UG < ng. */
+template <int MT, int TB, int NG>
+static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int ng) {
+    constexpr int UG = dc_state<MT, TB>::UG;
+#pragma unroll
+    for (int gi = 0; gi < NG; gi++) {
+        const int more = g0 + gi + UG < ng;
+        uint32_t an[TB][4]; /* A = {-(1024 + z), -(1024 + 16 z)} for rows r, r + 8 */
+        float sl[TB], sh[TB];
+#pragma unroll
+        for (int tb = 0; tb < TB; tb++) {
+            const uint32_t z = s.zq[gi * TB + tb], s2 = s.sr[gi * TB + tb];
+            an[tb][0] = an[tb][2] = ((z & 0x0fu) | 0xe400u) * 0x10001u;
+            an[tb][1] = an[tb][3] = ((z & 0xf0u) | 0xe400u) * 0x10001u;
+            const __half2 h = *reinterpret_cast<const __half2 *>(&s2);
+            sl[tb] = __low2float(h);
+            sh[tb] = __high2float(h) * 0.0625f;
+            dc_ld4(s.sr[gi * TB + tb], s.sp + (gi + UG) * s.gs + tb * 8, more);
+            dc_ld1(s.zq[gi * TB + tb], s.zp + (gi + UG) * s.gs + tb * 8, more);
+        }
+        float d[TB][MT][4]; /* this group's sums: independent chains across tiles and groups */
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++) {
+            uint4 xa[MT], xb[MT];
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                xa[i] = *(const uint4 *)(s.xr[i] + (gi * 2 + kk) * 64);
+                xb[i] = *(const uint4 *)(s.xr[i] + (gi * 2 + kk) * 64 + 8);
+            }
+#pragma unroll
+            for (int tb = 0; tb < TB; tb++) {
+                const int slot = (gi * 2 + kk) * TB + tb;
+                const uint32_t *wv = &s.wr[slot].x;
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    const uint32_t w = wv[t], w8 = w >> 8;
+                    const uint32_t a[4] = {lop3_lo(w), lop3_hi(w), lop3_lo(w8), lop3_hi(w8)};
+#pragma unroll
+                    for (int i = 0; i < MT; i++) {
+                        const uint32_t *xs = t < 2 ? &xa[i].x : &xb[i].x;
+                        const uint32_t b0 = xs[(t & 1) * 2], b1 = xs[(t & 1) * 2 + 1];
+                        if (kk == 0 && t == 0) dc_mma<true>(d[tb][i], a, b0, b1);
+                        else dc_mma<false>(d[tb][i], a, b0, b1);
+                        dc_mma<false>(d[tb][i], an[tb], b0, b1);
+                    }
+                }
+                dc_ld16(s.wr[slot], s.wp + (2 * (gi + UG) + kk) * 256 + tb * 32, more);
+            }
+        }
+#pragma unroll
+        for (int tb = 0; tb < TB; tb++)
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                s.acc[tb][i][0] = fmaf(sl[tb], d[tb][i][0], s.acc[tb][i][0]);
+                s.acc[tb][i][1] = fmaf(sl[tb], d[tb][i][1], s.acc[tb][i][1]);
+                s.acc[tb][i][2] = fmaf(sh[tb], d[tb][i][2], s.acc[tb][i][2]);
+                s.acc[tb][i][3] = fmaf(sh[tb], d[tb][i][3], s.acc[tb][i][3]);
+            }
+    }
 }
 
-/* NS: independent streams per warp (the warp's range is cut in NS; their
- * units are fetched into one ring stage together and their dequantize + mma
- * are interleaved, so that a warp has NS independent dependency chains:
- * one chain per warp was measured latency-bound, ~700 cycles per chunk). */
-template <int MT, int ST, int NS, int MINB>
-static __global__ void __launch_bounds__(DC_WARPS * 32, MINB)
+template <int MT, int TB>
+static __global__ void __launch_bounds__(DC_WARPS * 32, 2)
 k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
-         int G, int T, int flags, epi_args ep) {
+         int late, epi_args ep) {
+    typedef dc_state<MT, TB> S;
     extern __shared__ __align__(16) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, c = lane & 3;
-    const int P = gridDim.x, b = blockIdx.x;
-    const int evict = flags & DC_EVICT, late = flags & DC_LATE_TRIGGER;
-    const int t0 = (int)((long long)b * T / P), nt = (int)((long long)(b + 1) * T / P) - t0;
-    const int KG = K / G, cpg = G / 64;
-    const int U = nt * KC; /* the block's units, tile-major: u = j * KC + kc */
-    constexpr int S = DC_WARPS * NS; /* streams of the block; stream warp * NS + q */
-    const dc_smem L = dc_layout(ep.m, K, KG, (T + P - 1) / P, ST * NS);
-    uint4 *ring = (uint4 *)smem + warp * ST * NS * 32 + lane; /* [ST][NS][32] per warp */
-    uint32_t *ssc = (uint32_t *)(smem + L.s_off);              /* [KG][nt][8] half2 {s(r), s(r+8)} */
-    uint8_t *szr = smem + L.z_off;                             /* [KG][nt][8] z(r) | z(r+8) << 4 */
-    uint16_t *sx = (uint16_t *)(smem + L.x_off);               /* [M][K + 8] */
+    const int t0 = blockIdx.x * TB, KG = KC >> 1;
+    const int gw0 = warp * KG / DC_WARPS, ng = (warp + 1) * KG / DC_WARPS - gw0;
+    S s;
+    s.gs = (size_t)n16a * 8;
+    s.wp = qw + (((size_t)(t0 >> 3) * KC + 2 * gw0) * 8 + (t0 & 7)) * 32 + lane;
+    s.sp = sc + gw0 * s.gs + t0 * 8 + r;
+    s.zp = zr + gw0 * s.gs + t0 * 8 + r;
+#pragma unroll
+    for (int i = 0; i < S::NW; i++) s.wr[i] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < S::NZ; i++) s.sr[i] = s.zq[i] = 0;
+    /* the first turn: constant data, before the wait */
+#pragma unroll
+    for (int gi = 0; gi < S::UG; gi++) dc_fetch_group(s, gi, 0, gi < ng);
+    if (!late) pdl_launch();
+    pdl_wait();
 
-    uint64_t pol = 0;
-    if (evict) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    /* x rows [0, M) of this warp's K range -> shared memory (only this warp reads them) */
+    uint16_t *sx = (uint16_t *)smem;
+    const int xs = K + 8, k0 = gw0 * 128, n8 = ng * 16; /* 16-byte pieces per row */
+    for (int i = lane; i < ep.m * n8; i += 32) {
+        const int row = i / n8, p = i - row * n8;
+        cp_async16(sx + row * xs + k0 + p * 8, x + (size_t)row * K + k0 + p * 8, 16);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        const int m = min(i * 8 + r, ep.m - 1);
+        s.xr[i] = sx + m * xs + k0 + 16 * c;
+    }
+#pragma unroll
+    for (int tb = 0; tb < TB; tb++)
+#pragma unroll
+        for (int i = 0; i < MT; i++) s.acc[tb][i][0] = s.acc[tb][i][1] = s.acc[tb][i][2] = s.acc[tb][i][3] = 0.f;
 
-    /* 1. constant data before the dependency wait: scales/zeros (oldest group) */
-    {
-        const int per_g = 3 * nt; /* per group: 2 x 16 B of scales + 8 B of zeros per tile */
-        for (int i = tid; i < KG * per_g; i += DC_WARPS * 32) {
-            const int g = i / per_g, q = i - g * per_g;
-            const size_t row = ((size_t)g * n16a + t0) * 8;
-            if (q < 2 * nt) cp_async16(ssc + g * nt * 8 + q * 4, sc + row + q * 4, 16);
-            else dc_cp8(szr + (g * nt + q - 2 * nt) * 8, zr + row + (q - 2 * nt) * 8);
-        }
-        cp_async_commit();
+    int g0 = 0;
+    for (; g0 + S::UG <= ng; g0 += S::UG) {
+        dc_turn<MT, TB, S::UG>(s, g0, ng);
+        s.wp += S::UG * 2 * 256;
+        s.sp += S::UG * s.gs;
+        s.zp += S::UG * s.gs;
+#pragma unroll
+        for (int i = 0; i < MT; i++) s.xr[i] += S::UG * 128;
     }
-    /* ... and the first ST - 1 stages of every stream of the warp */
-    int n[NS], ft[NS], fk[NS];
-    const uint4 *fp[NS];
-    auto unit = [&](int j, int kc) {
-        const int t = t0 + j;
-        return qw + (((size_t)(t >> 3) * KC + kc) * 8 + (t & 7)) * 32 + lane;
-    };
-#pragma unroll
-    for (int q = 0; q < NS; q++) {
-        const int s0 = (warp * NS + q) * U / S;
-        n[q] = (warp * NS + q + 1) * U / S - s0;
-        ft[q] = s0 / KC;
-        fk[q] = s0 - ft[q] * KC;
-        fp[q] = unit(ft[q], fk[q]);
-    }
-    auto fetch = [&](int q, int slot) {
-        dc_cp16(ring + (slot * NS + q) * 32, fp[q], evict, pol);
-        if (++fk[q] == KC) {
-            fk[q] = 0;
-            ++ft[q];
-            fp[q] = unit(ft[q], 0); /* past the block's last tile only when never fetched */
-        } else {
-            fp[q] += 256;
-        }
-    };
-#pragma unroll 1
-    for (int st = 0; st < ST - 1; st++) {
-#pragma unroll
-        for (int q = 0; q < NS; q++)
-            if (st < n[q]) fetch(q, st);
-        cp_async_commit();
-    }
-    if (!late) pdl_launch(); /* the next kernel may become resident and prefetch now */
-    pdl_wait();              /* x is the previous kernel's output */
-
-    /* 2. x rows -> shared memory */
-    {
-        const int cpr = K / 8, tot = ep.m * cpr;
-        for (int i0 = tid; i0 < tot; i0 += DC_WARPS * 32 * 4) {
-            uint4 v[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int i = i0 + u * DC_WARPS * 32;
-                if (i < tot) {
-                    const int row = i / cpr, ch = i - row * cpr;
-                    v[u] = __ldcg((const uint4 *)(x + (size_t)row * K + ch * 8)); /* L2: PDL-safe */
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int i = i0 + u * DC_WARPS * 32;
-                if (i < tot) {
-                    const int row = i / cpr, ch = i - row * cpr;
-                    *(uint4 *)(sx + row * L.xstride + ch * 8) = v[u];
-                }
-            }
-        }
-    }
-    dc_wait<ST - 1>(); /* this thread's scale/zero copies */
-    __syncthreads();
-
-    /* 3. stream the warp's ranges (consume cursors: tile ct, chunk ck) */
-    int ct[NS] = {}, ck[NS] = {}, seg_k0[NS] = {}, seg_first[NS] = {}, g[NS] = {}, gc[NS] = {},
-        gfirst[NS] = {};
-    uint32_t mlo[NS] = {}, mhi[NS] = {};
-    float slo[NS] = {}, shi[NS] = {};
-    auto load_group = [&](int q) {
-        const int i = (g[q] * nt + ct[q]) * 8 + r;
-        uint32_t s2 = ssc[i], z = szr[i];
-        __half2 sh2 = *reinterpret_cast<__half2 *>(&s2);
-        slo[q] = __low2float(sh2);
-        shi[q] = __high2float(sh2) * 0.0625f; /* rows r+8 come out as 16 (q - z) */
-        mlo[q] = magic_lo(z & 15);
-        mhi[q] = magic_hi(z >> 4);
-    };
-#pragma unroll
-    for (int q = 0; q < NS; q++) {
-        const int s0 = (warp * NS + q) * U / S;
-        ct[q] = s0 / KC;
-        ck[q] = s0 - ct[q] * KC;
-        seg_k0[q] = ck[q];
-        seg_first[q] = 1;
-        g[q] = ck[q] / cpg;
-        gc[q] = ck[q] - g[q] * cpg;
-        gfirst[q] = 1; /* the next chunk starts a group: its mma start from zero */
-        mlo[q] = mhi[q] = 0;
-        slo[q] = shi[q] = 0.f;
-        if (n[q] > 0) load_group(q);
-    }
-    bool xv[MT];
-    const uint16_t *xr[MT];
-#pragma unroll
-    for (int i = 0; i < MT; i++) { /* rows 8i + r of x: the mma's B column r */
-        xv[i] = i * 8 + r < ep.m;
-        xr[i] = sx + (xv[i] ? i * 8 + r : 0) * L.xstride + 16 * c;
-    }
-    float acc[NS][MT][4], first[NS][MT][4], last[NS][MT][4];
-#pragma unroll
-    for (int q = 0; q < NS; q++)
-#pragma unroll
-        for (int i = 0; i < MT; i++)
-#pragma unroll
-            for (int k = 0; k < 4; k++) acc[q][i][k] = first[q][i][k] = last[q][i][k] = 0.f;
-    /* One mma chain per k16 step t, accumulated over the chunks of one scale
-     * group (mma t of the next chunk needs this chunk's mma t, issued a whole
-     * chunk earlier: no stall), scaled into acc once per group. */
-    float d[NS][MT][4][4];
-    const int nmax = n[0] > n[NS - 1] ? n[0] : n[NS - 1]; /* the ranges differ by <= 1 */
-    int slot = 0, fslot = ST - 1;
-#pragma unroll 1
-    for (int it = 0; it < nmax; it++) {
-#pragma unroll
-        for (int q = 0; q < NS; q++)
-            if (it + ST - 1 < n[q]) fetch(q, fslot);
-        fslot = fslot + 1 == ST ? 0 : fslot + 1;
-        cp_async_commit();
-        dc_wait<ST - 1>(); /* stage it has landed */
-        uint4 wv[NS], xa[NS][MT], xb[NS][MT];
-#pragma unroll
-        for (int q = 0; q < NS; q++) {
-            wv[q] = ring[(slot * NS + q) * 32];
-#pragma unroll
-            for (int i = 0; i < MT; i++) {
-                xa[q][i] = xb[q][i] = make_uint4(0, 0, 0, 0);
-                if (xv[i]) {
-                    xa[q][i] = *(const uint4 *)(xr[i] + ck[q] * 64);
-                    xb[q][i] = *(const uint4 *)(xr[i] + ck[q] * 64 + 8);
-                }
-            }
-        }
-        slot = slot + 1 == ST ? 0 : slot + 1;
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-#pragma unroll
-            for (int q = 0; q < NS; q++) { /* no branch: an exhausted stream's result is unused */
-                uint32_t a[4];
-                deq_raw((&wv[q].x)[t], mlo[q], mhi[q], a);
-#pragma unroll
-                for (int i = 0; i < MT; i++) {
-                    const uint32_t *xs = t < 2 ? &xa[q][i].x : &xb[q][i].x;
-                    if (gfirst[q]) dc_mma_z(d[q][i][t], a, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
-                    else dc_mma(d[q][i][t], a, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
-                }
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < NS; q++) {
-            if (NS > 1 && it >= n[q]) continue;
-            const bool tile_end = ck[q] == KC - 1, seg_end = tile_end || it == n[q] - 1;
-            gfirst[q] = seg_end || gc[q] + 1 == cpg;
-            if (gfirst[q]) { /* the group (or the segment) ends: scale it into acc */
-#pragma unroll
-                for (int i = 0; i < MT; i++)
-#pragma unroll
-                    for (int k = 0; k < 4; k++)
-                        acc[q][i][k] = fmaf(k < 2 ? slo[q] : shi[q],
-                                            (d[q][i][0][k] + d[q][i][1][k]) + (d[q][i][2][k] + d[q][i][3][k]),
-                                            acc[q][i][k]);
-            }
-            if (seg_end) {
-                if (seg_k0[q] == 0 && tile_end) { /* the whole tile was this stream's */
-#pragma unroll
-                    for (int i = 0; i < MT; i++)
-                        w4_epilogue(ep, t0 + ct[q], r, i * 8 + 2 * c, acc[q][i][0], acc[q][i][1],
-                                    acc[q][i][2], acc[q][i][3]);
-                } else if (seg_first[q]) {
-#pragma unroll
-                    for (int i = 0; i < MT; i++)
-#pragma unroll
-                        for (int k = 0; k < 4; k++) first[q][i][k] = acc[q][i][k];
-                } else {
-#pragma unroll
-                    for (int i = 0; i < MT; i++)
-#pragma unroll
-                        for (int k = 0; k < 4; k++) last[q][i][k] = acc[q][i][k];
-                }
-#pragma unroll
-                for (int i = 0; i < MT; i++)
-#pragma unroll
-                    for (int k = 0; k < 4; k++) acc[q][i][k] = 0.f;
-                seg_first[q] = 0;
-                seg_k0[q] = 0;
-                ck[q] = 0;
-                ct[q]++;
-                g[q] = 0;
-                gc[q] = 0;
-                if (it + 1 < n[q]) load_group(q);
-            } else {
-                ck[q]++;
-                if (++gc[q] == cpg) {
-                    gc[q] = 0;
-                    g[q]++;
-                    load_group(q);
-                }
-            }
-        }
-    }
-    dc_wait<0>();
+    /* the last, partial turn (its groups were fetched one turn ago) */
+    const int rem = ng - g0;
+    if (S::UG > 1 && rem == 1) dc_turn<MT, TB, 1>(s, g0, ng);
+    if (S::UG > 2 && rem == 2) dc_turn<MT, TB, (S::UG > 2 ? 2 : 1)>(s, g0, ng);
+    if (S::UG > 3 && rem == 3) dc_turn<MT, TB, (S::UG > 3 ? 3 : 1)>(s, g0, ng);
     if (late) pdl_launch();
 
-    /* 4. tiles shared by streams: partials in each warp's (now idle) ring,
-     * [NS][slot 0 = first segment, 1 = last][MT][32 lanes][4] floats; summed
-     * in stream order (= k order) */
-    float *red = (float *)smem;
-    const int rw = ST * NS * 128; /* floats per warp ring */
+    /* the 8 warps' partials, added in warp order */
+    float *red = (float *)(smem + dc_x_bytes(ep.m, K)); /* [TB][MT*4][8][32] */
 #pragma unroll
-    for (int q = 0; q < NS; q++)
+    for (int tb = 0; tb < TB; tb++)
 #pragma unroll
         for (int i = 0; i < MT; i++)
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                red[warp * rw + ((q * 2 + 0) * MT + i) * 128 + lane * 4 + k] = first[q][i][k];
-                red[warp * rw + ((q * 2 + 1) * MT + i) * 128 + lane * 4 + k] = last[q][i][k];
-            }
+            for (int j = 0; j < 4; j++) red[((tb * MT * 4 + i * 4 + j) * DC_WARPS + warp) * 32 + lane] = s.acc[tb][i][j];
     __syncthreads();
-    for (int j = warp; j < nt; j += DC_WARPS) {
-        const int ua = j * KC, ub = ua + KC - 1;
-        int sa = 0, sb = 0;
-        for (int s2 = 0; s2 < S; s2++) {
-            const int b0 = s2 * U / S, b1 = (s2 + 1) * U / S;
-            if (b0 <= ua && ua < b1) sa = s2;
-            if (b0 <= ub && ub < b1) sb = s2;
-        }
-        if (sa == sb) continue; /* stored by its stream */
-        float sm[MT][4];
+    if (warp >= TB) return;
 #pragma unroll
-        for (int i = 0; i < MT; i++)
+    for (int i = 0; i < MT; i++) {
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int w = 0; w < DC_WARPS; w++)
 #pragma unroll
-            for (int k = 0; k < 4; k++) sm[i][k] = 0.f;
-        for (int s2 = sa; s2 <= sb; s2++) {
-            const int b0 = s2 * U / S, b1 = (s2 + 1) * U / S;
-            if (b0 == b1) continue; /* empty range */
-            const int w = s2 / NS, q = s2 % NS, sl = b0 / KC == j ? 0 : 1;
-            const float *p = red + w * rw + ((q * 2 + sl) * MT) * 128 + lane * 4;
-#pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int k = 0; k < 4; k++) sm[i][k] += p[i * 128 + k];
-        }
-#pragma unroll
-        for (int i = 0; i < MT; i++)
-            w4_epilogue(ep, t0 + j, r, i * 8 + 2 * c, sm[i][0], sm[i][1], sm[i][2], sm[i][3]);
+            for (int j = 0; j < 4; j++) v[j] += red[((warp * MT * 4 + i * 4 + j) * DC_WARPS + w) * 32 + lane];
+        w4_epilogue(ep, t0 + warp, r, i * 8 + 2 * c, v[0], v[1], v[2], v[3]);
     }
 }
 
@@ -1214,7 +1095,11 @@ fail:
 #define SK_SPLIT_CAP 8 /* skinny splits when the grid is large enough anyway */
 
 /* Crossovers measured on an H100 (docs/PERFORMANCE.md). */
-#define DISPATCH_DECODE_MAX_M 16 /* the decode kernel (when its shared memory fits) */
+/* The decode kernel (measured, H200, session 4): faster than skinny at M <= 2
+ * everywhere, at M = 3..4 where K <= 8192 (x is read once per block: at
+ * larger K and M it loses), slower at M = 8. */
+#define DISPATCH_DECODE_MAX_M 4
+#define DISPATCH_DECODE_WIDE_K 8192 /* M = 3..4 only up to this K */
 #define DISPATCH_SKINNY_MAX_M 32
 #define DISPATCH_CUBLAS_MIN_M 256
 
@@ -1362,15 +1247,17 @@ static size_t gemm_ws(const struct w4a16_weight *w, int m, int ksplit) {
 /* ---- end gemm helper ---- */
 
 /* Dequantize + cuBLAS in column slabs when the workspace cannot hold the
- * whole fp16 copy: process-wide switch (default OFF until measured on a GPU;
- * AWQD_W4A16_SLABS=1 turns it on, w4a16_cublas_slabs() overrides both). */
+ * whole fp16 copy: process-wide switch (default ON: measured on H200,
+ * session 4, Qwen3-8B TTFT(1024) 49.7 -> 44.1 ms, TTFT(4096) 225.7 -> 171.8
+ * ms against the wgmma GEMM; AWQD_W4A16_SLABS=0 turns it off,
+ * w4a16_cublas_slabs() overrides both). */
 static std::atomic<int> g_slabs{-1};
 
 static int slabs_mode(void) {
     int v = g_slabs.load(std::memory_order_relaxed);
     if (v < 0) {
         const char *e = getenv("AWQD_W4A16_SLABS");
-        v = e && !strcmp(e, "1") ? 1 : 0;
+        v = e && !strcmp(e, "0") ? 0 : 1;
         int expect = -1;
         g_slabs.compare_exchange_strong(expect, v);
         v = g_slabs.load(std::memory_order_relaxed);
@@ -1383,16 +1270,17 @@ extern "C" int w4a16_cublas_slabs(int mode) {
     return slabs_mode();
 }
 
-/* Decode kernel: process-wide switch (default OFF: measured slower than the
- * skinny kernel back to back on H200, docs/PERFORMANCE.md session 3;
- * AWQD_W4A16_DECODE=1 turns it on, w4a16_decode_kernel() overrides both). */
+/* Decode kernel: process-wide switch (default ON: measured 1.0-1.8x the
+ * skinny kernel back to back at M <= 2 on every Qwen3-8B/32B shape and
+ * shard, H200, docs/PERFORMANCE.md session 4; AWQD_W4A16_DECODE=0 turns it
+ * off, w4a16_decode_kernel() overrides both). */
 static std::atomic<int> g_decode{-1};
 
 static int decode_mode(void) {
     int v = g_decode.load(std::memory_order_relaxed);
     if (v < 0) {
         const char *e = getenv("AWQD_W4A16_DECODE");
-        v = e && !strcmp(e, "1") ? 1 : 0;
+        v = e && !strcmp(e, "0") ? 0 : 1;
         int expect = -1;
         g_decode.compare_exchange_strong(expect, v);
         v = g_decode.load(std::memory_order_relaxed);
@@ -1405,29 +1293,20 @@ extern "C" int w4a16_decode_kernel(int mode) {
     return decode_mode();
 }
 
-/* The decode kernel's launch: P blocks (one per SM at most, whole tiles
- * each) and the ring depth ST: the smallest depth that holds every unit of
- * the busiest warp (all of its weights requested before the PDL wait), else
- * the deepest that fits DC_SMEM_BUDGET. 0 when M or the shared memory (x of
- * M x K, the block's scales) does not fit: the skinny kernel runs instead. */
+/* The decode kernel's launch: TB tiles per block, M <= 8 in one mma column
+ * block (MT = 1), M <= 16 in two (then TB = 2: MT = 2 with TB = 1 spills at
+ * 128 registers). TB (measured, H200, session 4): the widest block that still
+ * leaves at least 1.2 blocks per SM (fewer, wider blocks read x fewer times
+ * and amortize the block's fixed costs; more blocks spread the stream), and
+ * at least 2 from M = 3 on (x is read once per block: M x K x 2 bytes
+ * against the block's 8 x TB x K bytes of weights). AWQD_W4A16_DC_TB=1|2|4
+ * forces it, for measurements. 0 when the kernel does not apply (M, a group
+ * size other than 128, shared memory): the skinny kernel runs instead. */
 struct dc_plan {
-    int blocks, st, ns, bps; /* grid, ring depth in stages, streams per warp, blocks per SM */
+    int mt, tb, blocks;
     size_t smem;
 };
 
-/* Shared memory per decode block: DC_SMEM_BUDGET, or AWQD_W4A16_DC_SMEM (bytes,
- * for measurements: above ~114 KB one block per SM, no PDL co-residency). */
-static size_t dc_budget(void) {
-    static const size_t b = [] {
-        const char *e = getenv("AWQD_W4A16_DC_SMEM");
-        long v = e ? atol(e) : 0;
-        return v >= 32 * 1024 && v <= 227 * 1024 ? (size_t)v : (size_t)DC_SMEM_BUDGET;
-    }();
-    return b;
-}
-
-/* Measurement knobs: streams per warp (AWQD_W4A16_DC_NS = 1 or 2, M <= 8) and
- * blocks per SM (AWQD_W4A16_DC_BPS = 1 or 2). */
 static int dc_env_int(const char *name, int def, int lo, int hi) {
     const char *e = getenv(name);
     int v = e ? atoi(e) : def;
@@ -1435,42 +1314,41 @@ static int dc_env_int(const char *name, int def, int lo, int hi) {
 }
 
 static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
-    /* instantiated ring depths, in stages of NS units per warp (49: M <= 8
-     * with a budget above ~200 KB only) */
-    static const int depths1[] = {9, 13, 17, 25, 49}, depths2[] = {5, 7, 9, 13, 25};
-    static const int ns_env = dc_env_int("AWQD_W4A16_DC_NS", DC_NS_DEFAULT, 1, 2);
-    static const int bps_env = dc_env_int("AWQD_W4A16_DC_BPS", DC_BPS_DEFAULT, 1, 2);
-    if (m < 1 || m > DC_MAX_M) return 0;
-    const int bps = m <= 8 ? bps_env : 1;
-    const int ns = m <= 8 ? ns_env : 1;
-    const int *depths = ns == 2 ? depths2 : depths1;
-    const int T = w->n16, sms = w->sms > 0 ? w->sms : 1;
-    const int P = T < bps * sms ? T : bps * sms, ntb = ceil_div(T, P);
-    const size_t budget = m > 8 ? (size_t)DC_SMEM_MAX : dc_budget();
-    const int nmax = ceil_div(ntb * w->kc, DC_WARPS * ns); /* units of the busiest stream */
-    int best = 0;
-    for (int i = 0; i < (m > 8 ? 4 : 5); i++) {
-        size_t b = dc_layout(m, w->k, w->kg, ntb, depths[i] * ns).total;
-        if (b > budget) break;
-        best = depths[i];
-        if (depths[i] - 1 >= nmax) break;
+    static const int tb_env = dc_env_int("AWQD_W4A16_DC_TB", 0, 1, 4);
+    if (m < 1 || m > DC_MAX_M || w->group != 128) return 0;
+    const int mt = m > 8 ? 2 : 1, sms = w->sms > 0 ? w->sms : 1;
+    int tb = tb_env;
+    if (tb != 1 && tb != 2 && tb != 4) {
+        const int want = sms + sms / 5;
+        tb = ceil_div(w->n16, 4) >= want ? 4 : ceil_div(w->n16, 2) >= want ? 2 : 1;
+        if (m >= 3 && tb < 2) tb = 2;
     }
-    if (!best) return 0;
-    pl->blocks = P;
-    pl->st = best;
-    pl->ns = ns;
-    pl->bps = bps;
-    pl->smem = dc_layout(m, w->k, w->kg, ntb, best * ns).total;
+    if (mt == 2) tb = 2;
+    const size_t smem = dc_smem_bytes(m, w->k, tb, mt);
+    if (smem > DC_SMEM_MAX) return 0;
+    pl->mt = mt;
+    pl->tb = tb;
+    pl->blocks = ceil_div(w->n16, tb);
+    pl->smem = smem;
     return 1;
+}
+
+/* The skinny kernel's last M in the dispatch (w4a16_skinny_max_m). */
+static std::atomic<int> g_skinny_max_m{DISPATCH_SKINNY_MAX_M};
+
+extern "C" int w4a16_skinny_max_m(int m) {
+    if (m > 0) g_skinny_max_m.store(m > 64 ? 64 : m, std::memory_order_relaxed);
+    return g_skinny_max_m.load(std::memory_order_relaxed);
 }
 
 static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern, int *ksplit) {
     enum w4a16_kernel k = *kern;
     if (gemm_pick(w, m, kern, ksplit)) return; /* gemm helper: large M on sm_90a */
     k = *kern;
-    {   /* gemv helper: the persistent decode kernel for M <= 8 */
+    {   /* the decode kernel for small M */
         struct dc_plan pl;
-        if (k == W4A16_KERNEL_AUTO && m <= DISPATCH_DECODE_MAX_M && decode_mode())
+        if (k == W4A16_KERNEL_AUTO && decode_mode() &&
+            (m <= 2 || (m <= DISPATCH_DECODE_MAX_M && w->k <= DISPATCH_DECODE_WIDE_K)))
             k = W4A16_KERNEL_DECODE;
         if (k == W4A16_KERNEL_DECODE) {
             if (decode_plan(w, m, &pl)) {
@@ -1482,7 +1360,7 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
         }
     }
     if (k == W4A16_KERNEL_AUTO)
-        k = m <= DISPATCH_SKINNY_MAX_M  ? W4A16_KERNEL_SKINNY
+        k = m <= g_skinny_max_m.load(std::memory_order_relaxed) ? W4A16_KERNEL_SKINNY
             : m < DISPATCH_CUBLAS_MIN_M ? W4A16_KERNEL_TC64
                                         : W4A16_KERNEL_CUBLAS;
     if (k == W4A16_KERNEL_SKINNY && m > 64) k = W4A16_KERNEL_TC64;
@@ -1800,76 +1678,38 @@ static int launch_skinny_st(const struct w4a16_weight *w, const uint16_t *x, epi
     return 0;
 }
 
-/* Decode kernel flags: the L2 evict-first policy on the weight loads (on;
- * AWQD_W4A16_EVICT=0 turns it off) and, for measurements only,
- * AWQD_W4A16_DC_LATE=1: trigger the dependents after the main loop. */
-static int dc_flags(void) {
-    static const int v = [] {
-        const char *e = getenv("AWQD_W4A16_EVICT"), *l = getenv("AWQD_W4A16_DC_LATE");
-        return (e && !strcmp(e, "0") ? 0 : DC_EVICT) | (l && !strcmp(l, "1") ? DC_LATE_TRIGGER : 0);
-    }();
+/* For measurements: AWQD_W4A16_DC_LATE=1 triggers the dependents after the
+ * decode kernel's main loop instead of at its start. */
+static int dc_late(void) {
+    static const int v = getenv("AWQD_W4A16_DC_LATE") && !strcmp(getenv("AWQD_W4A16_DC_LATE"), "1");
     return v;
 }
 
-template <int MT, int ST, int NS, int MINB = MT == 1 ? 2 : 1>
-static int launch_decode_st(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
-                            const struct dc_plan *pl, cudaStream_t s, char *err, size_t errlen) {
+template <int MT, int TB>
+static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
+                           const struct dc_plan *pl, cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0};
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev), err, errlen);
-    if (dev >= 0 && dev < 64 && !(smem_set.load(std::memory_order_acquire) & (1ull << dev))) {
-        /* the largest shared-memory carveout: this block and the next
-         * kernel's must fit on one SM together */
-        CUDA_CHECK(cudaFuncSetAttribute((const void *)k_decode<MT, ST, NS, MINB>,
-                                        cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        cudaSharedmemCarveoutMaxShared),
-                   err, errlen);
-    }
-    int rc = smem_limit_once(&smem_set, (const void *)k_decode<MT, ST, NS, MINB>,
-                             MT == 1 ? (int)dc_budget() : DC_SMEM_MAX, err, errlen);
+    int rc = smem_limit_once(&smem_set, (const void *)k_decode<MT, TB>, DC_SMEM_MAX, err, errlen);
     if (rc) return rc;
-    CUDA_CHECK(launch_pdl(w, k_decode<MT, ST, NS, MINB>, dim3(pl->blocks), dim3(DC_WARPS * 32), pl->smem, s,
-                          w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, w->group, w->n16,
-                          dc_flags(), ep),
+    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB>, dim3(pl->blocks), dim3(DC_WARPS * 32), pl->smem, s,
+                          w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, dc_late(), ep),
                err, errlen);
     return 0;
 }
 
-/* The one place where the decode plan becomes template parameters. */
 static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
                          cudaStream_t s, char *err, size_t errlen) {
     struct dc_plan pl;
     if (!decode_plan(w, ep.m, &pl))
-        return util_err(err, errlen, -EINVAL, "w4a16_linear: decode kernel does not fit m=%d K=%d",
-                        ep.m, w->k);
-#define DC_CASE(mt, st, ns) \
-    case st: return launch_decode_st<mt, st, ns>(w, x, ep, &pl, s, err, errlen)
-    if (ep.m > 8) {
-        switch (pl.st) {
-            DC_CASE(2, 9, 1);
-            DC_CASE(2, 13, 1);
-            DC_CASE(2, 17, 1);
-            DC_CASE(2, 25, 1);
-        }
-    } else if (pl.ns == 2) {
-        switch (pl.st) {
-            DC_CASE(1, 5, 2);
-            DC_CASE(1, 7, 2);
-            DC_CASE(1, 9, 2);
-            DC_CASE(1, 13, 2);
-            DC_CASE(1, 25, 2);
-        }
-    } else {
-        switch (pl.st) {
-            DC_CASE(1, 9, 1);
-            DC_CASE(1, 13, 1);
-            DC_CASE(1, 17, 1);
-            DC_CASE(1, 25, 1);
-            DC_CASE(1, 49, 1);
-        }
+        return util_err(err, errlen, -EINVAL, "w4a16_linear: decode kernel does not fit m=%d K=%d G=%d",
+                        ep.m, w->k, w->group);
+    switch (pl.mt * 10 + pl.tb) {
+    case 11: return launch_decode_t<1, 1>(w, x, ep, &pl, s, err, errlen);
+    case 12: return launch_decode_t<1, 2>(w, x, ep, &pl, s, err, errlen);
+    case 14: return launch_decode_t<1, 4>(w, x, ep, &pl, s, err, errlen);
+    case 22: return launch_decode_t<2, 2>(w, x, ep, &pl, s, err, errlen);
     }
-#undef DC_CASE
-    return util_err(err, errlen, -EINVAL, "w4a16_linear: decode depth %d not instantiated", pl.st);
+    return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan mt=%d tb=%d", pl.mt, pl.tb);
 }
 
 template <int MT>

@@ -96,9 +96,10 @@ enum w4a16_kernel {
     W4A16_KERNEL_TC128 = 3,  /* pipelined tensor-core GEMM, block tile 128 n x 128 m */
     W4A16_KERNEL_CUBLAS = 4, /* large M: dequantize into the workspace + cuBLAS FP16 GEMM */
     /* 5: the CUDA-core GEMV of sessions 1-2, removed (measured slower than SKINNY) */
-    W4A16_KERNEL_DECODE = 6, /* persistent decode kernel, M <= 16: whole tiles per block, weights
-                                prefetched before the PDL wait (falls back to SKINNY when its
-                                shared memory does not fit); opt-in, see w4a16_decode_kernel */
+    W4A16_KERNEL_DECODE = 6, /* decode kernel, M <= 16, group 128: whole columns per block, a
+                                register ring of weight loads, no split-K (falls back to SKINNY
+                                where it does not apply); the dispatch's choice for M <= 2 (and
+                                M <= 4 up to K = 8192), see w4a16_decode_kernel */
     W4A16_KERNEL_WGMMA = 8,  /* sm_90a INT4 GEMM (wgmma, A = weights from registers), large M;
                                 kernels/cuda/w4a16_gemm.cu. Falls back to TC64 where unavailable. */
 };
@@ -151,12 +152,13 @@ int w4a16_pdl(int mode);
  * the mode in effect (process-wide; default on unless AWQD_W4A16_CLUSTER=0). */
 int w4a16_cluster_reduce(int mode);
 
-/* The persistent decode kernel for M <= 16 (W4A16_KERNEL_DECODE; docs/KERNELS.md)
- * in the automatic dispatch. mode 1: on, 0: off (the skinny kernel), < 0: only
- * query. Returns the mode in effect (process-wide; default OFF — measured
- * slower than the skinny kernel on H200 — unless AWQD_W4A16_DECODE=1). Results
- * differ from the skinny kernel's in rounding only (another summation order);
- * each is deterministic. */
+/* The decode kernel (W4A16_KERNEL_DECODE; docs/KERNELS.md) in the automatic
+ * dispatch for M <= 2 (M <= 4 up to K = 8192). mode 1: on, 0: off (the skinny
+ * kernel), < 0: only query. Returns the mode in effect (process-wide; default
+ * ON — measured 1.0-1.8x the skinny kernel there on H200 — unless
+ * AWQD_W4A16_DECODE=0). Results differ from the skinny kernel's in rounding
+ * only (another summation order); each is deterministic. It needs no
+ * workspace. */
 int w4a16_decode_kernel(int mode);
 
 /* Dequantize + cuBLAS (W4A16_KERNEL_CUBLAS, chosen from M >= 256) when the
@@ -164,10 +166,21 @@ int w4a16_decode_kernel(int mode);
  * slabs of whole 128-column blocks that fit the workspace (the copy of one
  * slab at a time), 0 falls back to an INT4 GEMM instead (wgmma from M 512 on
  * sm_90a, else tc64), < 0 only queries. Returns the mode in effect
- * (process-wide; default OFF until measured, unless AWQD_W4A16_SLABS=1).
+ * (process-wide; default ON — measured faster than the wgmma GEMM for
+ * prefill on H200, Qwen3-8B TTFT(1024) 49.7 -> 44.1 ms — unless
+ * AWQD_W4A16_SLABS=0).
  * Same dequantized values as the whole-matrix path; the sums may differ in
  * rounding (cuBLAS may pick another algorithm for a narrower GEMM). */
 int w4a16_cublas_slabs(int mode);
+
+/* The largest M the automatic dispatch gives the skinny kernel (default 32,
+ * at most 64; from there on the tc64 GEMM). m > 0 sets it (process-wide),
+ * m <= 0 only queries; returns the value in effect. For tests that need a
+ * second, equally valid summation order of the same product (the skinny
+ * kernel scales in fp32 per chunk, tc64 multiplies the fp16-rounded
+ * dequantized weight): tests/gpu/test_tp_cuda.c measures the fp16 noise
+ * floor of a whole model this way. */
+int w4a16_skinny_max_m(int m);
 
 #ifdef __cplusplus
 }

@@ -20,7 +20,10 @@
  *                              test's tmpdir) at tp=2 and tp=4 vs tp=1;
  *   tp_cuda.model_dir          AWQD_TP_MODEL=DIR only (scripts/tp_check.sh): a
  *                              full checkpoint at tp in AWQD_TP_SIZES (default
- *                              2,4) vs tp=1, as the mkmodel tests;
+ *                              2,4) vs tp=1, as the mkmodel tests; with
+ *                              AWQD_TP_NOISE=1 the bound is max(2e-2, 1.5 x
+ *                              the checkpoint's fp16 noise floor: tp=1 with
+ *                              another prefill kernel vs tp=1);
  *   tp_cuda.fault_*            AWQD_FAULT_RANK=1 makes rank 1's forward fail
  *                              mid-way: the error names rank 1, the other ranks
  *                              return (no hang, SIGALRM guards), the next
@@ -53,6 +56,7 @@
 #include "engine/model.h"
 #include "engine/util.h"
 #include "kernels/cuda/ops_cuda_access.h"
+#include "kernels/cuda/w4a16.h"
 #include "kernels/ops.h"
 #include "tests/harness/test.h"
 
@@ -514,15 +518,19 @@ static void run_out_free(struct run_out *o) {
     free(o->step);
 }
 
-/* b (tp = N) against a (tp = 1): prefill rows within TOL x max|logit|, same
- * greedy tokens until a's top-2 margin there is not clear. */
-static void check_agree(const char *what, const struct run_out *a, const struct run_out *b, int n,
-                        int V) {
-    /* worst row (max |diff| / max |logit|) and the mean |diff| over all rows
-     * (/ mean max|logit|): rounding noise grows with depth and shows as a
-     * small mean, a sharding error as a mean of the order of the logits */
-    double worst = 0, sum_d = 0, sum_mx = 0;
-    int over = 0, first_over = -1;
+/* Prefill rows of b against a: the worst row's max |diff| / max |logit|, the
+ * mean |diff| over all rows / mean max|logit| (rounding noise grows with
+ * depth and shows as a small mean, a sharding error as a mean of the order
+ * of the logits), and the rows over tol. */
+struct diff_stats {
+    double worst, mean;
+    int over, first_over;
+};
+
+static struct diff_stats prefill_diff(const struct run_out *a, const struct run_out *b, int n, int V,
+                                      double tol) {
+    struct diff_stats st = {0, 0, 0, -1};
+    double sum_d = 0, sum_mx = 0;
     for (int i = 0; i < n; i++) {
         const float *x = a->prefill + (size_t)i * V, *y = b->prefill + (size_t)i * V;
         double mx = 0, d = 0, s = 0;
@@ -535,14 +543,23 @@ static void check_agree(const char *what, const struct run_out *a, const struct 
         sum_d += s / V;
         sum_mx += mx;
         double rel = d / (mx > 0 ? mx : 1);
-        if (rel > worst) worst = rel;
-        if (rel > TPC_TOL && over++ == 0) first_over = i;
+        if (rel > st.worst) st.worst = rel;
+        if (rel > tol && st.over++ == 0) st.first_over = i;
     }
-    double mean_rel = sum_d / (sum_mx > 0 ? sum_mx : 1);
-    ASSERT_MSG(over == 0,
+    st.mean = sum_d / (sum_mx > 0 ? sum_mx : 1);
+    return st;
+}
+
+/* b (tp = N) against a (tp = 1): prefill rows within tol x max|logit|, same
+ * greedy tokens until a's top-2 margin there is not clear. */
+static void check_agree(const char *what, const struct run_out *a, const struct run_out *b, int n,
+                        int V, double tol) {
+    struct diff_stats st = prefill_diff(a, b, n, V, tol);
+    ASSERT_MSG(st.over == 0,
                "%s: %d of %d prefill rows differ by more than %.3g of max|logit| (first: row %d; "
                "worst %.4g; mean |diff| %.3g of max|logit|)",
-               what, over, n, TPC_TOL, first_over, worst, mean_rel);
+               what, st.over, n, tol, st.first_over, st.worst, st.mean);
+    const double worst = st.worst, mean_rel = st.mean;
     int same = 0;
     for (int t = 0; t < a->n_greedy; t++) {
         const float *lg = a->step + (size_t)t * V;
@@ -556,7 +573,7 @@ static void check_agree(const char *what, const struct run_out *a, const struct 
             }
             mx = fmaxf(mx, fabsf(lg[v]));
         }
-        if (top - second <= TPC_TOL * mx) break; /* past here fp16 may branch */
+        if (top - second <= tol * mx) break; /* past here fp16 may branch */
         ASSERT_MSG(a->tok[t] == b->tok[t], "%s: greedy token %d: tp1 %d, tpN %d (margin %.4g)",
                    what, t, a->tok[t], b->tok[t], top - second);
         same++;
@@ -581,7 +598,7 @@ static void check_ckpt_tp(struct ckpt *ck, const char *name, const int32_t *cons
         snprintf(what, sizeof what, "%s tp=%d prompt %d", name, tp, i);
         if (!run_greedy(g1, prompts[i], plens[i], V, 64, n_greedy, &a) &&
             !run_greedy(gt, prompts[i], plens[i], V, 64, n_greedy, &b))
-            check_agree(what, &a, &b, plens[i], V);
+            check_agree(what, &a, &b, plens[i], V, TPC_TOL);
         run_out_free(&a);
         run_out_free(&b);
     }
@@ -685,7 +702,7 @@ TEST(tp_cuda, model_dir) {
     for (int i = 0; i < 5; i++) p1[i] = rand_r(&seed) % V;
     const int32_t *ps[2] = {p0, p1};
     const int pl[2] = {37, 5};
-    alarm(400);
+    alarm(520);
     struct model_group *g1 = NULL;
     if (tp_group(ck, 1, 64, &g1)) {
         ckpt_close(ck);
@@ -694,6 +711,26 @@ TEST(tp_cuda, model_dir) {
     struct run_out a[2];
     memset(a, 0, sizeof a);
     for (int i = 0; i < 2 && !test_failed(); i++) run_greedy(g1, ps[i], pl[i], V, 64, 8, &a[i]);
+    /* AWQD_TP_NOISE=1: the fp16 noise floor of this checkpoint. tp = 1 again
+     * with the 37-token prefill in the skinny kernel instead of tc64 (fp32
+     * per-chunk scaling instead of the fp16-rounded dequantized weight: an
+     * equally valid fp16 computation of the same model); tp = N must then
+     * agree with tp = 1 within max(TPC_TOL, 1.5 x that difference). */
+    double tol = TPC_TOL;
+    const char *nz = getenv("AWQD_TP_NOISE");
+    if (nz && !strcmp(nz, "1") && !test_failed()) {
+        const int sk0 = w4a16_skinny_max_m(0);
+        w4a16_skinny_max_m(64);
+        struct run_out a2;
+        if (!run_greedy(g1, ps[0], pl[0], V, 64, 8, &a2)) {
+            struct diff_stats st = prefill_diff(&a[0], &a2, pl[0], V, TPC_TOL);
+            if (1.5 * st.worst > tol) tol = 1.5 * st.worst;
+            fprintf(stderr, "  %s noise floor (tp=1 skinny vs tc64 prefill): worst row %.4g, mean %.3g "
+                    "of max|logit|; tolerance %.4g\n", dir, st.worst, st.mean, tol);
+        }
+        run_out_free(&a2);
+        w4a16_skinny_max_m(sk0);
+    }
     model_group_free(g1);
     for (int t = 0; t < ntp && !test_failed(); t++) {
         if (n_gpus() < tps[t]) {
@@ -706,7 +743,7 @@ TEST(tp_cuda, model_dir) {
             struct run_out b;
             char what[700];
             snprintf(what, sizeof what, "%s tp=%d prompt %d", dir, tps[t], i);
-            if (!run_greedy(gt, ps[i], pl[i], V, 64, 8, &b)) check_agree(what, &a[i], &b, pl[i], V);
+            if (!run_greedy(gt, ps[i], pl[i], V, 64, 8, &b)) check_agree(what, &a[i], &b, pl[i], V, tol);
             run_out_free(&b);
         }
         model_group_free(gt);

@@ -292,20 +292,23 @@ TEST(w4a16, forced_kernels_and_splits) {
     ref_layer_free(&h);
 }
 
-/* The persistent decode kernel (M <= 16) on the shapes that exercise its
- * decomposition (docs/KERNELS.md): one tile and 6 idle warps (K = 128), group
- * 64 with 3 chunks, a tile shared by 3 warps, each ring depth (9, 13, 17, 25),
- * weights that stream through the ring (more units than the ring holds),
- * 16 tiles per block with whole tiles per warp, gate|up with bias, and x too
- * large for shared memory at M >= 2 (falls back to the skinny kernel); M = 1
- * to 8 (one m8 block) and 9 to 16 (two). The dispatch must pick it for M <= 8
- * wherever x fits in 48 KB. */
+/* The decode kernel (M <= 16, group 128) on the shapes that exercise its
+ * decomposition (docs/KERNELS.md; tiles per block as chosen for 132 SMs):
+ * one group (K = 128: seven warps idle), group 64 (not for it: the skinny
+ * kernel runs), 4 KB of weights per warp (exactly the ring), 2, 3, 5, 12 and
+ * 24 groups per warp (last turns of 2, 3 and 1 groups), 1, 2 and 4 tiles per
+ * block (N = 1040 is 65 tiles, gate|up N = 272 is 17: a last block past the
+ * last tile), bias, gate|up, and x too large for shared memory from M = 8
+ * with K = 24576 (skinny again); M = 1 to 8 (one m8 block) and 9 to 16
+ * (two). With the kernel on (the default), the dispatch must pick it for
+ * M <= 2, and for M <= 4 up to K = 8192, wherever the group is 128. */
 TEST(w4a16, decode_kernel_shapes) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     static const struct { int k, n, g, gate_up, bias; } shp[] = {
         {128, 8, 128, 0, 0},     {192, 72, 64, 0, 1},      {4096, 6144, 128, 0, 0},
         {5120, 1280, 128, 0, 0}, {12288, 4096, 128, 0, 0}, {640, 272, 128, 1, 1},
         {2048, 33792, 128, 0, 0}, {24576, 256, 128, 0, 0}, {4096, 24576, 128, 1, 0},
+        {2048, 1024, 128, 0, 0}, {3072, 1040, 128, 0, 1}, {3072, 12288, 128, 0, 0},
     };
     static const int ms[] = {1, 2, 3, 5, 8, 9, 13, 16};
     for (int si = 0; si < NM(shp); si++) {
@@ -327,7 +330,8 @@ TEST(w4a16, decode_kernel_shapes) {
             enum w4a16_kernel k;
             int ks;
             w4a16_choice(dw, ms[i], &k, &ks);
-            if (w4a16_decode_kernel(-1) && ms[i] <= 8 && (size_t)ms[i] * shp[si].k * 2 <= 48 * 1024)
+            if (w4a16_decode_kernel(-1) && shp[si].g == 128 &&
+                (ms[i] <= 2 || (ms[i] <= 4 && shp[si].k <= 8192)))
                 ASSERT_MSG(k == W4A16_KERNEL_DECODE && ks == 1, "%s M=%d: dispatch picked kernel %d",
                            what, ms[i], (int)k);
             check_case(&h, wref, dw, shp[si].gate_up, ms[i], epi, W4A16_KERNEL_DECODE, 0, what);

@@ -11,6 +11,7 @@
 #      /tmp/awqd-tp), LIMIT (seconds this script may take, default 540: later
 #      phases are skipped when less than they need is left),
 #      PHASES (default "build tests bench_ar e2e check fault graphs"),
+#      E2E_PLAN (the e2e phase's model/tp pairs, default "q1 q2 q4 l2 l4"),
 #      AWQD_TOKENIZER_DIR (default .device/tp/tok); for dry runs: QP / LP (the
 #      two presets, default qwen3-32b / llama3-70b), MKARGS (extra mkmodel
 #      arguments, e.g. --layers 2), MKBIN (an awqd to run mkmodel with instead
@@ -156,13 +157,18 @@ e2e() { # name need model tp [extra...]
     [ "$NGPU" -ge "$tp" ] || return 0
     run "$name" "$need" "$OUT/e2e.log" ./"$BUILD"/awqd bench e2e --model "$m" $E2E --tp "$tp" "$@"
 }
+E2E_PLAN=${E2E_PLAN:-q1 q2 q4 l2 l4} # which (model, tp) pairs: q = $QP, l = $LP
 if has e2e; then
     wait_models
-    e2e "e2e $QP tp=1" 40 "$Q" 1
-    e2e "e2e $QP tp=2" 50 "$Q" 2 --comm-off
-    e2e "e2e $QP tp=4" 50 "$Q" 4 --comm-off
-    e2e "e2e $LP tp=2" 180 "$L" 2 --comm-off
-    e2e "e2e $LP tp=4" 150 "$L" 4 --comm-off
+    for p in $E2E_PLAN; do
+        case $p in
+        q1) e2e "e2e $QP tp=1" 40 "$Q" 1 ;;
+        q2) e2e "e2e $QP tp=2" 50 "$Q" 2 --comm-off ;;
+        q4) e2e "e2e $QP tp=4" 50 "$Q" 4 --comm-off ;;
+        l2) e2e "e2e $LP tp=2" 180 "$L" 2 --comm-off ;;
+        l4) e2e "e2e $LP tp=4" 150 "$L" 4 --comm-off ;;
+        esac
+    done
 fi
 
 # 6. full checkpoints at tp=2/4 against tp=1 (logits to fp16 tolerance: 2e-2

@@ -50,6 +50,22 @@ extern "C" {
 #define DEC_MIN_KEYS 32 /* a split covers at least this many keys */
 #define DEC_MAX_SPLITS 64
 
+/* One K or V tile of TK keys from key t0 (keys >= ke zero-filled) into dst,
+ * as one cp.async commit group (an empty group past the split's end, so the
+ * callers' wait counts stay fixed). */
+template <int HD, int TK>
+static __device__ __forceinline__ void dec_tile_load(__half (*dst)[HD + 8], const __half *cache,
+                                                     int t0, int ke, int tid, const int *bt,
+                                                     int block_size, int nkv, int g) {
+    if (t0 < ke) {
+        constexpr int CH = HD / 8; /* 16-byte chunks per key */
+#pragma unroll
+        for (int it = 0; it < TK * CH / DEC_NT; it++)
+            kv_chunk_load<HD>(dst, cache, tid + it * DEC_NT, t0, ke, bt, block_size, nkv, g);
+    }
+    cp_async_commit();
+}
+
 template <int HD, int G> struct dec_cfg {
     static constexpr int TK = HD <= 128 ? 64 : 32;         /* keys per tile */
     static constexpr int HPH = DEC_NT / TK;               /* score phases: heads hp, hp + HPH, ... */
@@ -107,13 +123,7 @@ attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *
         for (int j = 0; j < C::DPT; j++) o[i][j] = 0.0f;
 
     auto load = [&](__half(*dst)[HD + 8], const __half *cache, int t0) {
-        if (t0 < ke) {
-            constexpr int CH = HD / 8; /* 16-byte chunks per key */
-#pragma unroll
-            for (int it = 0; it < TK * CH / DEC_NT; it++) /* keys >= ke zero-filled */
-                kv_chunk_load<HD>(dst, cache, tid + it * DEC_NT, t0, ke, bt, block_size, nkv, g);
-        }
-        cp_async_commit();
+        dec_tile_load<HD, TK>(dst, cache, t0, ke, tid, bt, block_size, nkv, g);
     };
     load(ks, kc, kb);
     load(vs, vc, kb);
@@ -269,13 +279,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
     const int *bt = block_table + (size_t)s * max_blocks;
 
     auto load = [&](__half(*dst)[HD + 8], const __half *cache, int t0) {
-        if (t0 < ke) {
-            constexpr int CH = HD / 8; /* 16-byte chunks per key */
-#pragma unroll
-            for (int it = 0; it < TK * CH / DEC_NT; it++) /* keys >= ke zero-filled */
-                kv_chunk_load<HD>(dst, cache, tid + it * DEC_NT, t0, ke, bt, block_size, nkv, g);
-        }
-        cp_async_commit();
+        dec_tile_load<HD, TK>(dst, cache, t0, ke, tid, bt, block_size, nkv, g);
     };
     load(ks, kc, kb);
     load(vs, vc, kb);

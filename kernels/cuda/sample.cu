@@ -254,18 +254,19 @@ smp_race_kernel(const float *__restrict__ logits, const float *__restrict__ proc
 /* 2 + 4. bitonic sorts in shared memory (descending)                       */
 /* ------------------------------------------------------------------------ */
 
+/* P a power of two. Each stage runs over the P/2 compare-exchange pairs
+ * (i, i + j) with i & j == 0, so no thread idles on the upper half. */
 static __device__ void smp_bitonic_desc(u64 *s, int P) {
+    const int half = P >> 1;
     for (int k = 2; k <= P; k <<= 1)
         for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int i = threadIdx.x; i < P; i += blockDim.x) {
-                int x = i ^ j;
-                if (x > i) {
-                    u64 a = s[i], b = s[x];
-                    bool desc = (i & k) == 0;
-                    if (desc ? a < b : a > b) {
-                        s[i] = b;
-                        s[x] = a;
-                    }
+            for (int p = threadIdx.x; p < half; p += blockDim.x) {
+                const int i = ((p & ~(j - 1)) << 1) | (p & (j - 1)), x = i + j;
+                u64 a = s[i], b = s[x];
+                bool desc = (i & k) == 0;
+                if (desc ? a < b : a > b) {
+                    s[i] = b;
+                    s[x] = a;
                 }
             }
             __syncthreads();

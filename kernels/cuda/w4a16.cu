@@ -508,7 +508,6 @@ struct dc_state {
     const uint8_t *zp;
     size_t gs;          /* elements per group in sc / zr: n16a * 8 */
     const uint16_t *xr[MT]; /* x of the turn's chunk 0 for this lane's rows (+ 16c) */
-    int fkey;               /* -1 (see SPLIT in dc_turn) */
 };
 
 /* Requests the weights, scales and zeros of NG groups starting `ahead`
@@ -529,7 +528,7 @@ static __device__ __forceinline__ void dc_fetch_group(dc_state<MT, TB> &s, int g
 
 /* One ring turn of NG (<= UG) groups; slot contents are refilled with the
  * groups UG later where g0 + gi + UG < ng. */
-template <int MT, int TB, int NG, bool SPLIT>
+template <int MT, int TB, int NG>
 static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int ng) {
     constexpr int UG = dc_state<MT, TB>::UG;
 #pragma unroll
@@ -575,11 +574,6 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
                     }
                 }
                 dc_ld16(s.wr[slot], s.wp + (2 * (gi + UG) + kk) * 256 + tb * 32, more);
-                /* SPLIT (experiment): a branch no compiler can fold (fkey is a
-                 * kernel argument, -1) ends the basic block here, so that
-                 * ptxas, which schedules within blocks, cannot sink this
-                 * refill to the end of the turn */
-                if (SPLIT && g0 * 2 * TB + slot == s.fkey) asm volatile("trap;");
             }
         }
 #pragma unroll
@@ -594,11 +588,11 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
     }
 }
 
-template <int MT, int TB, bool SPLIT>
+template <int MT, int TB>
 static __global__ void __launch_bounds__(DC_WARPS * 32, 2)
 k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
-         int late, int fkey, epi_args ep) {
+         int late, epi_args ep) {
     typedef dc_state<MT, TB> S;
     extern __shared__ __align__(16) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -607,7 +601,6 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     const int gw0 = warp * KG / DC_WARPS, ng = (warp + 1) * KG / DC_WARPS - gw0;
     S s;
     s.gs = (size_t)n16a * 8;
-    s.fkey = fkey;
     s.wp = qw + (((size_t)(t0 >> 3) * KC + 2 * gw0) * 8 + (t0 & 7)) * 32 + lane;
     s.sp = sc + gw0 * s.gs + t0 * 8 + r;
     s.zp = zr + gw0 * s.gs + t0 * 8 + r;
@@ -643,7 +636,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 
     int g0 = 0;
     for (; g0 + S::UG <= ng; g0 += S::UG) {
-        dc_turn<MT, TB, S::UG, SPLIT>(s, g0, ng);
+        dc_turn<MT, TB, S::UG>(s, g0, ng);
         s.wp += S::UG * 2 * 256;
         s.sp += S::UG * s.gs;
         s.zp += S::UG * s.gs;
@@ -652,9 +645,9 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     }
     /* the last, partial turn (its groups were fetched one turn ago) */
     const int rem = ng - g0;
-    if (S::UG > 1 && rem == 1) dc_turn<MT, TB, 1, SPLIT>(s, g0, ng);
-    if (S::UG > 2 && rem == 2) dc_turn<MT, TB, (S::UG > 2 ? 2 : 1), SPLIT>(s, g0, ng);
-    if (S::UG > 3 && rem == 3) dc_turn<MT, TB, (S::UG > 3 ? 3 : 1), SPLIT>(s, g0, ng);
+    if (S::UG > 1 && rem == 1) dc_turn<MT, TB, 1>(s, g0, ng);
+    if (S::UG > 2 && rem == 2) dc_turn<MT, TB, (S::UG > 2 ? 2 : 1)>(s, g0, ng);
+    if (S::UG > 3 && rem == 3) dc_turn<MT, TB, (S::UG > 3 ? 3 : 1)>(s, g0, ng);
     if (late) pdl_launch();
 
     /* the 8 warps' partials, added in warp order */
@@ -1692,23 +1685,16 @@ static int dc_late(void) {
     return v;
 }
 
-template <int MT, int TB, bool SPLIT>
+template <int MT, int TB>
 static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
                            const struct dc_plan *pl, cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0};
-    int rc = smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, SPLIT>, DC_SMEM_MAX, err, errlen);
+    int rc = smem_limit_once(&smem_set, (const void *)k_decode<MT, TB>, DC_SMEM_MAX, err, errlen);
     if (rc) return rc;
-    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, SPLIT>, dim3(pl->blocks), dim3(DC_WARPS * 32), pl->smem,
-                          s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, dc_late(), -1, ep),
+    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB>, dim3(pl->blocks), dim3(DC_WARPS * 32), pl->smem, s,
+                          w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, dc_late(), ep),
                err, errlen);
     return 0;
-}
-
-/* For measurements: AWQD_W4A16_DC_SPLIT=1 (a basic-block boundary after each
- * refill load, see dc_turn). */
-static int dc_split(void) {
-    static const int v = dc_env_int("AWQD_W4A16_DC_SPLIT", 0, 0, 1);
-    return v;
 }
 
 static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
@@ -1717,17 +1703,12 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     if (!decode_plan(w, ep.m, &pl))
         return util_err(err, errlen, -EINVAL, "w4a16_linear: decode kernel does not fit m=%d K=%d G=%d",
                         ep.m, w->k, w->group);
-#define DC_CASE(mt, tb)                                                                        \
-    case mt * 10 + tb:                                                                         \
-        return dc_split() ? launch_decode_t<mt, tb, true>(w, x, ep, &pl, s, err, errlen)      \
-                          : launch_decode_t<mt, tb, false>(w, x, ep, &pl, s, err, errlen)
     switch (pl.mt * 10 + pl.tb) {
-        DC_CASE(1, 1);
-        DC_CASE(1, 2);
-        DC_CASE(1, 4);
-        DC_CASE(2, 2);
+    case 11: return launch_decode_t<1, 1>(w, x, ep, &pl, s, err, errlen);
+    case 12: return launch_decode_t<1, 2>(w, x, ep, &pl, s, err, errlen);
+    case 14: return launch_decode_t<1, 4>(w, x, ep, &pl, s, err, errlen);
+    case 22: return launch_decode_t<2, 2>(w, x, ep, &pl, s, err, errlen);
     }
-#undef DC_CASE
     return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan mt=%d tb=%d", pl.mt, pl.tb);
 }
 

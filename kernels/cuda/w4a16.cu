@@ -80,6 +80,7 @@ struct w4a16_weight {
     size_t bytes;             /* device bytes held */
     int sms;                  /* multiprocessors of the device */
     int cc_major;             /* compute capability major (PDL needs >= 9) */
+    int smem_optin;           /* largest dynamic shared memory per block (opt-in), bytes */
 };
 
 #define CNT_LEN_MIN 4096
@@ -991,6 +992,8 @@ extern "C" int w4a16_upload(const struct awq_linear *l, enum w4a16_layout layout
         if (e == cudaSuccess) e = cudaDeviceGetAttribute(&w->sms, cudaDevAttrMultiProcessorCount, dev);
         if (e == cudaSuccess)
             e = cudaDeviceGetAttribute(&w->cc_major, cudaDevAttrComputeCapabilityMajor, dev);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetAttribute(&w->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
         if (e != cudaSuccess) {
             rc = util_err(err, errlen, -EIO, "w4a16_upload: no CUDA device: %s", cudaGetErrorString(e));
             goto done;
@@ -1110,8 +1113,12 @@ static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 /* Resident blocks per SM of each kernel (cached; 1 if the query fails). */
 template <typename F>
 static int occ_query(F *fn, int threads, size_t smem) {
-    int n = 0;
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024) !=
+    int n = 0, dev = 0, optin = 160 * 1024;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+        optin > 160 * 1024)
+        optin = 160 * 1024;
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) !=
             cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, threads, smem) != cudaSuccess) {
         cudaGetLastError();
@@ -1325,7 +1332,7 @@ static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) 
     }
     if (mt == 2) tb = 2;
     const size_t smem = dc_smem_bytes(m, w->k, tb, mt);
-    if (smem > DC_SMEM_MAX) return 0;
+    if (smem > DC_SMEM_MAX || (w->smem_optin > 0 && smem > (size_t)w->smem_optin)) return 0;
     pl->mt = mt;
     pl->tb = tb;
     pl->blocks = ceil_div(w->n16, tb);
@@ -1432,16 +1439,21 @@ extern "C" size_t w4a16_workspace_bytes(const struct w4a16_weight *w, int max_m)
     return best;
 }
 
-/* Raises a kernel's dynamic shared-memory limit on the current device.
+/* Raises a kernel's dynamic shared-memory limit on the current device, to
+ * `bytes` or the device's opt-in maximum if that is lower (A100: 163 KB,
+ * sm_89: 99 KB; the plans keep every launch within it).
  * cudaFuncSetAttribute is per device, and tensor-parallel ranks call from one
  * thread per device, so each kernel remembers the devices (bit per id) that
  * already have it. Setting it twice is harmless; the mask only saves calls. */
 static int smem_limit_once(std::atomic<unsigned long long> *done, const void *fn, int bytes,
                            char *err, size_t errlen) {
-    int dev = 0;
+    int dev = 0, optin = 0;
     CUDA_CHECK(cudaGetDevice(&dev), err, errlen);
     unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
     if (bit && (done->load(std::memory_order_acquire) & bit)) return 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), err,
+               errlen);
+    if (optin > 0 && bytes > optin) bytes = optin;
     CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), err,
                errlen);
     if (bit) done->fetch_or(bit, std::memory_order_release);

@@ -436,7 +436,9 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 /* zeros ride in a ring of their own, one turn ahead too. The first turn is  */
 /* requested before the programmatic-launch wait (the weights are constant), */
 /* and the kernel triggers its dependents at once, so that the next PDL      */
-/* kernel's blocks start as soon as ours retire.                             */
+/* kernel's blocks start as soon as ours retire. (ptxas moves the refills to */
+/* the end of each turn; keeping them beside their chunks was measured       */
+/* slower, docs/KERNELS.md.)                                                 */
 /*                                                                            */
 /* Per chunk and tile: 16 LOP3 (+4 shifts) give the A fragments as           */
 /* {1024 + q} (rows r) and {1024 + 16 q} (rows r + 8) without subtracting   */
@@ -511,8 +513,9 @@ struct dc_state {
     const uint16_t *xr[MT]; /* x of the turn's chunk 0 for this lane's rows (+ 16c) */
 };
 
-/* Requests the weights, scales and zeros of NG groups starting `ahead`
- * groups after the current turn's first (pred: this lane's range has them). */
+/* Requests the weights, scales and zeros of group gi + ahead (counted from
+ * the current turn's first) into ring slot gi (pred: this lane's range has
+ * that group). */
 template <int MT, int TB>
 static __device__ __forceinline__ void dc_fetch_group(dc_state<MT, TB> &s, int gi, int ahead, int pred) {
 #pragma unroll

@@ -20,6 +20,10 @@
 #      test, default 128), PORT (default 8100).
 # Logs under $OUT: build.log test.log kernels.txt e2e.txt serve.log load.txt
 # summary.txt.
+# Through the device tool: point OUT below the tool's $OUT and tar it at the
+# end (only a handful of files come back per call), carry only the .device
+# folders the run needs (64 MiB in all), e.g.
+#   OUT=$OUT/gc LIMIT=560 scripts/gpu_check.sh >$OUT/log 2>&1; tar czf $OUT/gc.tgz -C $OUT gc
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 BUILD=${BUILD:-build-gpu}

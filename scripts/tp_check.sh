@@ -18,6 +18,10 @@
 #      of a CPU-only build made here).
 # Logs under $OUT: build.log mkmodel.log test.log bench_ar.log e2e.log
 # check.log summary.txt.
+# Through the device tool: point OUT below the tool's $OUT and tar it at the
+# end (only a handful of files come back per call), carry only the .device
+# folders the run needs (64 MiB in all), e.g.
+#   OUT=$OUT/gc LIMIT=560 scripts/gpu_check.sh >$OUT/log 2>&1; tar czf $OUT/gc.tgz -C $OUT gc
 # Timing seen on 4x H200 (2026-11-21): build 17 s, tests 63 s, all-reduce
 # benches 5 s, mkmodel (background) 55 s, but model loads of 11-75 s each
 # (qwen3-32b tp=1 47 s, llama3-70b tp=2 75 s; --comm-off loads twice): the

@@ -35,6 +35,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <atomic>
+
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
@@ -388,6 +390,26 @@ smp_final_kernel(const float *__restrict__ logits, const float *__restrict__ pro
 /* entry                                                                    */
 /* ------------------------------------------------------------------------ */
 
+/* The sorts' dynamic shared memory: at most SMP_SORT_KEYS keys each (P <=
+ * SMP_MAX_CHUNKS * SMP_THREADS group maxima; cap = 32 k <= 32 SAMPLE_MAX_K
+ * gathered). The limit is a per-device attribute: raised once per device
+ * (bit per id) instead of two driver calls per step. */
+#define SMP_SORT_KEYS 8192
+static_assert(SMP_MAX_CHUNKS * SMP_THREADS <= SMP_SORT_KEYS && SMP_GS * SAMPLE_MAX_K <= SMP_SORT_KEYS,
+              "sort sizes");
+static std::atomic<unsigned long long> smp_smem_set{0};
+
+static void smp_smem_once(void) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) cudaGetLastError();
+    const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
+    if (bit && (smp_smem_set.load(std::memory_order_acquire) & bit)) return;
+    const int bytes = (int)(SMP_SORT_KEYS * sizeof(u64));
+    cudaFuncSetAttribute(smp_thresh_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    cudaFuncSetAttribute(smp_final_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (bit) smp_smem_set.fetch_or(bit, std::memory_order_release);
+}
+
 static size_t even(size_t x) { return (x + 1) & ~(size_t)1; }
 
 void ops_cuda__sample_topk(void *ctx, struct buf *out, const struct buf *logits,
@@ -435,8 +457,7 @@ void ops_cuda__sample_topk(void *ctx, struct buf *out, const struct buf *logits,
     smp_scan_kernel<<<grid, SMP_THREADS, 0, st>>>(lg, proc, as, it, gkeys, part, ld, nc, vs, G,
                                                   n_chunks);
     size_t sh_t = (size_t)P * sizeof(u64), sh_f = (size_t)cap * sizeof(u64);
-    cudaFuncSetAttribute(smp_thresh_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh_t);
-    cudaFuncSetAttribute(smp_final_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh_f);
+    smp_smem_once();
     if (rpart)
         smp_race_kernel<<<grid, SMP_THREADS, 0, st>>>(lg, proc, as, it, (const int *)sb->race->d,
                                                       rpart, ld, nc, vs, n_chunks);

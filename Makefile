@@ -10,6 +10,9 @@
 # Every knob is an overridable variable:
 #   CC CFLAGS LDFLAGS NVCC NVCCFLAGS CUDA_HOME CUDA_ARCHS CUDA=auto|0|1
 #   SANITIZE=address,undefined  WERROR=1|0  BUILD=build  OPT=-O2
+# A BUILD directory remembers its flags (BUILD/.config): building it again
+# with other flags (CUDA=0, SANITIZE, OPT, CUDA_ARCHS) recompiles everything.
+# Warning-free (-Werror) at OPT -O0, -O1, -O2, -O3 and -Os.
 #
 # Sources are found by wildcard, one folder per module, so adding a file never
 # means editing this Makefile:
@@ -100,6 +103,15 @@ ifeq ($(HAVE_CUDA),1)
   LDLIBS += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) $(NCCL_LIB) -lcublas -lcudart -lnccl -lstdc++
 endif
 
+# Objects depend on the build configuration: switching CUDA=0/1, SANITIZE,
+# OPT or CUDA_ARCHS in one BUILD directory recompiles instead of linking
+# objects of two configurations (e.g. the CPU-only bench stubs next to the
+# CUDA benchmarks). The stamp is rewritten only when the flags change.
+CONFIG_STAMP := $(BUILD)/.config
+$(shell mkdir -p $(BUILD))
+$(file >$(CONFIG_STAMP).new,cuda=$(HAVE_CUDA) cc=$(CC) cflags=$(ALL_CFLAGS) nvcc=$(ALL_NVCCFLAGS) ldflags=$(LDFLAGS))
+$(shell cmp -s $(CONFIG_STAMP).new $(CONFIG_STAMP) && rm -f $(CONFIG_STAMP).new || mv -f $(CONFIG_STAMP).new $(CONFIG_STAMP))
+
 BIN      := $(BUILD)/awqd
 TEST_BIN := $(BUILD)/awqd-test
 GPU_TEST_BIN := $(BUILD)/awqd-test-gpu
@@ -122,16 +134,16 @@ $(TEST_BIN): $(TEST_OBJ) $(HARNESS_OBJ) $(LIB_OBJ)
 $(GPU_TEST_BIN): $(GPU_TEST_OBJ) $(LIB_OBJ)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/obj/%.o: %.c
+$(BUILD)/obj/%.o: %.c $(CONFIG_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
-$(BUILD)/obj/%.cu.o: %.cu
+$(BUILD)/obj/%.cu.o: %.cu $(CONFIG_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(ALL_NVCCFLAGS) -c -o $@ $<
 
 # Vendored-by-Debian llhttp sources: not our code, so not our warnings.
-$(BUILD)/llhttp/%.o: $(LLHTTP_SRC)/%.c
+$(BUILD)/llhttp/%.o: $(LLHTTP_SRC)/%.c $(CONFIG_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -g -I$(LLHTTP_INC) $(filter -fsanitize=%,$(ALL_CFLAGS)) -c -o $@ $<
 

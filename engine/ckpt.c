@@ -214,7 +214,7 @@ static int parse_quant(const cJSON *root, struct ckpt *ck, int allow_unquantized
         return util_err(err, errlen, -ENOTSUP,
                         "unsupported AWQ version \"%.40s\" (its packing differs); supported: "
                         "awq version gemm", ver);
-    int bits, group;
+    int bits = -1, group = -2; /* jint sets them; initialised for -O3's flow analysis */
     int rc = jint(q, "bits", -1, 0, &bits, err, errlen);
     if (!rc && bits < 0) rc = jint(q, "w_bit", 4, 0, &bits, err, errlen);
     if (rc) return rc;

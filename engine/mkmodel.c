@@ -607,9 +607,9 @@ out:
 
 static int has_tokenizer(const char *dir) {
     char p[4200];
-    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    snprintf(p, sizeof p, "%.4000s/tokenizer.json", dir); /* dirs are < PATH_MAX */
     if (access(p, R_OK)) return 0;
-    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    snprintf(p, sizeof p, "%.4000s/tokenizer_config.json", dir);
     return access(p, R_OK) == 0;
 }
 

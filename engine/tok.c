@@ -1267,7 +1267,7 @@ static int split_general(struct enc *e, int step, const struct pt_step *st, cons
     if (!sp) return -ENOMEM;
     int rc = 0;
     while (off <= n) {
-        size_t ms, me;
+        size_t ms = 0, me = 0; /* set by re_find on a match (rc > 0) */
         rc = re_find(e, st, s, n, off, &ms, &me);
         if (rc <= 0) break;
         if (ns + 2 > cap) {
@@ -1355,7 +1355,7 @@ static int pretok(struct enc *e, int step, const char *s, size_t n) {
     size_t off = 0, prev = 0;
     int rc = 0;
     while (off <= n) {
-        size_t ms, me;
+        size_t ms = 0, me = 0; /* set by re_find on a match (rc > 0) */
         rc = re_find(e, st, s, n, off, &ms, &me);
         if (rc <= 0) break;
         if (prev != ms && (rc = pretok(e, step + 1, s + prev, ms - prev)) < 0) return rc;

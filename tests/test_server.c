@@ -247,7 +247,7 @@ TEST(server, stop_strings_echo_and_streaming) {
              "\"include_stop_str_in_output\":true}", s.name, stop_json);
     o = complete(&s, body);
     ASSERT(o);
-    char with[4096];
+    char with[4096 + sizeof stop];
     snprintf(with, sizeof with, "%s%s", expect, stop);
     ASSERT_STR_EQ(choice_text(o, 0), with);
     cJSON_Delete(o);

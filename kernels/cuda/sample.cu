@@ -35,11 +35,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#include <atomic>
-
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/smem_limit.cuh"
 #include "kernels/cuda/sample.h"
 
 extern "C" {
@@ -392,22 +391,17 @@ smp_final_kernel(const float *__restrict__ logits, const float *__restrict__ pro
 
 /* The sorts' dynamic shared memory: at most SMP_SORT_KEYS keys each (P <=
  * SMP_MAX_CHUNKS * SMP_THREADS group maxima; cap = 32 k <= 32 SAMPLE_MAX_K
- * gathered). The limit is a per-device attribute: raised once per device
- * (bit per id) instead of two driver calls per step. */
+ * gathered), raised once per device (smem_limit.cuh) instead of two driver
+ * calls per step. A failure here shows as the launch's error. */
 #define SMP_SORT_KEYS 8192
 static_assert(SMP_MAX_CHUNKS * SMP_THREADS <= SMP_SORT_KEYS && SMP_GS * SAMPLE_MAX_K <= SMP_SORT_KEYS,
               "sort sizes");
-static std::atomic<unsigned long long> smp_smem_set{0};
 
 static void smp_smem_once(void) {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) cudaGetLastError();
-    const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
-    if (bit && (smp_smem_set.load(std::memory_order_acquire) & bit)) return;
+    static std::atomic<unsigned long long> thresh_set{0}, final_set{0};
     const int bytes = (int)(SMP_SORT_KEYS * sizeof(u64));
-    cudaFuncSetAttribute(smp_thresh_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    cudaFuncSetAttribute(smp_final_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (bit) smp_smem_set.fetch_or(bit, std::memory_order_release);
+    cuda_smem_limit_once(&thresh_set, (const void *)smp_thresh_kernel, bytes, NULL, 0);
+    cuda_smem_limit_once(&final_set, (const void *)smp_final_kernel, bytes, NULL, 0);
 }
 
 static size_t even(size_t x) { return (x + 1) & ~(size_t)1; }

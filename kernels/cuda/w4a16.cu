@@ -53,6 +53,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/smem_limit.cuh"
 #include "kernels/cuda/w4a16.h"
 #include "kernels/cuda/w4a16_common.cuh"
 #include "kernels/cuda/w4a16_gemm.h" /* gemm helper (Session 3): sm_90a large-M GEMM */
@@ -1256,52 +1257,50 @@ static size_t gemm_ws(const struct w4a16_weight *w, int m, int ksplit) {
 }
 /* ---- end gemm helper ---- */
 
+/* A process-wide on/off switch: on unless its environment variable is "0"
+ * (read on first use); switch_set() with mode >= 0 overrides both, < 0 only
+ * queries. Returns the mode in effect. */
+struct env_switch {
+    std::atomic<int> v; /* -1: not read yet */
+    const char *env;
+};
+
+static int switch_get(env_switch *sw) {
+    int v = sw->v.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv(sw->env);
+        int expect = -1;
+        sw->v.compare_exchange_strong(expect, e && !strcmp(e, "0") ? 0 : 1);
+        v = sw->v.load(std::memory_order_relaxed);
+    }
+    return v;
+}
+
+static int switch_set(env_switch *sw, int mode) {
+    if (mode >= 0) sw->v.store(mode ? 1 : 0, std::memory_order_relaxed);
+    return switch_get(sw);
+}
+
 /* Dequantize + cuBLAS in column slabs when the workspace cannot hold the
  * whole fp16 copy: process-wide switch (default ON: measured on H200,
  * session 4, Qwen3-8B TTFT(1024) 49.7 -> 44.1 ms, TTFT(4096) 225.7 -> 171.8
  * ms against the wgmma GEMM; AWQD_W4A16_SLABS=0 turns it off,
  * w4a16_cublas_slabs() overrides both). */
-static std::atomic<int> g_slabs{-1};
+static env_switch g_slabs = {{-1}, "AWQD_W4A16_SLABS"};
 
-static int slabs_mode(void) {
-    int v = g_slabs.load(std::memory_order_relaxed);
-    if (v < 0) {
-        const char *e = getenv("AWQD_W4A16_SLABS");
-        v = e && !strcmp(e, "0") ? 0 : 1;
-        int expect = -1;
-        g_slabs.compare_exchange_strong(expect, v);
-        v = g_slabs.load(std::memory_order_relaxed);
-    }
-    return v;
-}
+static int slabs_mode(void) { return switch_get(&g_slabs); }
 
-extern "C" int w4a16_cublas_slabs(int mode) {
-    if (mode >= 0) g_slabs.store(mode ? 1 : 0, std::memory_order_relaxed);
-    return slabs_mode();
-}
+extern "C" int w4a16_cublas_slabs(int mode) { return switch_set(&g_slabs, mode); }
 
 /* Decode kernel: process-wide switch (default ON: measured 1.0-1.8x the
  * skinny kernel back to back at M <= 2 on every Qwen3-8B/32B shape and
  * shard, H200, docs/PERFORMANCE.md session 4; AWQD_W4A16_DECODE=0 turns it
  * off, w4a16_decode_kernel() overrides both). */
-static std::atomic<int> g_decode{-1};
+static env_switch g_decode = {{-1}, "AWQD_W4A16_DECODE"};
 
-static int decode_mode(void) {
-    int v = g_decode.load(std::memory_order_relaxed);
-    if (v < 0) {
-        const char *e = getenv("AWQD_W4A16_DECODE");
-        v = e && !strcmp(e, "0") ? 0 : 1;
-        int expect = -1;
-        g_decode.compare_exchange_strong(expect, v);
-        v = g_decode.load(std::memory_order_relaxed);
-    }
-    return v;
-}
+static int decode_mode(void) { return switch_get(&g_decode); }
 
-extern "C" int w4a16_decode_kernel(int mode) {
-    if (mode >= 0) g_decode.store(mode ? 1 : 0, std::memory_order_relaxed);
-    return decode_mode();
-}
+extern "C" int w4a16_decode_kernel(int mode) { return switch_set(&g_decode, mode); }
 
 /* The decode kernel's launch: TB tiles per block, M <= 8 in one mma column
  * block (MT = 1), M <= 16 in two (then TB = 2: MT = 2 with TB = 1 spills at
@@ -1442,63 +1441,19 @@ extern "C" size_t w4a16_workspace_bytes(const struct w4a16_weight *w, int max_m)
     return best;
 }
 
-/* Raises a kernel's dynamic shared-memory limit on the current device, to
- * `bytes` or the device's opt-in maximum if that is lower (A100: 163 KB,
- * sm_89: 99 KB; the plans keep every launch within it).
- * cudaFuncSetAttribute is per device, and tensor-parallel ranks call from one
- * thread per device, so each kernel remembers the devices (bit per id) that
- * already have it. Setting it twice is harmless; the mask only saves calls. */
-static int smem_limit_once(std::atomic<unsigned long long> *done, const void *fn, int bytes,
-                           char *err, size_t errlen) {
-    int dev = 0, optin = 0;
-    CUDA_CHECK(cudaGetDevice(&dev), err, errlen);
-    unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
-    if (bit && (done->load(std::memory_order_acquire) & bit)) return 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), err,
-               errlen);
-    if (optin > 0 && bytes > optin) bytes = optin;
-    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), err,
-               errlen);
-    if (bit) done->fetch_or(bit, std::memory_order_release);
-    return 0;
-}
-
 /* Programmatic dependent launch: on by default on sm_90+, AWQD_CUDA_PDL=0 turns it
  * off, w4a16_pdl() overrides both. */
-static std::atomic<int> g_pdl{-1};
+static env_switch g_pdl = {{-1}, "AWQD_CUDA_PDL"};
 
-static int pdl_mode(void) {
-    int v = g_pdl.load(std::memory_order_relaxed);
-    if (v < 0) {
-        const char *e = getenv("AWQD_CUDA_PDL");
-        v = e && !strcmp(e, "0") ? 0 : 1;
-        int expect = -1;
-        g_pdl.compare_exchange_strong(expect, v);
-        v = g_pdl.load(std::memory_order_relaxed);
-    }
-    return v;
-}
+static int pdl_mode(void) { return switch_get(&g_pdl); }
 
-extern "C" int w4a16_pdl(int mode) {
-    if (mode >= 0) g_pdl.store(mode ? 1 : 0, std::memory_order_relaxed);
-    return pdl_mode();
-}
+extern "C" int w4a16_pdl(int mode) { return switch_set(&g_pdl, mode); }
 
 /* Split-K reduction inside a thread-block cluster (sm_90+, ksplit <= 8): on by
  * default, AWQD_W4A16_CLUSTER=0 turns it off, w4a16_cluster_reduce() overrides. */
-static std::atomic<int> g_cluster{-1};
+static env_switch g_cluster = {{-1}, "AWQD_W4A16_CLUSTER"};
 
-static int cluster_mode(void) {
-    int v = g_cluster.load(std::memory_order_relaxed);
-    if (v < 0) {
-        const char *e = getenv("AWQD_W4A16_CLUSTER");
-        v = e && !strcmp(e, "0") ? 0 : 1;
-        int expect = -1;
-        g_cluster.compare_exchange_strong(expect, v);
-        v = g_cluster.load(std::memory_order_relaxed);
-    }
-    return v;
-}
+static int cluster_mode(void) { return switch_get(&g_cluster); }
 
 static int cluster_on(const struct w4a16_weight *w) { return w->cc_major >= 9 && cluster_mode(); }
 
@@ -1512,10 +1467,7 @@ static int sk_use_cluster(const struct w4a16_weight *w, int m, int ksplit) {
            ceil_div(w->n16, SK_WARPS) * ksplit > w->sms;
 }
 
-extern "C" int w4a16_cluster_reduce(int mode) {
-    if (mode >= 0) g_cluster.store(mode ? 1 : 0, std::memory_order_relaxed);
-    return cluster_mode();
-}
+extern "C" int w4a16_cluster_reduce(int mode) { return switch_set(&g_cluster, mode); }
 
 /* Workspace a call really needs: none for a skinny split reduced in a cluster
  * (skinny recomputes the split from the chunks per split; same here). */
@@ -1579,7 +1531,7 @@ static int launch_tc(const struct w4a16_weight *w, const uint16_t *x, int m, epi
                      int ksplit, float *part, cudaStream_t s, char *err, size_t errlen) {
     typedef tc_cfg<WN, WM, MW, STAGES> C;
     static std::atomic<unsigned long long> smem_set{0};
-    int rc = smem_limit_once(&smem_set, (const void *)k_tc<WN, WM, MW, STAGES, MINB>, C::SMEM, err,
+    int rc = cuda_smem_limit_once(&smem_set, (const void *)k_tc<WN, WM, MW, STAGES, MINB>, C::SMEM, err,
                              errlen);
     if (rc) return rc;
     int cps = ceil_div(w->kc, ksplit);
@@ -1669,7 +1621,7 @@ template <int MT, int ST>
 static int launch_skinny_st(const struct w4a16_weight *w, const uint16_t *x, epi_args ep, int ksplit,
                             float *part, cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0}, smem_set_cl{0};
-    int rc = smem_limit_once(&smem_set, (const void *)k_skinny<MT, ST, false>, 200 * 1024, err, errlen);
+    int rc = cuda_smem_limit_once(&smem_set, (const void *)k_skinny<MT, ST, false>, 200 * 1024, err, errlen);
     if (rc) return rc;
     int cps = ceil_div(w->kc, ksplit);
     if (cps > sk_max_cps(ep.m)) cps = sk_max_cps(ep.m);
@@ -1678,7 +1630,7 @@ static int launch_skinny_st(const struct w4a16_weight *w, const uint16_t *x, epi
     sk_smem L = sk_layout(ep.m, cps, w->group, ST);
     dim3 grid(ceil_div(w->n16, SK_WARPS), ksplit);
     if (sk_use_cluster(w, ep.m, ksplit)) {
-        rc = smem_limit_once(&smem_set_cl, (const void *)k_skinny<MT, ST, true>, 200 * 1024, err, errlen);
+        rc = cuda_smem_limit_once(&smem_set_cl, (const void *)k_skinny<MT, ST, true>, 200 * 1024, err, errlen);
         if (rc) return rc;
         CUDA_CHECK(launch_pdl_cl(w, k_skinny<MT, ST, true>, grid, dim3(SK_WARPS * 32), L.total, s,
                                  dim3(1, ksplit, 1), w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc,
@@ -1704,7 +1656,7 @@ template <int MT, int TB>
 static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
                            const struct dc_plan *pl, cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0};
-    int rc = smem_limit_once(&smem_set, (const void *)k_decode<MT, TB>, DC_SMEM_MAX, err, errlen);
+    int rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB>, DC_SMEM_MAX, err, errlen);
     if (rc) return rc;
     CUDA_CHECK(launch_pdl(w, k_decode<MT, TB>, dim3(pl->blocks), dim3(DC_WARPS * 32), pl->smem, s,
                           w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, dc_late(), ep),

@@ -50,6 +50,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/smem_limit.cuh"
 #include "kernels/cuda/w4a16_common.cuh"
 #include "kernels/cuda/w4a16_gemm.h"
 
@@ -615,23 +616,11 @@ extern "C" int w4a16_gemm_available(void) {
     return v;
 }
 
-/* cudaFuncSetAttribute once per device and kernel (bit per device id). */
-static int gk_smem_once(std::atomic<unsigned long long> *done, const void *fn, int bytes, char *err,
-                        size_t errlen) {
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev), err, errlen);
-    unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
-    if (bit && (done->load(std::memory_order_acquire) & bit)) return 0;
-    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), err, errlen);
-    if (bit) done->fetch_or(bit, std::memory_order_release);
-    return 0;
-}
-
 template <int MT, int BN, int ST, bool WG, bool CL>
 static int gk_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err, size_t errlen) {
     typedef gk_cfg<MT, BN, ST> C;
     static std::atomic<unsigned long long> smem_set{0};
-    int rc = gk_smem_once(&smem_set, (const void *)k_w4gemm<MT, BN, ST, WG, CL>, C::SMEM, err, errlen);
+    int rc = cuda_smem_limit_once(&smem_set, (const void *)k_w4gemm<MT, BN, ST, WG, CL>, C::SMEM, err, errlen);
     if (rc) return rc;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;

@@ -142,6 +142,8 @@ static void samp_stage(struct e2e_samp *sp, enum e2e_mode mode, int n, int n_out
         sp->inv_t[i] = sampler_inv_t(&p);
         sampler_race_row(&p, n_out, sp->race + 3 * (size_t)i);
         sp->adj_start[i + 1] = 0;
+        int k = sampler_cands_needed(&p, 0, SAMPLE_MAX_K); /* as sched.c stages rows */
+        if (i == 0 || k > sp->k) sp->k = k;
     }
     sp->adj_start[0] = 0;
     *mo = (struct model_out){.logits = NULL, .k = sp->k, .inv_t = sp->inv_t, .race = sp->race,

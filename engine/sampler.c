@@ -164,6 +164,20 @@ float sampler_inv_t(const struct sampling_params *p) {
     return p->temperature > 0.0f ? 1.0f / p->temperature : 1.0f;
 }
 
+int sampler_cands_needed(const struct sampling_params *p, int n_adj, int cap) {
+    int need = 1;
+    if (p->n_logprobs > 0) {
+        need = p->n_logprobs;
+        /* the raw top N can be pushed out of the w order by adjustments */
+        if (n_adj > 0 && !p->logprobs_processed) need = cap;
+    }
+    if (p->temperature > 0.0f) {
+        if (p->top_k > 0) need = need > p->top_k ? need : p->top_k;
+        else if (p->top_p < 1.0f || p->min_p > 0) need = cap;
+    }
+    return need < cap ? need : cap;
+}
+
 /* The k best of c[0..n) (cmp_desc_r's order) sorted into c[0..k). */
 static void sorted_prefix(int32_t *c, int n, int k, const float *w) {
     if (k >= n) {

@@ -169,6 +169,14 @@ struct sample_cands {
 /* The 1 / T the op must be given for p: 1 / temperature, 1 for greedy. */
 float sampler_inv_t(const struct sampling_params *p);
 
+/* How many candidates (1..cap) a row with p and n_adj adjustment entries
+ * needs so that sampler_finish usually decides it: 1 for greedy and for an
+ * unfiltered draw (the op's race winner is the token), n_logprobs for the
+ * alternatives, top_k when it is the only cut, cap for top_p / min_p (their
+ * set's size depends on the row) and for raw logprobs of an adjusted row.
+ * Any count is exact: too few only sends the row to the full-row path. */
+int sampler_cands_needed(const struct sampling_params *p, int n_adj, int cap);
+
 /* Fills c (ids, values, stats; adj fields left NULL / 0) from the rows the op
  * wrote on each rank: rank_rows[r] = rank r's SAMPLE_ROW_FLOATS(k) floats. */
 void sampler_cands_merge(struct sample_cands *c, const float *const *rank_rows, int tp, int k,

@@ -132,7 +132,9 @@ struct engine {
     size_t logits_cap;          /* floats */
     /* sampling candidates of this step's SAMPLE rows (engine/model.h model_out) */
     int use_cands;              /* AWQD_SAMPLE_CANDIDATES=0 turns them off */
-    int cand_k;                 /* candidates per row (AWQD_SAMPLE_K, default SAMPLE_MAX_K) */
+    int cand_k;                 /* most candidates per row (AWQD_SAMPLE_K, default SAMPLE_MAX_K) */
+    int step_k;                 /* this step's candidates per row: the most any staged row
+                                   needs (sampler_cands_needed), <= cand_k */
     int tp;
     int n_srows, cap_srows;
     float *s_inv_t;             /* [cap_srows] */
@@ -763,12 +765,12 @@ static void sample_into(struct engine *e, struct evlist *l, struct seq *s, const
     struct sample_result res;
     int n_prompt = q->r.n_prompt, rc = 0;
     if (!row) {
-        size_t RF = SAMPLE_ROW_FLOATS(e->cand_k);
+        size_t RF = SAMPLE_ROW_FLOATS(e->step_k);
         const float *rows[64];
         for (int r = 0; r < e->tp && r < 64; r++)
             rows[r] = e->s_cands + ((size_t)r * e->n_srows + srow) * RF;
         struct sample_cands *cd = e->s_cd;
-        sampler_cands_merge(cd, rows, e->tp, e->cand_k, e->info.vocab, sampler_inv_t(&p));
+        sampler_cands_merge(cd, rows, e->tp, e->step_k, e->info.vocab, sampler_inv_t(&p));
         cd->adj = e->s_adj + 2 * (size_t)e->s_adj_start[srow];
         cd->adj_raw = e->s_adj_raw + e->s_adj_start[srow];
         cd->n_adj = e->s_adj_start[srow + 1] - e->s_adj_start[srow];
@@ -844,6 +846,8 @@ static int stage_sample_row(struct engine *e, struct seq *s) {
     }
     int n = sampler_adj_build(&p, pen ? &s->hist : NULL, e->info.vocab, e->s_adj + 2 * (size_t)e->s_adj_start[i]);
     if (n < 0) return n;
+    int k = sampler_cands_needed(&p, n, e->cand_k);
+    if (i == 0 || k > e->step_k) e->step_k = k;
     e->s_inv_t[i] = sampler_inv_t(&p);
     sampler_race_row(&p, s->n_out, e->s_race + 3 * (size_t)i);
     e->s_adj_start[i + 1] = e->s_adj_start[i] + n;
@@ -1111,7 +1115,7 @@ static void step(struct engine *e, struct evlist *l) {
     }
     struct batch b = {e->bseqs, nb};
     char err[256];
-    struct model_out mo = {.logits = e->logits, .k = e->cand_k, .inv_t = e->s_inv_t, .race = e->s_race,
+    struct model_out mo = {.logits = e->logits, .k = e->n_srows ? e->step_k : e->cand_k, .inv_t = e->s_inv_t, .race = e->s_race,
                            .adj_start = e->s_adj_start, .adj = e->s_adj, .cands = e->s_cands,
                            .adj_raw = e->s_adj_raw};
     int rc = model_group_forward_out(e->mg, &b, &mo, err, sizeof err);

@@ -109,10 +109,13 @@ static int same_result(const struct sample_result *a, const struct sample_result
 
 struct mix_stats {
     int rows, decided, decided_sampling;
+    signed char *rc;              /* NULL, or [rows] each row's sampler_finish result (tp 1) */
 };
 
 /* One random row + parameters; checks candidate results against the
- * reference at tp = 1 (exact) and tp = 2 (same candidates, same results). */
+ * reference at tp = 1 (exact) and tp = 2 (same candidates, same results).
+ * k <= 0: sampler_cands_needed(p, n_adj, -k) candidates, as the scheduler
+ * stages a row. */
 static void one_case(struct ops *o, struct sampler *s, int V, int k, int variant,
                      struct mix_stats *st) {
     float *row = malloc(sizeof(float) * (size_t)V);
@@ -177,6 +180,7 @@ static void one_case(struct ops *o, struct sampler *s, int V, int k, int variant
     int32_t *adj = malloc(sizeof(int32_t) * 2 * (size_t)(sampler_adj_max(&p, &h) + 1));
     int n_adj = sampler_adj_build(&p, &h, V, adj);
     float inv_t = sampler_inv_t(&p);
+    if (k <= 0) k = sampler_cands_needed(&p, n_adj, -k);
 
     /* tp = 1 */
     float *r1 = malloc(sizeof(float) * SAMPLE_ROW_FLOATS(k));
@@ -193,6 +197,7 @@ static void one_case(struct ops *o, struct sampler *s, int V, int k, int variant
     struct sample_result a;
     int rc = sampler_finish(&p, c1, no, &a);
     char why[200];
+    if (st->rc) st->rc[st->rows] = (signed char)rc;
     st->rows++;
     if (rc == 0) {
         st->decided++;
@@ -278,6 +283,73 @@ TEST(sample_cands, equal_full_sampler_random_mixes) {
     ASSERT_MSG(st.decided * 10 >= st.rows * 6, "decided %d of %d", st.decided, st.rows);
     ASSERT_MSG(st.decided_sampling > st.rows / 5, "decided %d sampled rows of %d",
                st.decided_sampling, st.rows);
+}
+
+TEST(sample_cands, needed_count_decides_as_the_cap) {
+    /* Each random row with the count the scheduler asks for
+     * (sampler_cands_needed) is decided exactly when 256 candidates decide
+     * it — and gives the full sampler's result (one_case) */
+    struct ops *o;
+    char err[128];
+    ASSERT_EQ_INT(ops_cpu_create(1, &o, err, sizeof err), 0);
+    enum { ROWS = 3 * 120 };
+    static signed char rc_cap[ROWS], rc_need[ROWS];
+    struct mix_stats a = {.rc = rc_cap}, b = {.rc = rc_need};
+    int fewer = 0;
+    for (int pass = 0; pass < 2 && !test_failed(); pass++) {
+        rng_state = 0x243f6a8885a308d3ull;
+        const int vocabs[] = {300, 1000, 4099};
+        for (int vi = 0; vi < 3 && !test_failed(); vi++) {
+            struct sampler s;
+            ASSERT_EQ_INT(sampler_init(&s, vocabs[vi]), 0);
+            for (int it = 0; it < ROWS / 3 && !test_failed(); it++)
+                one_case(o, &s, vocabs[vi], pass ? -256 : 256, it % 3, pass ? &b : &a);
+            sampler_free(&s);
+        }
+    }
+    ops_destroy(o);
+    if (test_failed()) return;
+    ASSERT_EQ_INT(a.rows, ROWS);
+    ASSERT_EQ_INT(b.rows, ROWS);
+    for (int i = 0; i < ROWS; i++) {
+        ASSERT_MSG(rc_cap[i] == rc_need[i], "row %d: %d with 256 candidates, %d with the needed count",
+                   i, rc_cap[i], rc_need[i]);
+        fewer += rc_need[i] == 0;
+    }
+    ASSERT(fewer * 10 >= ROWS * 6);
+}
+
+/* the counts themselves */
+TEST(sample_cands, needed_count_rule) {
+    struct sampling_params p;
+    sampling_params_default(&p);
+    p.temperature = 0;
+    p.n_logprobs = 0;
+    ASSERT_EQ_INT(sampler_cands_needed(&p, 0, 256), 1);
+    ASSERT_EQ_INT(sampler_cands_needed(&p, 3, 256), 1);    /* greedy: adjustments do not matter */
+    p.top_p = 0.5f;
+    ASSERT_EQ_INT(sampler_cands_needed(&p, 0, 256), 1);    /* nor filters */
+    p.n_logprobs = 5;
+    ASSERT_EQ_INT(sampler_cands_needed(&p, 0, 256), 5);
+    ASSERT_EQ_INT(sampler_cands_needed(&p, 2, 256), 256);  /* raw top 5 of an adjusted row */
+    p.logprobs_processed = 1;
+    ASSERT_EQ_INT(sampler_cands_needed(&p, 2, 256), 5);
+    sampling_params_default(&p);
+    p.temperature = 1.0f;
+    p.n_logprobs = 0;
+    ASSERT_EQ_INT(sampler_cands_needed(&p, 0, 256), 1);    /* the race winner */
+    p.top_k = 40;
+    ASSERT_EQ_INT(sampler_cands_needed(&p, 0, 256), 40);
+    p.top_p = 0.9f;
+    ASSERT_EQ_INT(sampler_cands_needed(&p, 0, 256), 40);   /* within the top 40 */
+    p.top_k = 300;
+    ASSERT_EQ_INT(sampler_cands_needed(&p, 0, 256), 256);
+    p.top_k = 0;
+    ASSERT_EQ_INT(sampler_cands_needed(&p, 0, 256), 256);  /* top_p alone */
+    ASSERT_EQ_INT(sampler_cands_needed(&p, 0, 16), 16);
+    p.top_p = 1.0f;
+    p.min_p = 0.05f;
+    ASSERT_EQ_INT(sampler_cands_needed(&p, 0, 256), 256);
 }
 
 TEST(sample_cands, full_vocabulary_rows) {

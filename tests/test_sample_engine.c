@@ -2,7 +2,9 @@
  * (MODEL_LOGITS_SAMPLE, incremental penalty history, per-row adjustments,
  * min_tokens bans, n > 1 forks, full-row fallbacks) gives exactly the tokens
  * and logprobs of the full-row path (AWQD_SAMPLE_CANDIDATES=0), on the CPU
- * backend at tp 1 and 2, with K = 256 and with K = 4 (mostly fallbacks). */
+ * backend at tp 1 and 2, with K = 256 and with K = 4 (mostly fallbacks), and
+ * for a batch of unfiltered rows, whose steps ask for 5 and then 1 candidate
+ * per row (sampler_cands_needed). */
 #include "tests/harness/test.h"
 
 #include <math.h>
@@ -23,7 +25,10 @@ struct got {
     int32_t top[N_REQ][2][MAX_TOK][ENGINE_MAX_LOGPROBS];
 };
 
-static void run_engine(const char *model, int tp, const char *cands, const char *kenv, struct got *g) {
+/* plain: no top_k / top_p / min_p, penalties or bias; logprobs only on
+ * request 3, which stops early (the later steps need one candidate a row). */
+static void run_engine(const char *model, int tp, const char *cands, const char *kenv, int plain,
+                       struct got *g) {
     setenv("AWQD_SAMPLE_CANDIDATES", cands, 1);
     if (kenv) setenv("AWQD_SAMPLE_K", kenv, 1);
     else unsetenv("AWQD_SAMPLE_K");
@@ -69,6 +74,16 @@ static void run_engine(const char *model, int tp, const char *cands, const char 
         r.seed = 1000 + (uint64_t)i;
         r.logprobs = i % 2 ? 5 : 0;
         r.min_tokens = i == 0 ? 4 : 0;
+        if (plain) {
+            r.top_p = 1.0f;
+            r.top_k = 0;
+            r.min_p = 0.0f;
+            r.repetition_penalty = 1.0f;
+            r.presence_penalty = r.frequency_penalty = 0.0f;
+            r.n_logit_bias = 0;
+            r.logprobs = i == 3 ? 5 : 0;
+            if (i == 3) r.max_tokens = MAX_TOK / 2;
+        }
         r.ud = (void *)(intptr_t)i;
         ASSERT_MSG(engine_submit(e, &r, &ids[i], err, sizeof err) == 0, "submit: %s", err);
     }
@@ -124,18 +139,25 @@ TEST(sample_engine, candidates_equal_full_rows_tp1_tp2) {
     if (!model || access(model, R_OK) != 0) TEST_SKIP("fixture not installed");
     struct got *full = malloc(sizeof *full), *cand = malloc(sizeof *cand);
     for (int tp = 1; tp <= 2 && !test_failed(); tp++) {
-        run_engine(model, tp, "0", NULL, full);
+        run_engine(model, tp, "0", NULL, 0, full);
         ASSERT_OK_SO_FAR();
         int total = 0;
         for (int i = 0; i < N_REQ; i++) total += full->n_tok[i][0];
         ASSERT(total >= N_REQ * 4); /* min_tokens etc.: something was generated */
-        run_engine(model, tp, "1", NULL, cand);
+        run_engine(model, tp, "1", NULL, 0, cand);
         ASSERT_OK_SO_FAR();
         compare(cand, full, tp == 1 ? 0 : 1e-5, tp == 1 ? "tp1 K=256" : "tp2 K=256");
         ASSERT_OK_SO_FAR();
-        run_engine(model, tp, "1", "4", cand);
+        run_engine(model, tp, "1", "4", 0, cand);
         ASSERT_OK_SO_FAR();
         compare(cand, full, tp == 1 ? 0 : 1e-5, tp == 1 ? "tp1 K=4" : "tp2 K=4");
+        ASSERT_OK_SO_FAR();
+        run_engine(model, tp, "0", NULL, 1, full);
+        ASSERT_OK_SO_FAR();
+        ASSERT(full->n_tok[3][0] >= 1 && full->n_tok[3][0] <= MAX_TOK / 2);
+        run_engine(model, tp, "1", NULL, 1, cand);
+        ASSERT_OK_SO_FAR();
+        compare(cand, full, tp == 1 ? 0 : 1e-5, tp == 1 ? "tp1 plain" : "tp2 plain");
     }
     free(full);
     free(cand);

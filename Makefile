@@ -100,7 +100,7 @@ ifeq ($(HAVE_CUDA),1)
   LIB_OBJ += $(call obj,$(CUDA_C) $(CUDA_CU))
   CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
   NCCL_LIB := $(if $(wildcard $(CUDA_LIBDIR)/libnccl.so*),-L$(CUDA_LIBDIR),-L/usr/lib/x86_64-linux-gnu)
-  LDLIBS += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) $(NCCL_LIB) -lcublas -lcudart -lnccl -lstdc++
+  LDLIBS += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) $(NCCL_LIB) -lcublasLt -lcublas -lcudart -lnccl -lstdc++
 endif
 
 # Objects depend on the build configuration: switching CUDA=0/1, SANITIZE,

@@ -561,11 +561,25 @@ static int forward_graph(struct model *m, int gi, const struct attn_batch *ab, c
     return 0;
 }
 
+/* AWQD_TRACE_FORWARD=1: one log line per forward with the host time of its
+ * phases (where a step's wall time goes when the GPU is not the limit). */
+static int trace_forward(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("AWQD_TRACE_FORWARD");
+        on = e && *e && strcmp(e, "0") != 0;
+    }
+    return on;
+}
+
 int model_forward(struct model *m, const struct batch *b, float *logits, char *err,
                   size_t errlen) {
     struct ops *O = m->ops;
     void *c = O->ctx;
     int n = 0, nl = 0, rc;
+    const int tr = trace_forward();
+    double t[6] = {0};
+    if (tr) t[0] = util_now_s();
     if ((rc = stage_batch(m, b, &n, &nl, err, errlen))) return rc;
     if (nl > 0 && !logits) return util_err(err, errlen, -EINVAL, "batch: logits wanted, no output array");
 
@@ -586,6 +600,7 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
         (rc = O->upload(c, m->block_table, 0, m->h_bt, (size_t)ns * m->opts.max_blocks_per_seq)) ||
         (nl > 0 && (rc = O->upload(c, m->logit_rows, 0, m->h_rows, (size_t)nl))))
         return util_err(err, errlen, rc, "model: upload of the batch failed");
+    if (tr) t[1] = util_now_s();
     struct attn_batch ab = {
         .n_seqs = ns, .n_rows = nr, .max_blocks = m->opts.max_blocks_per_seq,
         .block_size = m->opts.block_size, .q_start = m->q_start, .past = m->past,
@@ -598,6 +613,7 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
      * the bucket's graph, or run op by op */
     rc = gi >= 0 ? forward_graph(m, gi, &ab, err, errlen) : forward_layers(m, &ab, err, errlen);
     if (rc) return rc;
+    if (tr) t[2] = util_now_s();
 
     /* logits of the selected rows, this rank's vocabulary columns */
     int V = m->cfg.vocab;
@@ -617,8 +633,18 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
     }
     /* sampling candidates of the SAMPLE rows (after the full rows: m->logits
      * then holds the last sample chunk, for model_sample_row_logits) */
+    if (tr) t[3] = util_now_s();
     if (m->n_srows > 0 && (rc = sample_rows(m, b, cols, err, errlen))) return rc;
+    if (tr) t[4] = util_now_s();
     if ((rc = O->sync(c))) return util_err(err, errlen, rc, "model: backend sync failed");
+    if (tr) {
+        t[5] = util_now_s();
+        log_info("forward trace (rank %d, %d rows, %s): stage+upload %.3f ms, layers submitted "
+                 "%.3f, full logits %.3f, sampling %.3f, sync %.3f, total %.3f ms",
+                 m->comm->rank, n, gi >= 0 ? "graph" : "eager", (t[1] - t[0]) * 1e3,
+                 (t[2] - t[1]) * 1e3, (t[3] - t[2]) * 1e3, (t[4] - t[3]) * 1e3,
+                 (t[5] - t[4]) * 1e3, (t[5] - t[0]) * 1e3);
+    }
     if (gi >= 0 && m->comm->status && (rc = m->comm->status(m->comm)))
         return util_err(err, errlen, rc, "model: an all-reduce of the replayed step failed");
     return 0;

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -19,6 +20,7 @@
 
 #include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/ops_cuda_graph.h"
 #include "kernels/cuda/ops_cuda_internal.h"
 #include "kernels/cuda/sample.h"
@@ -72,13 +74,24 @@ struct cuda_prof {
         long calls;     /* after the first */
         double ms;      /* after the first */
         double first_ms; /* the first call: lazy module loading, cuBLAS setup */
+        double host_ms;  /* host time inside the op (launch code), after the first */
         int seen;
     } kind[PROF_KINDS];
     int n_kinds;
     cudaEvent_t ev[PROF_PENDING][2];
     int pend_kind[PROF_PENDING];
+    double pend_host[PROF_PENDING];
     int n_pend, open_kind;
+    double t_open;      /* host clock at the open op's begin */
+    double gap_ms;      /* GPU time between one op's end and the next op's begin */
+    long n_gaps;
 };
+
+static double prof_now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
 
 static void prof_collect(struct cuda_ctx *c) {
     struct cuda_prof *p = c->prof;
@@ -92,7 +105,14 @@ static void prof_collect(struct cuda_ctx *c) {
                 continue;
             }
             p->kind[p->pend_kind[i]].ms += ms;
+            p->kind[p->pend_kind[i]].host_ms += p->pend_host[i];
             p->kind[p->pend_kind[i]].calls++;
+        }
+        /* the GPU's time between ops: idle (the host behind), or uploads,
+         * downloads and other unprofiled work */
+        if (i > 0 && cudaEventElapsedTime(&ms, p->ev[i - 1][1], p->ev[i][0]) == cudaSuccess) {
+            p->gap_ms += ms;
+            p->n_gaps++;
         }
     }
     cudaGetLastError();
@@ -115,10 +135,12 @@ void ops_cuda__prof_begin(struct cuda_ctx *c, const char *what, int k, int n) {
     }
     p->open_kind = i;
     cudaEventRecord(p->ev[p->n_pend][0], c->stream);
+    p->t_open = prof_now_ms();
 }
 
 void ops_cuda__prof_end(struct cuda_ctx *c) {
     struct cuda_prof *p = c->prof;
+    p->pend_host[p->n_pend] = prof_now_ms() - p->t_open;
     cudaEventRecord(p->ev[p->n_pend][1], c->stream);
     p->pend_kind[p->n_pend++] = p->open_kind;
 }
@@ -127,12 +149,18 @@ static void prof_print(struct cuda_ctx *c) {
     struct cuda_prof *p = c->prof;
     double tot = 0;
     for (int i = 0; i < p->n_kinds; i++) tot += p->kind[i].ms;
-    fprintf(stderr, "cuda profile (GPU time between events, per op; each op's first call apart):\n");
+    fprintf(stderr, "cuda profile (GPU time between events, per op; each op's first call apart; "
+                    "host: time in the op's launch code):\n");
     for (int i = 0; i < p->n_kinds; i++)
-        fprintf(stderr, "  %-32s %8ld calls %10.2f ms %9.1f us/call %5.1f%%   first call %9.1f us\n",
+        fprintf(stderr, "  %-32s %8ld calls %10.2f ms %9.1f us/call %5.1f%%   first call %9.1f us"
+                        "   host %7.1f us/call\n",
                 p->kind[i].name, p->kind[i].calls, p->kind[i].ms,
                 p->kind[i].calls ? p->kind[i].ms * 1e3 / p->kind[i].calls : 0,
-                tot > 0 ? 100 * p->kind[i].ms / tot : 0, p->kind[i].first_ms * 1e3);
+                tot > 0 ? 100 * p->kind[i].ms / tot : 0, p->kind[i].first_ms * 1e3,
+                p->kind[i].calls ? p->kind[i].host_ms * 1e3 / p->kind[i].calls : 0);
+    fprintf(stderr, "  GPU time between ops (idle or unprofiled work): %.2f ms over %ld gaps "
+                    "(%.1f us each)\n", p->gap_ms, p->n_gaps,
+            p->n_gaps ? p->gap_ms * 1e3 / p->n_gaps : 0);
 }
 
 static void prof_free(struct cuda_ctx *c) {
@@ -1028,6 +1056,7 @@ static void cu_destroy(struct ops *ops) {
         cudaFree(c->d_gather);
         if (c->h_stage) cudaFreeHost(c->h_stage);
         if (c->blas) cublasDestroy((cublasHandle_t)c->blas);
+        gemm_lt_thread_free(); /* this thread's cuBLASLt plans (w4a16 column slabs) */
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }

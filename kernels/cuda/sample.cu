@@ -11,12 +11,14 @@
  *   0. adjust   (rows with adjustments) copy the row into work, apply them
  *   1. scan     grid (chunks of 8192, rows): group max keys, block partial
  *               max / sum of exps of w (at 1/T) and of raw
- *   2. thresh   grid rows, 1024 threads: bitonic sort of the group maxima
- *               (<= 8192) in shared memory -> T; combine the partial sums
+ *   2. thresh   grid rows, 1024 threads: radix select of the k-th largest
+ *               group maximum (<= 8192 keys) -> T; combine the partial sums
+ *   (k = 1: T is the row's best key; thresh writes it and 3, 4 do not run)
  *   3. gather   grid (chunks, rows): elements with key >= T of the groups
  *               whose max >= T, appended with one atomic per element
- *   4. final    grid rows: bitonic sort of the <= 32 k gathered keys, write
- *               the first k (w and raw read back from the rows)
+ *   4. final    grid rows: radix select of the k-th of the <= 32 k gathered
+ *               keys, the k at or above it bitonic-sorted in shared memory;
+ *               writes them (w and raw read back from the rows)
  *   R. race     grid (chunks, rows), rows with race[3r + 2] only: per block
  *               the best (score, lowest id) of kernels/ops.h's exponential
  *               race over the finite w; thresh (2) combines the blocks
@@ -38,7 +40,6 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/smem_limit.cuh"
 #include "kernels/cuda/sample.h"
 
 extern "C" {
@@ -50,6 +51,10 @@ extern "C" {
 #define SMP_CHUNK (SMP_GS * SMP_THREADS)   /* columns per scan block */
 #define SMP_MAX_CHUNKS 32                  /* n_cols <= 262144 */
 #define SMP_SORT_THREADS 1024
+#define SMP_SORT_KEYS 8192                 /* most keys a selection sees */
+static_assert(SMP_MAX_CHUNKS * SMP_THREADS <= SMP_SORT_KEYS && SMP_GS * SAMPLE_MAX_K <= SMP_SORT_KEYS &&
+                  SMP_SORT_KEYS % SMP_SORT_THREADS == 0,
+              "selection sizes: group maxima (G) and gathered keys (cap = 32 k)");
 
 typedef unsigned long long u64;
 
@@ -252,11 +257,76 @@ smp_race_kernel(const float *__restrict__ logits, const float *__restrict__ proc
 }
 
 /* ------------------------------------------------------------------------ */
-/* 2 + 4. bitonic sorts in shared memory (descending)                       */
+/* 2 + 4. selection and the final sort in shared memory                     */
 /* ------------------------------------------------------------------------ */
 
-/* P a power of two. Each stage runs over the P/2 compare-exchange pairs
- * (i, i + j) with i & j == 0, so no thread idles on the upper half. */
+#define SMP_SEL_PER (SMP_SORT_KEYS / SMP_SORT_THREADS) /* keys per thread */
+
+/* The k-th largest (1 <= k <= n) of the n keys in[0, n) (n <= SMP_SORT_KEYS),
+ * on every thread of the block (SMP_SORT_THREADS): a radix select over 8-bit
+ * digits from the top. Each pass counts the keys that match the digits chosen
+ * so far by their next digit (shared-memory histogram), and warp 0 finds the
+ * digit whose bin holds the k-th; when that bin holds one key, that key is
+ * the answer and the passes stop (usually after 2-3 of the 8). */
+static __device__ u64 smp_select(const u64 *__restrict__ in, int n, int k) {
+    __shared__ unsigned hist[256];
+    __shared__ unsigned sel[3];   /* digit, keys above its bin, keys in it */
+    __shared__ u64 found;
+    const int t = threadIdx.x;
+    u64 v[SMP_SEL_PER];
+#pragma unroll
+    for (int j = 0; j < SMP_SEL_PER; j++) {
+        int i = t + j * SMP_SORT_THREADS;
+        v[j] = i < n ? in[i] : 0ull;
+    }
+    u64 prefix = 0, mask = 0;
+    unsigned kk = (unsigned)k;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        if (t < 256) hist[t] = 0;
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < SMP_SEL_PER; j++)
+            if (t + j * SMP_SORT_THREADS < n && (v[j] & mask) == prefix)
+                atomicAdd(&hist[(unsigned)(v[j] >> shift) & 255u], 1u);
+        __syncthreads();
+        if (t < 32) { /* lane l: digits 255 - 8 l down to 248 - 8 l */
+            unsigned c[8], sum = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                c[i] = hist[255 - 8 * t - i];
+                sum += c[i];
+            }
+            unsigned incl = sum;
+            for (int o = 1; o < 32; o <<= 1) {
+                unsigned y = __shfl_up_sync(0xffffffffu, incl, o);
+                if (t >= o) incl += y;
+            }
+            unsigned above = incl - sum;
+            if (above < kk && kk <= incl) {
+                int i = 0;
+                while (above + c[i] < kk) above += c[i++];
+                sel[0] = 255u - 8u * (unsigned)t - (unsigned)i;
+                sel[1] = above;
+                sel[2] = c[i];
+            }
+        }
+        __syncthreads();
+        prefix |= (u64)sel[0] << shift;
+        mask |= 255ull << shift;
+        kk -= sel[1];
+        if (sel[2] == 1 && shift > 0) { /* one key has these digits: it */
+#pragma unroll
+            for (int j = 0; j < SMP_SEL_PER; j++)
+                if (t + j * SMP_SORT_THREADS < n && (v[j] & mask) == prefix) found = v[j];
+            __syncthreads();
+            return found;
+        }
+    }
+    return prefix;
+}
+
+/* Sorts s[0, P) descending, P a power of two. Each stage runs over the P/2
+ * compare-exchange pairs (i, i + j) with i & j == 0. */
 static __device__ void smp_bitonic_desc(u64 *s, int P) {
     const int half = P >> 1;
     for (int k = 2; k <= P; k <<= 1)
@@ -277,17 +347,14 @@ static __device__ void smp_bitonic_desc(u64 *s, int P) {
 static __global__ void __launch_bounds__(SMP_SORT_THREADS)
 smp_thresh_kernel(const u64 *__restrict__ gkeys, const double *__restrict__ part,
                   const float *__restrict__ inv_t, u64 *__restrict__ thresh, int *__restrict__ count,
-                  float *__restrict__ out, int G, int P, int n_chunks, int k, int n_cols,
+                  float *__restrict__ out, int G, int n_chunks, int k, int n_cols,
                   const double *__restrict__ rpart, const float *__restrict__ logits,
                   const float *__restrict__ proc, const int *__restrict__ adj_start, int ld,
                   int vs) {
-    extern __shared__ u64 smp_sh[];
     int r = blockIdx.x;
-    for (int i = threadIdx.x; i < P; i += blockDim.x) smp_sh[i] = i < G ? gkeys[(size_t)r * G + i] : 0ull;
-    __syncthreads();
-    smp_bitonic_desc(smp_sh, P);
+    u64 T = k <= G ? smp_select(gkeys + (size_t)r * G, G, k) : 0ull;
     if (threadIdx.x == 0) {
-        thresh[r] = k <= P ? smp_sh[k - 1] : 0ull;
+        thresh[r] = T;
         count[r] = 0;
         const double *p = part + (size_t)r * n_chunks * 4;
         float mw = -INFINITY, mr = -INFINITY;
@@ -322,6 +389,12 @@ smp_thresh_kernel(const u64 *__restrict__ gkeys, const double *__restrict__ part
         const float *w = adj_start[r + 1] > adj_start[r] ? proc + (size_t)r * ld : raw;
         row[10] = bi >= 0 ? w[bi - vs] : -INFINITY;
         row[11] = bi >= 0 ? raw[bi - vs] : -INFINITY;
+        if (k == 1) { /* the largest group maximum is the candidate: no gather / final */
+            int id = n_cols > 0 ? smp_key_id(T) : -1;
+            row[SAMPLE_HDR] = id >= 0 ? w[id - vs] : -INFINITY;
+            row[SAMPLE_HDR + 1] = id >= 0 ? raw[id - vs] : -INFINITY;
+            row[SAMPLE_HDR + 2] = __int_as_float(id);
+        }
     }
 }
 
@@ -359,12 +432,20 @@ smp_final_kernel(const float *__restrict__ logits, const float *__restrict__ pro
                  const int *__restrict__ adj_start, const int *__restrict__ count,
                  const u64 *__restrict__ ckeys, float *__restrict__ out, int ld, int n_cols, int vs,
                  int k, int cap) {
-    extern __shared__ u64 smp_sh[];
+    __shared__ u64 smp_sh[SAMPLE_MAX_K];
+    __shared__ int n_top;
     int r = blockIdx.x;
     int n = count[r] < cap ? count[r] : cap;
-    int P = 1;
-    while (P < n) P <<= 1;
-    for (int i = threadIdx.x; i < P; i += blockDim.x) smp_sh[i] = i < n ? ckeys[(size_t)r * cap + i] : 0ull;
+    /* the best min(k, n) of the n gathered keys (distinct), sorted */
+    const u64 *ck = ckeys + (size_t)r * cap;
+    u64 T = k < n ? smp_select(ck, n, k) : 0ull;
+    int m = k < n ? k : n, P = 1;
+    while (P < m) P <<= 1;
+    if (threadIdx.x == 0) n_top = 0;
+    for (int i = threadIdx.x; i < P; i += blockDim.x) smp_sh[i] = 0ull;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if (ck[i] >= T) smp_sh[atomicAdd(&n_top, 1)] = ck[i];
     __syncthreads();
     smp_bitonic_desc(smp_sh, P);
     const float *raw = logits + (size_t)r * ld;
@@ -389,21 +470,6 @@ smp_final_kernel(const float *__restrict__ logits, const float *__restrict__ pro
 /* entry                                                                    */
 /* ------------------------------------------------------------------------ */
 
-/* The sorts' dynamic shared memory: at most SMP_SORT_KEYS keys each (P <=
- * SMP_MAX_CHUNKS * SMP_THREADS group maxima; cap = 32 k <= 32 SAMPLE_MAX_K
- * gathered), raised once per device (smem_limit.cuh) instead of two driver
- * calls per step. A failure here shows as the launch's error. */
-#define SMP_SORT_KEYS 8192
-static_assert(SMP_MAX_CHUNKS * SMP_THREADS <= SMP_SORT_KEYS && SMP_GS * SAMPLE_MAX_K <= SMP_SORT_KEYS,
-              "sort sizes");
-
-static void smp_smem_once(void) {
-    static std::atomic<unsigned long long> thresh_set{0}, final_set{0};
-    const int bytes = (int)(SMP_SORT_KEYS * sizeof(u64));
-    cuda_smem_limit_once(&thresh_set, (const void *)smp_thresh_kernel, bytes, NULL, 0);
-    cuda_smem_limit_once(&final_set, (const void *)smp_final_kernel, bytes, NULL, 0);
-}
-
 static size_t even(size_t x) { return (x + 1) & ~(size_t)1; }
 
 void ops_cuda__sample_topk(void *ctx, struct buf *out, const struct buf *logits,
@@ -418,8 +484,7 @@ void ops_cuda__sample_topk(void *ctx, struct buf *out, const struct buf *logits,
     AWQD_ASSERT(work->n >= sample_work_floats(m, ld, k));
     int n_chunks = (nc + SMP_CHUNK - 1) / SMP_CHUNK;
     if (n_chunks < 1) n_chunks = 1;
-    int G = n_chunks * SMP_THREADS, P = 1;
-    while (P < G) P <<= 1;
+    int G = n_chunks * SMP_THREADS;
     int cap = SMP_GS * k;
     float *wb = (float *)work->d;
     size_t off = 0;
@@ -450,18 +515,17 @@ void ops_cuda__sample_topk(void *ctx, struct buf *out, const struct buf *logits,
     dim3 grid(n_chunks, m);
     smp_scan_kernel<<<grid, SMP_THREADS, 0, st>>>(lg, proc, as, it, gkeys, part, ld, nc, vs, G,
                                                   n_chunks);
-    size_t sh_t = (size_t)P * sizeof(u64), sh_f = (size_t)cap * sizeof(u64);
-    smp_smem_once();
     if (rpart)
         smp_race_kernel<<<grid, SMP_THREADS, 0, st>>>(lg, proc, as, it, (const int *)sb->race->d,
                                                       rpart, ld, nc, vs, n_chunks);
-    smp_thresh_kernel<<<m, SMP_SORT_THREADS, sh_t, st>>>(gkeys, part, it, thresh, count, o, G, P,
-                                                         n_chunks, k, nc, rpart, lg, proc, as, ld,
-                                                         vs);
-    smp_gather_kernel<<<grid, SMP_THREADS, 0, st>>>(lg, proc, as, gkeys, thresh, count, ckeys, ld,
-                                                    nc, vs, G, cap);
-    smp_final_kernel<<<m, SMP_SORT_THREADS, sh_f, st>>>(lg, proc, as, count, ckeys, o, ld, nc, vs,
-                                                        k, cap);
+    smp_thresh_kernel<<<m, SMP_SORT_THREADS, 0, st>>>(gkeys, part, it, thresh, count, o, G,
+                                                      n_chunks, k, nc, rpart, lg, proc, as, ld, vs);
+    if (k > 1) {
+        smp_gather_kernel<<<grid, SMP_THREADS, 0, st>>>(lg, proc, as, gkeys, thresh, count, ckeys,
+                                                        ld, nc, vs, G, cap);
+        smp_final_kernel<<<m, SMP_SORT_THREADS, 0, st>>>(lg, proc, as, count, ckeys, o, ld, nc, vs,
+                                                         k, cap);
+    }
     OPS_CUDA_LAUNCHED(c, "sample_topk");
     PROF_END(c);
 }

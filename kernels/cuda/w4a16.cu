@@ -53,6 +53,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/smem_limit.cuh"
 #include "kernels/cuda/w4a16.h"
 #include "kernels/cuda/w4a16_common.cuh"
@@ -1290,6 +1291,11 @@ static env_switch g_slabs = {{-1}, "AWQD_W4A16_SLABS"};
 
 static int slabs_mode(void) { return switch_get(&g_slabs); }
 
+/* The slabs' GEMMs through cuBLASLt with each shape's algorithm kept
+ * (gemm_lt.h; default) or through cublasGemmEx (AWQD_W4A16_LT=0: it picks an
+ * algorithm on every call, ~50 µs of host time on an H100). */
+static env_switch g_lt = {{-1}, "AWQD_W4A16_LT"};
+
 extern "C" int w4a16_cublas_slabs(int mode) { return switch_set(&g_slabs, mode); }
 
 /* Decode kernel: process-wide switch (default ON: measured 1.0-1.8x the
@@ -1573,8 +1579,11 @@ static int launch_cublas(const struct w4a16_weight *w, const uint16_t *x, int m,
     if (per <= 0)
         return util_err(err, errlen, -ENOSPC, "w4a16_linear: workspace of %zu bytes holds no slab",
                         ws_bytes);
-    if (!tl_cublas) CUBLAS_CHECK(cublasCreate(&tl_cublas), err, errlen);
-    CUBLAS_CHECK(cublasSetStream(tl_cublas, s), err, errlen);
+    const int lt = switch_get(&g_lt);
+    if (!lt) {
+        if (!tl_cublas) CUBLAS_CHECK(cublasCreate(&tl_cublas), err, errlen);
+        CUBLAS_CHECK(cublasSetStream(tl_cublas, s), err, errlen);
+    }
     uint16_t *wt = (uint16_t *)workspace;
     const int slab_cols = per * 128 < n_phys ? per * 128 : n_phys; /* the widest slab */
     uint16_t *Y = (uint16_t *)((char *)workspace + align256((size_t)slab_cols * K * 2));
@@ -1590,10 +1599,16 @@ static int launch_cublas(const struct w4a16_weight *w, const uint16_t *x, int m,
             wt, nt0, nt_blk);
         CUDA_CHECK_LAUNCH(err, errlen);
         if (ep.gate_up) {
-            CUBLAS_CHECK(cublasGemmEx(tl_cublas, CUBLAS_OP_T, CUBLAS_OP_N, np, m, K, &one, wt,
-                                      CUDA_R_16F, K, x, CUDA_R_16F, K, &zero, Y, CUDA_R_16F, np,
-                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                         err, errlen);
+            if (lt) {
+                int rc = gemm_lt_f16(s, CUBLAS_OP_T, CUBLAS_OP_N, np, m, K, wt, K, x, K, 0.0f, Y, np,
+                                     err, errlen);
+                if (rc) return rc;
+            } else {
+                CUBLAS_CHECK(cublasGemmEx(tl_cublas, CUBLAS_OP_T, CUBLAS_OP_N, np, m, K, &one, wt,
+                                          CUDA_R_16F, K, x, CUDA_R_16F, K, &zero, Y, CUDA_R_16F,
+                                          np, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                             err, errlen);
+            }
             int j0 = nt0 * 8, j1 = nt1 * 8 < ep.ldy ? nt1 * 8 : ep.ldy;
             if (j1 <= j0) continue;
             size_t n = (size_t)m * (j1 - j0);
@@ -1603,10 +1618,17 @@ static int launch_cublas(const struct w4a16_weight *w, const uint16_t *x, int m,
         } else {
             int c1 = nt1 * 16 < w->n ? nt1 * 16 : w->n, ng = c1 - nt0 * 16;
             if (ng <= 0) continue;
-            CUBLAS_CHECK(cublasGemmEx(tl_cublas, CUBLAS_OP_T, CUBLAS_OP_N, ng, m, K, &one, wt,
-                                      CUDA_R_16F, K, x, CUDA_R_16F, K, &zero, ep.y + nt0 * 16,
-                                      CUDA_R_16F, ep.ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                         err, errlen);
+            if (lt) {
+                int rc = gemm_lt_f16(s, CUBLAS_OP_T, CUBLAS_OP_N, ng, m, K, wt, K, x, K, 0.0f,
+                                     ep.y + nt0 * 16, ep.ldy, err, errlen);
+                if (rc) return rc;
+            } else {
+                CUBLAS_CHECK(cublasGemmEx(tl_cublas, CUBLAS_OP_T, CUBLAS_OP_N, ng, m, K, &one, wt,
+                                          CUDA_R_16F, K, x, CUDA_R_16F, K, &zero, ep.y + nt0 * 16,
+                                          CUDA_R_16F, ep.ldy, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT),
+                             err, errlen);
+            }
         }
     }
     if (!ep.gate_up && ep.bias) {

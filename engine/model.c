@@ -50,6 +50,10 @@ struct model {
     struct buf *block_table;              /* I32 [max_seqs, max_blocks_per_seq] */
     struct buf *logit_rows;               /* I32 [T] */
     struct buf *h;                        /* ACT [T, hidden] residual stream */
+    struct buf *h2;                       /* ACT [H2_ROWS, hidden] its other copy for batches
+                                             of <= H2_ROWS rows when the backend fuses
+                                             add_rmsnorm into the next linear (out of place:
+                                             the residual alternates h / h2) */
     struct buf *x;                        /* ACT [T, hidden] normed input of a block */
     struct buf *qkv;                      /* ACT [T, (nh + 2 nkv) hd] */
     struct buf *att;                      /* ACT [T, nh hd]; the same buffer as x (never live
@@ -142,6 +146,8 @@ size_t model_kv_block_bytes(const struct model_weights *w, int block_size, int a
     return (size_t)2 * w->cfg.n_layers * block_size * w->n_kv_heads * w->cfg.head_dim * act_bytes;
 }
 
+#define H2_ROWS 8 /* rows of m->h2: the fused norm + linear is for decode batches */
+
 /* Elements of the two shared activation buffers per row: x|att and qkv|mlp. */
 static size_t xa_cols(int H, int nh, int hd) { return (size_t)(H > nh * hd ? H : nh * hd); }
 static size_t qm_cols(int nh, int nkv, int hd, int inter) {
@@ -161,7 +167,8 @@ void model_workspace(const struct model_config *cfg, int tp, const struct model_
     int bs = o->block_size > 0 ? o->block_size : 16;
     size_t mbps = o->max_blocks_per_seq > 0 ? (size_t)o->max_blocks_per_seq
                                             : (size_t)(cfg->max_position + bs - 1) / bs;
-    ws->act = T * ((size_t)2 * H + xa_cols(H, nh, hd) + qm_cols(nh, nkv, hd, inter)) * act_bytes;
+    ws->act = (T * ((size_t)2 * H + xa_cols(H, nh, hd) + qm_cols(nh, nkv, hd, inter)) +
+               (size_t)H2_ROWS * H) * act_bytes;
     ws->act_unshared = T * ((size_t)3 * H + (size_t)(nh + 2 * nkv) * hd + (size_t)nh * hd + inter) *
                        act_bytes;
     ws->batch = (4 * T + 2 * S + 1 + S * mbps) * sizeof(int32_t);
@@ -210,7 +217,7 @@ void model_free(struct model *m) {
     o->free(c, m->final_norm);
     o->free(c, m->inv_freq);
     struct buf *ws[] = {m->ids, m->positions, m->slots, m->q_start, m->past, m->block_table,
-                        m->logit_rows, m->h, m->x, m->qkv, m->proj, m->logits,
+                        m->logit_rows, m->h, m->h2, m->x, m->qkv, m->proj, m->logits,
                         m->att != m->x ? m->att : NULL, m->mlp != m->qkv ? m->mlp : NULL};
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) o->free(c, ws[i]);
     free(m->h_ids);
@@ -336,6 +343,7 @@ int model_init(const struct model_weights *w, struct ops *ops, struct comm *comm
         !(m->block_table = ops->alloc(c, BUF_I32, btn)) ||
         !(m->logit_rows = ops->alloc(c, BUF_I32, (size_t)T)) ||
         !(m->h = ops->alloc(c, BUF_ACT, (size_t)T * H)) ||
+        !(m->h2 = ops->alloc(c, BUF_ACT, (size_t)H2_ROWS * H)) ||
         !(m->x = ops->alloc(c, BUF_ACT, (size_t)T * xa_cols(H, m->nh, m->hd))) ||
         !(m->qkv = ops->alloc(c, BUF_ACT, (size_t)T * qm_cols(m->nh, m->nkv, m->hd, m->inter))) ||
         !(m->proj = ops->alloc(c, BUF_ACT, (size_t)T * H)) ||
@@ -469,12 +477,20 @@ static int forward_layers(struct model *m, const struct attn_batch *ab, char *er
     if (m->comm->size > 1 && (rc = m->comm->all_reduce_sum(m->comm, m->h, (size_t)n * H)))
         return util_err(err, errlen, rc, "model: all-reduce failed");
 
+    /* the residual stream: in hc; a fused norm + linear writes it to hn and
+     * the two swap (decode batches, backends with add_rmsnorm_linear) */
+    struct buf *hc = m->h, *hn = m->h2, *t;
+    const int fuse = O->add_rmsnorm_linear && n <= H2_ROWS;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         struct layer *L = &m->layers[l];
-        /* x = rmsnorm(h += previous mlp output) */
-        O->add_rmsnorm(c, m->h, l ? m->proj : NULL, m->x, L->attn_norm, n, H, m->eps);
-        /* qkv = x @ Wqkv (+ bias) */
-        O->linear(c, m->qkv, m->x, n, L->qkv);
+        /* x = rmsnorm(h += previous mlp output); qkv = x @ Wqkv (+ bias) */
+        if (fuse && O->add_rmsnorm_linear(c, hc, l ? m->proj : NULL, hn, L->attn_norm, n, H,
+                                          m->eps, m->qkv, L->qkv) == 0) {
+            t = hc, hc = hn, hn = t;
+        } else {
+            O->add_rmsnorm(c, hc, l ? m->proj : NULL, m->x, L->attn_norm, n, H, m->eps);
+            O->linear(c, m->qkv, m->x, n, L->qkv);
+        }
         /* q/k norm, RoPE, write k/v into the paged cache */
         O->qk_norm_rope_kv(c, m->qkv, n, m->nh, m->nkv, m->hd, L->q_norm, L->k_norm, m->eps,
                            m->inv_freq, ab, L->k_cache, L->v_cache);
@@ -485,16 +501,21 @@ static int forward_layers(struct model *m, const struct attn_batch *ab, char *er
         O->linear(c, m->proj, m->att, n, L->o);
         if (m->comm->size > 1 && (rc = m->comm->all_reduce_sum(m->comm, m->proj, (size_t)n * H)))
             return util_err(err, errlen, rc, "model: all-reduce failed");
-        /* x = rmsnorm(h += proj) */
-        O->add_rmsnorm(c, m->h, m->proj, m->x, L->mlp_norm, n, H, m->eps);
-        /* mlp = silu(x @ Wg) * (x @ Wu) (one fused op); proj = mlp @ Wd, summed over ranks */
-        O->linear_silu_mul(c, m->mlp, m->x, n, L->gate_up);
+        /* x = rmsnorm(h += proj); mlp = silu(x @ Wg) * (x @ Wu) (one fused op) */
+        if (fuse && O->add_rmsnorm_linear(c, hc, m->proj, hn, L->mlp_norm, n, H, m->eps, m->mlp,
+                                          L->gate_up) == 0) {
+            t = hc, hc = hn, hn = t;
+        } else {
+            O->add_rmsnorm(c, hc, m->proj, m->x, L->mlp_norm, n, H, m->eps);
+            O->linear_silu_mul(c, m->mlp, m->x, n, L->gate_up);
+        }
+        /* proj = mlp @ Wd, summed over ranks */
         O->linear(c, m->proj, m->mlp, n, L->down);
         if (m->comm->size > 1 && (rc = m->comm->all_reduce_sum(m->comm, m->proj, (size_t)n * H)))
             return util_err(err, errlen, rc, "model: all-reduce failed");
     }
     /* x = final_norm(h += last mlp output) */
-    O->add_rmsnorm(c, m->h, m->proj, m->x, m->final_norm, n, H, m->eps);
+    O->add_rmsnorm(c, hc, m->proj, m->x, m->final_norm, n, H, m->eps);
     return 0;
 }
 

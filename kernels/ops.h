@@ -187,7 +187,24 @@ struct ops {
     void (*add_rmsnorm)(void *ctx, struct buf *resid, const struct buf *delta, struct buf *out,
                         const struct buf *w, int n, int dim, float eps);
 
-    /* y[n, N] = x[n, K] @ W[K, N] (+ bias). x, y: ACT. l: LINEAR_PLAIN. */
+    /* Optional (NULL: not offered, e.g. the CPU backend): add_rmsnorm fused
+     * into the linear that consumes its output, out of place:
+     *   resid_out = resid_in (+ delta); x = resid_out / sqrt(mean(resid_out^2)
+     *   + eps) * w; y = x @ W (LINEAR_PLAIN: y [n, N]) or silu(g) * u
+     *   (LINEAR_GATE_UP: y [n, N / 2]), as linear / linear_silu_mul would.
+     * resid_in, delta, resid_out: ACT [n, dim] (delta may be NULL; resid_out
+     * distinct from both); w: W16 [dim]; x itself is not written. Returns 0,
+     * or -ENOTSUP with nothing done when this backend does not fuse this call
+     * (then run add_rmsnorm and the linear). A graph records it like the
+     * compute ops. */
+    int (*add_rmsnorm_linear)(void *ctx, const struct buf *resid_in, const struct buf *delta,
+                              struct buf *resid_out, const struct buf *w, int n, int dim,
+                              float eps, struct buf *y, const struct op_linear *l);
+
+    /* y[n, N] = x[n, K] @ W[K, N] (+ bias). x, y: ACT. l: LINEAR_PLAIN.
+     * The elements of y past its first n * N are scratch during the call (a
+     * backend may use them: the CUDA backend's prefill GEMMs do; callers keep
+     * nothing there), as are those of out past n * N / 2 in linear_silu_mul. */
     void (*linear)(void *ctx, struct buf *y, const struct buf *x, int n, const struct op_linear *l);
 
     /* In place on qkv (ACT [n, (nh + 2 * nkv) * hd], q | k | v per row):
@@ -242,8 +259,8 @@ struct ops {
      *         ops->graph_run(ctx, g);            // runs the recorded ops
      *     ... upload new inputs into the same buffers; ops->graph_run(ctx, g);
      *     ops->graph_free(ctx, g);
-     * Between begin and end only compute ops (embed, add_rmsnorm, linear,
-     * linear_silu_mul, qk_norm_rope_kv, attention, lm_head, copy) and a
+     * Between begin and end only compute ops (embed, add_rmsnorm,
+     * add_rmsnorm_linear, linear, linear_silu_mul, qk_norm_rope_kv, attention, lm_head, copy) and a
      * comm->all_reduce_sum with comm->graph_safe may be called, on the thread
      * that called begin; alloc, free, upload, download, sync, upload_linear
      * and free_linear are refused (NULL / -EBUSY) and make graph_end fail.

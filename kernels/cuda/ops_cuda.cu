@@ -796,6 +796,28 @@ static void cu_add_rmsnorm(void *ctx, struct buf *resid, const struct buf *delta
     PROF_END(c);
 }
 
+/* The scratch a linear call gets: the backend's linear workspace, or — for
+ * prefill-sized calls (n >= LIN_TAIL_MIN_ROWS) when it is larger — the part
+ * of y past this call's n rows of `cols` (kernels/ops.h: scratch during the
+ * call). A prefill chunk shorter than the model's row workspace leaves most
+ * of the activation buffers free; w4a16's dequantize + cuBLAS slabs are the
+ * wider (fewer, fuller GEMMs) the more scratch they get: on an H100, Qwen3-8B
+ * TTFT(1024) with 4096 rows of buffers 45.0 -> ~38 ms (the same as a 62 MB
+ * linear workspace, which the memory budget has no room for). */
+#define LIN_TAIL_MIN_ROWS 256
+static void lin_scratch(const struct cuda_ctx *c, const struct buf *y, const struct buf *x, int n,
+                        int cols, void **ws, size_t *bytes) {
+    *ws = c->lin_ws;
+    *bytes = c->lin_ws_bytes;
+    if (n < LIN_TAIL_MIN_ROWS || c->capturing || x->d == y->d) return;
+    size_t used = ((size_t)n * cols * sizeof(uint16_t) + 255) & ~(size_t)255;
+    size_t cap = y->n * sizeof(uint16_t);
+    if (cap > used && cap - used > *bytes) {
+        *ws = (char *)y->d + used;
+        *bytes = cap - used;
+    }
+}
+
 static void cu_linear(void *ctx, struct buf *y, const struct buf *x, int n,
                       const struct op_linear *l) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -804,9 +826,12 @@ static void cu_linear(void *ctx, struct buf *y, const struct buf *x, int n,
     if (n <= 0) return;
     char err[256];
     PROF_BEGIN(c, "linear", l->k, l->n);
+    void *ws;
+    size_t wsb;
+    lin_scratch(c, y, x, n, l->n, &ws, &wsb);
     int rc = w4a16_linear(l->w, (const uint16_t *)x->d, n, (uint16_t *)y->d,
-                          l->has_bias ? W4A16_EPI_BIAS : W4A16_EPI_NONE, c->lin_ws,
-                          c->lin_ws_bytes, c->stream, err, sizeof err);
+                          l->has_bias ? W4A16_EPI_BIAS : W4A16_EPI_NONE, ws, wsb, c->stream, err,
+                          sizeof err);
     PROF_END(c);
     if (rc) ops_cuda__fail(c, rc, "linear", err);
 }
@@ -840,6 +865,27 @@ static void cu_attention(void *ctx, struct buf *out, const struct buf *qkv, int 
     PROF_END(c);
 }
 
+static int cu_add_rmsnorm_linear(void *ctx, const struct buf *rin, const struct buf *delta,
+                                 struct buf *rout, const struct buf *w, int n, int dim, float eps,
+                                 struct buf *y, const struct op_linear *l) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    const int gu = l->kind == LINEAR_GATE_UP;
+    AWQD_ASSERT(dim == l->k && rin->n >= (size_t)n * dim && rout->n >= (size_t)n * dim);
+    AWQD_ASSERT(!delta || delta->n >= (size_t)n * dim);
+    AWQD_ASSERT(y->n >= (size_t)n * (gu ? l->n / 2 : l->n) && w->n >= (size_t)dim);
+    if (n <= 0 || !w4a16_linear_norm_ok(l->w, n)) return -ENOTSUP;
+    char err[256];
+    PROF_BEGIN(c, gu ? "add_rmsnorm+linear_silu_mul" : "add_rmsnorm+linear", l->k, l->n);
+    int rc = w4a16_linear_norm(l->w, (const uint16_t *)rin->d,
+                               delta ? (const uint16_t *)delta->d : NULL, (uint16_t *)rout->d,
+                               (const uint16_t *)w->d, eps, n, (uint16_t *)y->d,
+                               (gu ? W4A16_EPI_SILU_MUL : 0) | (l->has_bias ? W4A16_EPI_BIAS : 0),
+                               c->stream, err, sizeof err);
+    PROF_END(c);
+    if (rc) ops_cuda__fail(c, rc, "add_rmsnorm_linear", err);
+    return 0;
+}
+
 static void cu_linear_silu_mul(void *ctx, struct buf *out, const struct buf *x, int n,
                                const struct op_linear *l) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -848,9 +894,12 @@ static void cu_linear_silu_mul(void *ctx, struct buf *out, const struct buf *x, 
     if (n <= 0) return;
     char err[256];
     PROF_BEGIN(c, "linear_silu_mul", l->k, l->n);
+    void *ws;
+    size_t wsb;
+    lin_scratch(c, out, x, n, l->n / 2, &ws, &wsb);
     int rc = w4a16_linear(l->w, (const uint16_t *)x->d, n, (uint16_t *)out->d,
-                          W4A16_EPI_SILU_MUL | (l->has_bias ? W4A16_EPI_BIAS : 0), c->lin_ws,
-                          c->lin_ws_bytes, c->stream, err, sizeof err);
+                          W4A16_EPI_SILU_MUL | (l->has_bias ? W4A16_EPI_BIAS : 0), ws, wsb,
+                          c->stream, err, sizeof err);
     PROF_END(c);
     if (rc) ops_cuda__fail(c, rc, "linear_silu_mul", err);
 }
@@ -1139,6 +1188,8 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     o->free_linear = cu_free_linear;
     o->embed = cu_embed;
     o->add_rmsnorm = cu_add_rmsnorm;
+    if (!(getenv("AWQD_CUDA_NORM_FUSE") && !strcmp(getenv("AWQD_CUDA_NORM_FUSE"), "0")))
+        o->add_rmsnorm_linear = cu_add_rmsnorm_linear; /* AWQD_CUDA_NORM_FUSE=0: separate ops */
     o->linear = cu_linear;
     o->qk_norm_rope_kv = cu_qk_norm_rope_kv;
     o->attention = cu_attention;

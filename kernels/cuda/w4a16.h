@@ -131,6 +131,20 @@ int w4a16_linear(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_
                  int epilogue, void *workspace, size_t ws_bytes, cudaStream_t s,
                  char *err, size_t errlen);
 
+/* The residual add + RMSNorm that precedes a decode-sized linear, fused into
+ * the decode kernel's prologue: every block builds x = RMSNorm(rin + delta) *
+ * norm_w (eps; add_rmsnorm's arithmetic) for itself and block 0 writes rout =
+ * rin + delta; then y = epilogue(x @ W) as w4a16_linear. rin, delta, rout:
+ * fp16 [m, K] (delta may be NULL: rout = rin; rout must differ from both);
+ * norm_w: fp16 [K]. Saves the add_rmsnorm kernel and its x round trip.
+ * -ENOTSUP (nothing launched) when the decode kernel does not take (w, m)
+ * or m > 2 (measured slower there), AWQD_W4A16_DECODE=0, ...: run
+ * add_rmsnorm and w4a16_linear. */
+int w4a16_linear_norm_ok(const struct w4a16_weight *w, int m); /* 1: it would launch */
+int w4a16_linear_norm(const struct w4a16_weight *w, const uint16_t *rin, const uint16_t *delta,
+                      uint16_t *rout, const uint16_t *norm_w, float eps, int m, uint16_t *y,
+                      int epilogue_flags, cudaStream_t s, char *err, size_t errlen);
+
 /* Same with a forced kernel and split count (ksplit <= 0: automatic). */
 int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_t *y,
                     int epilogue, enum w4a16_kernel kernel, int ksplit, void *workspace,
@@ -172,6 +186,14 @@ int w4a16_decode_kernel(int mode);
  * Same dequantized values as the whole-matrix path; the sums may differ in
  * rounding (cuBLAS may pick another algorithm for a narrower GEMM). */
 int w4a16_cublas_slabs(int mode);
+
+/* K-slabs within that path: a plain-layout call whose widest column slab
+ * would leave cuBLAS under two waves of 128 x 128 tiles dequantizes every
+ * column over a range of K at a time instead and accumulates the ranges'
+ * products in y (fp16 between ranges). mode 0 / 1 sets (process-wide),
+ * < 0 only queries; returns the mode in effect (default ON unless
+ * AWQD_W4A16_KSLABS=0). */
+int w4a16_cublas_kslabs(int mode);
 
 /* The largest M the automatic dispatch gives the skinny kernel (default 32,
  * at most 64; from there on the tc64 GEMM). m > 0 sets it (process-wide),

@@ -649,7 +649,9 @@ TEST(ops_cuda, mem_granularity) {
 TEST(ops_cuda, linear_shapes) {
     OPEN(p);
     const int shapes[][2] = {{256, 1024}, {640, 256}, {4096, 6144}, {384, 208}};
-    const int ms[] = {1, 7, 64, 130};
+    /* 300: a prefill-sized call, its output buffer 4 x as tall as the call
+     * (kernels/ops.h: the rows past n are the call's scratch) */
+    const int ms[] = {1, 7, 64, 130, 300};
     for (int si = 0; si < 4 && !test_failed(); si++)
         for (int bias = 0; bias < 2 && !test_failed(); bias++) {
             int K = shapes[si][0], N = shapes[si][1], G = 128;
@@ -665,12 +667,12 @@ TEST(ops_cuda, linear_shapes) {
             struct op_linear *gc = p.cpu->upload_linear(p.cpu->ctx, &l, LINEAR_GATE_UP);
             struct op_linear *gg = p.gpu->upload_linear(p.gpu->ctx, &l, LINEAR_GATE_UP);
             ASSERT_MSG(lc && lg && gc && gg, "upload_linear K %d N %d failed", K, N);
-            for (int mi = 0; mi < 4 && !test_failed(); mi++) {
-                int m = ms[mi];
+            for (int mi = 0; mi < 5 && !test_failed(); mi++) {
+                int m = ms[mi], rows = m >= 256 ? 4 * m : m;
                 float *x = malloc((size_t)m * K * 4);
                 fill(x, (size_t)m * K, -1, 1);
                 struct twin X = twin_new(&p, BUF_ACT, (size_t)m * K, x);
-                struct twin Y = twin_new(&p, BUF_ACT, (size_t)m * N, NULL);
+                struct twin Y = twin_new(&p, BUF_ACT, (size_t)rows * N, NULL);
                 p.cpu->linear(p.cpu->ctx, Y.c, X.c, m, lc);
                 p.gpu->linear(p.gpu->ctx, Y.g, X.g, m, lg);
                 char what[80];
@@ -678,7 +680,7 @@ TEST(ops_cuda, linear_shapes) {
                 twin_check(&p, &Y, 0, (size_t)m * N, 4e-3, 0, what);
                 /* gate | up halves through the fused SiLU * mul epilogue */
                 if (!test_failed()) {
-                    struct twin Z = twin_new(&p, BUF_ACT, (size_t)m * N / 2, NULL);
+                    struct twin Z = twin_new(&p, BUF_ACT, (size_t)rows * N / 2, NULL);
                     p.cpu->linear_silu_mul(p.cpu->ctx, Z.c, X.c, m, gc);
                     p.gpu->linear_silu_mul(p.gpu->ctx, Z.g, X.g, m, gg);
                     snprintf(what, sizeof what, "linear_silu_mul K %d N %d M %d bias %d", K, N, m, bias);

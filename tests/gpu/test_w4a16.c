@@ -387,12 +387,16 @@ TEST(w4a16, no_workspace) {
 /* Dequantize + cuBLAS in column slabs (w4a16_cublas_slabs): workspaces of
  * one, three and three and a half 128-column slabs, so that the last slab is
  * partial; awkward N (a partial last tile and block), bias, gate|up. Every
- * output written (NaN poison), deterministic, within the reference bound. */
+ * output written (NaN poison), deterministic, within the reference bound.
+ * Each case twice: with K-slabs allowed (plain layouts whose column slabs
+ * are narrow take them: here 2048x1000 at 3 and 3.5 slabs' workspace, in
+ * slabs of 704, 704 and 640 rows, and 12288x512 in 4 of 3072 or 2 of 6144)
+ * and with column slabs only (w4a16_cublas_kslabs(0)). */
 static size_t al256(size_t b) { return (b + 255) / 256 * 256; }
 
 TEST(w4a16, cublas_slabs) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
-    const int mode0 = w4a16_cublas_slabs(1);
+    const int mode0 = w4a16_cublas_slabs(1), kmode0 = w4a16_cublas_kslabs(-1);
     const struct {
         int K, N, gate_up, bias;
     } shapes[] = {{2048, 1000, 0, 1}, {1024, 1552, 1, 0}, {1024, 1552, 1, 1}, {12288, 512, 0, 0}};
@@ -409,16 +413,19 @@ TEST(w4a16, cublas_slabs) {
         float *wref = ref_dequant(&h.l);
         ASSERT(wref);
         int epi = (gu ? W4A16_EPI_SILU_MUL : 0) | (shapes[si].bias ? W4A16_EPI_BIAS : 0);
+        for (int km = 0; km < 2 && !test_failed(); km++)
         for (int mi = 0; mi < 2 && !test_failed(); mi++)
             for (int k = 0; k < 3 && !test_failed(); k++) {
+                w4a16_cublas_kslabs(!km);
                 int M = ms[mi];
                 size_t cols = (size_t)(slabs[k] * 128);
                 size_t one = al256((size_t)128 * h.l.k * 2) + (gu ? al256((size_t)M * 128 * 2) : 0);
                 size_t want = al256(cols * h.l.k * 2) + (gu ? al256((size_t)M * cols * 2) : 0);
                 g_ws_exact = want > one ? want : one;
                 char what[96];
-                snprintf(what, sizeof what, "slabs K=%d N=%d%s%s ws=%.1f slabs", h.l.k, h.l.n,
-                         gu ? " gate_up" : "", shapes[si].bias ? " bias" : "", slabs[k]);
+                snprintf(what, sizeof what, "slabs K=%d N=%d%s%s ws=%.1f slabs%s", h.l.k, h.l.n,
+                         gu ? " gate_up" : "", shapes[si].bias ? " bias" : "", slabs[k],
+                         km ? " (columns only)" : "");
                 check_case(&h, wref, dw, gu, M, epi, W4A16_KERNEL_CUBLAS, 0, what);
                 g_ws_exact = 0;
             }
@@ -427,6 +434,7 @@ TEST(w4a16, cublas_slabs) {
         ref_layer_free(&h);
     }
     w4a16_cublas_slabs(mode0);
+    w4a16_cublas_kslabs(kmode0);
 }
 
 TEST(w4a16, rejects_bad_input) {
@@ -609,4 +617,132 @@ TEST(w4a16, cluster_reduce_matches_workspace) {
     free(hc);
     w4a16_free(dw);
     ref_layer_free(&h);
+}
+
+/* w4a16_linear_norm: the residual add + RMSNorm in the decode kernel's
+ * prologue. For each shape and M (1 to 4, with and without delta, with bias):
+ * rout must be fp16(rin + delta) bit for bit (and rin, delta untouched); y is
+ * checked like check_case against the reference of the host's x =
+ * fp16(w * (v * rsqrt(mean(v^2) + eps))) (sum in double: the kernel's fp32
+ * sum in another order may move an element of x by an ulp, inside the bound).
+ * M = 3, 4 (and 5 at K = 12288) must return -ENOTSUP and launch nothing (the
+ * prologue is used up to M = 2). */
+TEST(w4a16, linear_norm_fused) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    static const struct { int k, n, gate_up, bias; } shp[] = {
+        {4096, 6144, 0, 0}, {4096, 24576, 1, 0}, {1024, 1040, 0, 1}, {640, 272, 1, 1},
+        {12288, 4096, 0, 0},
+    };
+    const float eps = 1e-6f;
+    for (int si = 0; si < NM(shp) && !test_failed(); si++) {
+        struct ref_layer h;
+        layer_make(&h, shp[si].k, shp[si].n, 128, shp[si].bias);
+        struct w4a16_weight *dw = NULL;
+        char err[256] = "";
+        const int gu = shp[si].gate_up, K = h.l.k, N = h.l.n, oc = gu ? N / 2 : N;
+        ASSERT_MSG(w4a16_upload(&h.l, gu ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &dw, err,
+                                sizeof err) == 0, "%s", err);
+        float *wref = ref_dequant(&h.l);
+        ASSERT(wref);
+        const int epi = (gu ? W4A16_EPI_SILU_MUL : 0) | (shp[si].bias ? W4A16_EPI_BIAS : 0);
+        enum { MM = 5 };
+        uint16_t *hin = malloc((size_t)MM * K * 2), *hd = malloc((size_t)MM * K * 2);
+        uint16_t *hw = malloc((size_t)K * 2), *hx = malloc((size_t)MM * K * 2);
+        uint16_t *hout = malloc((size_t)MM * K * 2), *hy = malloc((size_t)MM * oc * 2);
+        double *ref = malloc(sizeof(double) * N);
+        ASSERT(hin && hd && hw && hx && hout && hy && ref);
+        for (int i = 0; i < MM * K; i++) {
+            hin[i] = h_from_f(4.f * rnd_unit() - 2.f);
+            hd[i] = h_from_f(2.f * rnd_unit() - 1.f);
+        }
+        for (int k = 0; k < K; k++) hw[k] = h_from_f(0.5f + rnd_unit());
+        uint16_t *din, *dd, *dout, *dwn, *dy;
+        CK(cudaMalloc((void **)&din, (size_t)MM * K * 2));
+        CK(cudaMalloc((void **)&dd, (size_t)MM * K * 2));
+        CK(cudaMalloc((void **)&dout, (size_t)MM * K * 2));
+        CK(cudaMalloc((void **)&dwn, (size_t)K * 2));
+        CK(cudaMalloc((void **)&dy, (size_t)MM * oc * 2));
+        CK(cudaMemcpy(din, hin, (size_t)MM * K * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dd, hd, (size_t)MM * K * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dwn, hw, (size_t)K * 2, cudaMemcpyHostToDevice));
+        for (int M = 1; M <= 4 && !test_failed(); M++)
+            for (int wd = 0; wd < 2 && !test_failed(); wd++) {
+                const int expect = w4a16_linear_norm_ok(dw, M);
+                ASSERT_MSG(expect == (M <= 2), "K=%d M=%d: fused %d, want %d", K, M, expect, M <= 2);
+                CK(cudaMemset(dy, 0xff, (size_t)MM * oc * 2));
+                CK(cudaMemset(dout, 0xff, (size_t)MM * K * 2));
+                int rc = w4a16_linear_norm(dw, din, wd ? dd : NULL, dout, dwn, eps, M, dy, epi, 0,
+                                           err, sizeof err);
+                if (!expect) {
+                    ASSERT_MSG(rc == -ENOTSUP, "K=%d M=%d: rc %d, want -ENOTSUP", K, M, rc);
+                    continue;
+                }
+                ASSERT_MSG(rc == 0, "K=%d N=%d M=%d: rc %d: %s", K, N, M, rc, err);
+                CK(cudaDeviceSynchronize());
+                CK(cudaMemcpy(hout, dout, (size_t)M * K * 2, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(hy, dy, (size_t)M * oc * 2, cudaMemcpyDeviceToHost));
+                double maxref = 0, maxerr = 0, gmax = 0, umax = 0;
+                for (int m = 0; m < M && !test_failed(); m++) {
+                    double ss = 0;
+                    for (int k = 0; k < K; k++) {
+                        size_t i = (size_t)m * K + k;
+                        uint16_t v = wd ? h_from_f(f_from_h(hin[i]) + f_from_h(hd[i])) : hin[i];
+                        ASSERT_MSG(hout[i] == v, "K=%d M=%d row %d: rout[%d] %#x, want %#x", K, M,
+                                   m, k, hout[i], v);
+                        if (test_failed()) break;
+                        ss += (double)f_from_h(v) * f_from_h(v);
+                        hx[i] = v;
+                    }
+                    const double r = 1.0 / sqrt(ss / K + eps);
+                    for (int k = 0; k < K; k++) {
+                        size_t i = (size_t)m * K + k;
+                        hx[i] = h_from_f((float)(f_from_h(hw[k]) * (f_from_h(hx[i]) * r)));
+                    }
+                    ref_row(wref, hx + (size_t)m * K, K, N, ref);
+                    if (epi & W4A16_EPI_BIAS)
+                        for (int n = 0; n < N; n++) ref[n] += f_from_h(h.bias[n]);
+                    for (int j = 0; j < oc; j++) {
+                        double v = ref[j];
+                        if (gu) {
+                            double g = ref[j], u = ref[oc + j];
+                            gmax = fmax(gmax, fabs(g));
+                            umax = fmax(umax, fabs(u));
+                            v = g / (1 + exp(-g)) * u;
+                        }
+                        maxref = fmax(maxref, fabs(v));
+                        double e = fabs(f_from_h(hy[(size_t)m * oc + j]) - v);
+                        if (!(e <= maxerr)) maxerr = e;
+                    }
+                }
+                double bound = gu ? 5e-3 * gmax * umax : 2e-3 * maxref;
+                ASSERT_MSG(maxerr <= bound && maxref > 0,
+                           "fused norm K=%d N=%d M=%d delta=%d: max|y-ref| %.4g > bound %.4g", K, N,
+                           M, wd, maxerr, bound);
+            }
+        /* inputs untouched */
+        CK(cudaMemcpy(hout, din, (size_t)MM * K * 2, cudaMemcpyDeviceToHost));
+        ASSERT(memcmp(hout, hin, (size_t)MM * K * 2) == 0);
+        CK(cudaMemcpy(hout, dd, (size_t)MM * K * 2, cudaMemcpyDeviceToHost));
+        ASSERT(memcmp(hout, hd, (size_t)MM * K * 2) == 0);
+        /* 5 rows at K = 12288 (the decode kernel takes M <= 2 there) */
+        if (K > 8192) {
+            int rc = w4a16_linear_norm(dw, din, dd, dout, dwn, eps, 5, dy, epi, 0, err, sizeof err);
+            ASSERT_MSG(rc == -ENOTSUP, "K=%d M=5: rc %d, want -ENOTSUP", K, rc);
+        }
+        cudaFree(din);
+        cudaFree(dd);
+        cudaFree(dout);
+        cudaFree(dwn);
+        cudaFree(dy);
+        free(hin);
+        free(hd);
+        free(hw);
+        free(hx);
+        free(hout);
+        free(hy);
+        free(ref);
+        free(wref);
+        w4a16_free(dw);
+        ref_layer_free(&h);
+    }
 }

@@ -7,7 +7,7 @@
  * past[s] < 0 marks a padding row: no keys). Split k takes keys
  * [k * per, min(ctx, (k + 1) * per)) with per = max(ceil(ctx / ns),
  * DEC_MIN_KEYS), so short contexts use few splits and the rest exit at once.
- * ns = ops_cuda__attn_decode_splits(S, nkv): ~4 CTAs per SM when S * nkv
+ * ns = ops_cuda__attn_decode_splits(S, nkv): ~2 CTAs per SM when S * nkv
  * alone gives fewer than 4, else 1.
  *
  * GQA: all G = nh / nkv query heads of the group share every K/V tile the
@@ -457,10 +457,14 @@ attn_dec_combine_kernel(__half *out, const float *part, int nh, int ns) {
 
 int ops_cuda__attn_decode_splits(const struct cuda_ctx *c, int n_seqs, int nkv) {
     /* (sequence, KV head) pairs that already give >= dec_lo (4) CTAs per SM
-     * run unsplit; fewer are split up to ~dec_hi (4) CTAs per SM (~6 fit at
-     * 35-38 KB of shared memory). Swept on an H200 (Qwen3-8B heads, lo,hi in
-     * 2,4 2,8 4,6 8,8 3,12): 4,4 is best or within 4% at batch 1/8/32/64 and
-     * contexts 512/4096. AWQD_CUDA_DEC_SPLIT=lo,hi overrides (tuning) */
+     * run unsplit; fewer are split up to ~dec_hi (2) CTAs per SM (~6 fit at
+     * 35-38 KB of shared memory). Swept on an H200 in session 3 (Qwen3-8B
+     * heads, lo,hi in 2,4 2,8 4,6 8,8 3,12): 4,4 best or within 4% at batch
+     * 1/8/32/64, contexts 512/4096. On an H100 in session 5 (with the decode
+     * linears of session 4-5) 4,2 beat 4,4 at every batch below 64 (same run,
+     * whole model: batch 1 327 -> 366 tok/s, batch 32 / context 4096 2191 ->
+     * 2509), equal at 64; 4,1 and 4,8 were no better at batch 1.
+     * AWQD_CUDA_DEC_SPLIT=lo,hi overrides (tuning) */
     int ctas = n_seqs * nkv;
     if (ctas >= c->dec_lo * c->n_sms) return 1;
     int ns = (c->dec_hi * c->n_sms + ctas - 1) / ctas;

@@ -1149,7 +1149,7 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     c->dec_off = dec_env && !strcmp(dec_env, "0");
     c->dec_simt = dec_env && !strcmp(dec_env, "simt");
     c->dec_lo = 4;
-    c->dec_hi = 4;
+    c->dec_hi = 2;
     const char *split_env = getenv("AWQD_CUDA_DEC_SPLIT");
     if (split_env) {
         int lo = 0, hi = 0;

@@ -1678,10 +1678,6 @@ static int launch_cublas(const struct w4a16_weight *w, const uint16_t *x, int m,
                          void *workspace, size_t ws_bytes, cudaStream_t s, char *err, size_t errlen) {
     const int K = w->k, nblk = w->n16a / 8;
     const int n_phys = w->n16 * 16;
-    {   /* experiment knob: at most this many MB of slab (L2 residency vs GEMM width) */
-        static const long cap_mb = getenv("AWQD_W4A16_SLAB_MB") ? atol(getenv("AWQD_W4A16_SLAB_MB")) : 0;
-        if (cap_mb > 0 && ws_bytes > (size_t)cap_mb << 20) ws_bytes = (size_t)cap_mb << 20;
-    }
     int per = nblk; /* blocks of 8 tiles per slab: as many as fit */
     while (per > 0 && slab_bytes(w, m, per * 128 < n_phys ? per * 128 : n_phys) > ws_bytes) per--;
     if (per <= 0)
@@ -1849,6 +1845,18 @@ static int launch_skinny(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     return launch_skinny_st<MT, SK_STAGES>(w, x, ep, ksplit, part, s, err, errlen);
 }
 
+/* The epilogue of a call writing y [m, out_cols] */
+static epi_args epi_of(const struct w4a16_weight *w, uint16_t *y, int m, int bias, int silu) {
+    epi_args ep;
+    ep.y = y;
+    ep.bias = bias ? w->bias : NULL;
+    ep.m = m;
+    ep.n = w->n;
+    ep.ldy = w->out_cols;
+    ep.gate_up = silu;
+    return ep;
+}
+
 extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, int m,
                                uint16_t *y, int epilogue_flags, enum w4a16_kernel kernel,
                                int ksplit, void *workspace, size_t ws_bytes, cudaStream_t s,
@@ -1877,13 +1885,7 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
         return util_err(err, errlen, -EINVAL, "w4a16_linear: unknown kernel %d", (int)kernel);
     }
 
-    epi_args ep;
-    ep.y = y;
-    ep.bias = bias ? w->bias : NULL;
-    ep.m = m;
-    ep.n = w->n;
-    ep.ldy = w->out_cols;
-    ep.gate_up = silu;
+    epi_args ep = epi_of(w, y, m, bias, silu);
 
     enum w4a16_kernel k = kernel;
     int ks = ksplit;
@@ -1984,13 +1986,7 @@ extern "C" int w4a16_linear_norm(const struct w4a16_weight *w, const uint16_t *r
         return util_err(err, errlen, -EINVAL, "w4a16_linear_norm: pointers must be 16-byte aligned");
     if (!w4a16_linear_norm_ok(w, m))
         return util_err(err, errlen, -ENOTSUP, "w4a16_linear_norm: m=%d does not take the decode kernel", m);
-    epi_args ep;
-    ep.y = y;
-    ep.bias = bias ? w->bias : NULL;
-    ep.m = m;
-    ep.n = w->n;
-    ep.ldy = w->out_cols;
-    ep.gate_up = silu;
+    const epi_args ep = epi_of(w, y, m, bias, silu);
     const norm_args na = {rin, delta, norm_w, rout, eps};
     return launch_decode(w, rin, ep, &na, s, err, errlen);
 }

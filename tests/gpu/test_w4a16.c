@@ -391,7 +391,9 @@ TEST(w4a16, no_workspace) {
  * Each case twice: with K-slabs allowed (plain layouts whose column slabs
  * are narrow take them: here 2048x1000 at 3 and 3.5 slabs' workspace, in
  * slabs of 704, 704 and 640 rows, and 12288x512 in 4 of 3072 or 2 of 6144)
- * and with column slabs only (w4a16_cublas_kslabs(0)). */
+ * and with column slabs only (w4a16_cublas_kslabs(0)); the 1024x4096 shapes
+ * at 20 slabs' scratch: several wide column slabs (gate|up; plain with
+ * column slabs only) and K-slabs of 512 rows (plain). */
 static size_t al256(size_t b) { return (b + 255) / 256 * 256; }
 
 TEST(w4a16, cublas_slabs) {
@@ -399,9 +401,10 @@ TEST(w4a16, cublas_slabs) {
     const int mode0 = w4a16_cublas_slabs(1), kmode0 = w4a16_cublas_kslabs(-1);
     const struct {
         int K, N, gate_up, bias;
-    } shapes[] = {{2048, 1000, 0, 1}, {1024, 1552, 1, 0}, {1024, 1552, 1, 1}, {12288, 512, 0, 0}};
+    } shapes[] = {{2048, 1000, 0, 1}, {1024, 1552, 1, 0}, {1024, 1552, 1, 1}, {12288, 512, 0, 0},
+                  {1024, 4096, 0, 1}, {1024, 4096, 1, 0}};
     const int ms[] = {257, 1000};
-    const double slabs[] = {1, 3, 3.5};
+    const double slabs[] = {1, 3, 3.5, 20};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0] && !test_failed(); si++) {
         struct ref_layer h;
         layer_make(&h, shapes[si].K, shapes[si].N, 128, shapes[si].bias);
@@ -415,7 +418,7 @@ TEST(w4a16, cublas_slabs) {
         int epi = (gu ? W4A16_EPI_SILU_MUL : 0) | (shapes[si].bias ? W4A16_EPI_BIAS : 0);
         for (int km = 0; km < 2 && !test_failed(); km++)
         for (int mi = 0; mi < 2 && !test_failed(); mi++)
-            for (int k = 0; k < 3 && !test_failed(); k++) {
+            for (int k = 0; k < 4 && !test_failed(); k++) {
                 w4a16_cublas_kslabs(!km);
                 int M = ms[mi];
                 size_t cols = (size_t)(slabs[k] * 128);

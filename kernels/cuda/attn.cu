@@ -479,7 +479,9 @@ static int build_list(struct cuda_ctx *c, const struct attn_batch *ab, int nh, i
         n_items = n_comb = n_slots = 0;
         for (int s = 0; s < S; s++) {
             int rows = qs[s + 1] - qs[s], np = rows * G;
-            for (int p0 = 0; p0 < np; p0 += QP) {
+            /* the last (longest, causal) tiles first: the CTAs that read the
+             * most keys start in the first wave instead of forming a tail */
+            for (int p0 = np > 0 ? (np - 1) / QP * QP : -1; p0 >= 0; p0 -= QP) {
                 int last = (p0 + QP < np ? p0 + QP : np) - 1;
                 int kend = past[s] + last / G + 1;
                 int nkt = (kend + ATT_TK - 1) / ATT_TK;

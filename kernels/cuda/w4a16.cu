@@ -1638,7 +1638,7 @@ static size_t slab_bytes(const struct w4a16_weight *w, int m, int cols) {
            (w->layout == W4A16_LAYOUT_GATE_UP ? align256((size_t)m * cols * 2) : 0);
 }
 
-/* Dequantize + cuBLAS over K-slabs of kr rows (a multiple of 64) of every
+/* Dequantize + cuBLAS over K-slabs of kr rows (a multiple of 128) of every
  * column: y = sum over slabs of x[:, k0:k0+kr] * W[k0:k0+kr, :] (plain
  * layouts only: gate|up needs all of K before its SiLU). */
 static int launch_kslabs(const struct w4a16_weight *w, const uint16_t *x, int m, epi_args ep,
@@ -1696,8 +1696,10 @@ static int launch_cublas(const struct w4a16_weight *w, const uint16_t *x, int m,
         kr -= kr % 128;
         if (kr > K) kr = K;
         if (per * mt < 2 * w->sms && kr >= 512 && kr < K) {
-            const int nks = ceil_div(K, kr); /* as many slabs, of even height */
-            kr = ceil_div(K / 64, nks) * 64;
+            /* as many slabs, of even height, a multiple of 128 rows: x + k0
+             * stays 256-byte aligned, as cuBLASLt's chosen algorithms assume */
+            const int nks = ceil_div(K, kr);
+            kr = ceil_div(K, 128 * nks) * 128;
             return launch_kslabs(w, x, m, ep, workspace, kr, s, err, errlen);
         }
     }

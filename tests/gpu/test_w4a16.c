@@ -390,7 +390,7 @@ TEST(w4a16, no_workspace) {
  * output written (NaN poison), deterministic, within the reference bound.
  * Each case twice: with K-slabs allowed (plain layouts whose column slabs
  * are narrow take them: here 2048x1000 at 3 and 3.5 slabs' workspace, in
- * slabs of 704, 704 and 640 rows, and 12288x512 in 4 of 3072 or 2 of 6144)
+ * slabs of 768, 768 and 512 rows, and 12288x512 in 4 of 3072 or 2 of 6144)
  * and with column slabs only (w4a16_cublas_kslabs(0)); the 1024x4096 shapes
  * at 20 slabs' scratch: several wide column slabs (gate|up; plain with
  * column slabs only) and K-slabs of 512 rows (plain). */

@@ -10,7 +10,9 @@
  *
  * Column-major, as cuBLAS: C [m x n] (ldc) = op(A) [m x k] * op(B) [k x n]
  * (+ beta * C). The workspace is the thread's own (GEMM_LT_WS bytes, allocated
- * at the first call). C++ (nvcc) only. */
+ * at the first call): a thread's GEMMs must not run on two streams at once
+ * (each backend has one stream and, with tensor parallelism, its own thread).
+ * C++ (nvcc) only. */
 #ifndef AWQD_CUDA_GEMM_LT_H
 #define AWQD_CUDA_GEMM_LT_H
 

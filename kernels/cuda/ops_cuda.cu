@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -87,11 +86,6 @@ struct cuda_prof {
     long n_gaps;
 };
 
-static double prof_now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
 
 static void prof_collect(struct cuda_ctx *c) {
     struct cuda_prof *p = c->prof;
@@ -135,12 +129,12 @@ void ops_cuda__prof_begin(struct cuda_ctx *c, const char *what, int k, int n) {
     }
     p->open_kind = i;
     cudaEventRecord(p->ev[p->n_pend][0], c->stream);
-    p->t_open = prof_now_ms();
+    p->t_open = util_now_s() * 1e3;
 }
 
 void ops_cuda__prof_end(struct cuda_ctx *c) {
     struct cuda_prof *p = c->prof;
-    p->pend_host[p->n_pend] = prof_now_ms() - p->t_open;
+    p->pend_host[p->n_pend] = util_now_s() * 1e3 - p->t_open;
     cudaEventRecord(p->ev[p->n_pend][1], c->stream);
     p->pend_kind[p->n_pend++] = p->open_kind;
 }

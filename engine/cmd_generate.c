@@ -154,7 +154,7 @@ int cmd_generate(int argc, char **argv) {
     struct sampler smp = {0};
     int32_t *ids = NULL; /* prompt then output: [n_prompt + max_tokens] */
     float *logits = NULL, *all_logits = NULL;
-    float *cands = NULL, *row = NULL;  /* [tp, SAMPLE_ROW_FLOATS(K)]; [V] fallback row */
+    float *cands = NULL, *row = NULL;  /* [tp, SAMPLE_ROW_FLOATS(<= SAMPLE_MAX_K)]; [V] fallback row */
     struct sample_cands *cd = NULL;
     char *text = NULL;
     int n_prompt = 0, n_out = 0;
@@ -267,9 +267,8 @@ int cmd_generate(int argc, char **argv) {
      * prompt logits are written (those need every row in full) */
     const char *ce = getenv("AWQD_SAMPLE_CANDIDATES");
     int use_cands = !(ce && !strcmp(ce, "0")) && !a.logits_out;
-    enum { K = SAMPLE_MAX_K };
     int tp = model_group_tp(g), n_from_cands = 0, n_full = 0;
-    cands = malloc(sizeof(float) * (size_t)tp * SAMPLE_ROW_FLOATS(K));
+    cands = malloc(sizeof(float) * (size_t)tp * SAMPLE_ROW_FLOATS(SAMPLE_MAX_K));
     row = malloc(sizeof(float) * (size_t)V);
     cd = malloc(sizeof *cd);
     if (!cands || !row || !cd) goto oom;
@@ -287,6 +286,7 @@ int cmd_generate(int argc, char **argv) {
         goto out;
     }
     float inv_t = sampler_inv_t(&sp);
+    const int K = sampler_cands_needed(&sp, 0, SAMPLE_MAX_K); /* as the scheduler asks */
     int32_t no_adj[2] = {0, 0};
     int32_t race[3]; /* this step's race (the key follows n_out) */
     sampler_race_row(&sp, 0, race);

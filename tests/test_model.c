@@ -234,6 +234,21 @@ TEST(model, generate_cli_sampling_and_text) {
     free(o1);
     free(o2);
     free(o3);
+    /* greedy and plain temperature ask the backend for one candidate a step
+     * (sampler_cands_needed): the same tokens as sampling every full row */
+    const char *temps[] = {"0", "1.0"};
+    for (int ti = 0; ti < 2; ti++) {
+        const char *fmt2 = "%s%s generate --model %s --prompt-ids 5,6,7,8,9 --max-tokens 16 "
+                           "--ignore-eos --temperature %s --seed 7";
+        snprintf(cmd, sizeof cmd, fmt2, "", test_awqd_bin(), test_fixture(fixtures[0]), temps[ti]);
+        ASSERT_EQ_INT(test_run(cmd, &o1), 0);
+        snprintf(cmd, sizeof cmd, fmt2, "AWQD_SAMPLE_CANDIDATES=0 ", test_awqd_bin(),
+                 test_fixture(fixtures[0]), temps[ti]);
+        ASSERT_EQ_INT(test_run(cmd, &o2), 0);
+        ASSERT_MSG(!strcmp(o1, o2), "T=%s: candidates '%s' vs full rows '%s'", temps[ti], o1, o2);
+        free(o1);
+        free(o2);
+    }
     /* bad input is a usage error, not a crash */
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt-ids 1,99999 2>&1", test_awqd_bin(),
              test_fixture(fixtures[0]));

@@ -187,7 +187,7 @@ struct ops {
     void (*add_rmsnorm)(void *ctx, struct buf *resid, const struct buf *delta, struct buf *out,
                         const struct buf *w, int n, int dim, float eps);
 
-    /* Optional (NULL: not offered, e.g. the CPU backend): add_rmsnorm fused
+    /* Optional (NULL: not offered): add_rmsnorm fused
      * into the linear that consumes its output, out of place:
      *   resid_out = resid_in (+ delta); x = resid_out / sqrt(mean(resid_out^2)
      *   + eps) * w; y = x @ W (LINEAR_PLAIN: y [n, N]) or silu(g) * u

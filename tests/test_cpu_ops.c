@@ -7,7 +7,9 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "comm/comm.h"
 #include "engine/safetensors.h"
@@ -136,6 +138,68 @@ TEST(cpu_ops, linear_silu_mul_matches_plain_linear) {
     o->free(o->ctx, bs);
     o->free_linear(o->ctx, plain);
     o->free_linear(o->ctx, gu);
+    ops_destroy(o);
+}
+
+/* add_rmsnorm_linear: out of place, bitwise add_rmsnorm then the linear (plain
+ * and gate|up, with and without delta) for n = 1, 2; -ENOTSUP (nothing
+ * written) for n = 3, as on CUDA */
+TEST(cpu_ops, add_rmsnorm_linear_is_the_two_ops) {
+    char err[128];
+    struct ops *o;
+    ASSERT_EQ_INT(ops_cpu_create(1, &o, err, sizeof err), 0);
+    enum { K = 256, I = 24, N = 2 * I, M = 3 };
+    unsigned seed = 29;
+    uint32_t qw[K * N / 8], qz[K / 128 * N / 8];
+    uint16_t sc[K / 128 * N], gw[K];
+    for (int i = 0; i < K * N / 8; i++) qw[i] = (uint32_t)rand_r(&seed) * 2654435761u;
+    for (int i = 0; i < K / 128 * N / 8; i++) qz[i] = (uint32_t)rand_r(&seed) * 2654435761u;
+    for (int i = 0; i < K / 128 * N; i++) sc[i] = f2h_simple(0.01f + 0.01f * (frand(&seed) + 1));
+    for (int i = 0; i < K; i++) gw[i] = f2h_simple(0.5f + 0.5f * (frand(&seed) + 1));
+    struct awq_linear l = {K, N, 128, qw, qz, sc, NULL};
+    struct op_linear *lin[2] = {o->upload_linear(o->ctx, &l, LINEAR_PLAIN),
+                                o->upload_linear(o->ctx, &l, LINEAR_GATE_UP)};
+    ASSERT(lin[0] && lin[1]);
+    float h[M * K], d[M * K];
+    for (int i = 0; i < M * K; i++) h[i] = 2 * frand(&seed), d[i] = frand(&seed);
+    struct buf *bw = mk(o, BUF_W16, gw, K);
+    for (int gu = 0; gu < 2; gu++)
+        for (int wd = 0; wd < 2; wd++)
+            for (int n = 1; n <= M; n++) {
+                const int oc = gu ? I : N;
+                struct buf *rin = mk(o, BUF_ACT, h, M * K), *dl = mk(o, BUF_ACT, d, M * K);
+                struct buf *rout = mk(o, BUF_ACT, NULL, M * K), *y = mk(o, BUF_ACT, NULL, M * N);
+                struct buf *r2 = mk(o, BUF_ACT, h, M * K), *x2 = mk(o, BUF_ACT, NULL, M * K);
+                struct buf *y2 = mk(o, BUF_ACT, NULL, M * N);
+                int rc = o->add_rmsnorm_linear(o->ctx, rin, wd ? dl : NULL, rout, bw, n, K, 1e-6f,
+                                               y, lin[gu]);
+                float *gr = get(o, rout, M * K), *gy = get(o, y, M * N), *gi = get(o, rin, M * K);
+                ASSERT(!memcmp(gi, h, sizeof h)); /* rin untouched */
+                if (n > 2) {
+                    ASSERT_EQ_INT(rc, -ENOTSUP);
+                    for (int i = 0; i < M * K; i++) ASSERT(gr[i] == 0.0f); /* nothing written */
+                } else {
+                    ASSERT_EQ_INT(rc, 0);
+                    o->add_rmsnorm(o->ctx, r2, wd ? dl : NULL, x2, bw, n, K, 1e-6f);
+                    if (gu) o->linear_silu_mul(o->ctx, y2, x2, n, lin[1]);
+                    else o->linear(o->ctx, y2, x2, n, lin[0]);
+                    float *er = get(o, r2, M * K), *ey = get(o, y2, M * N);
+                    ASSERT_MSG(!memcmp(gr, er, sizeof(float) * n * K), "gu %d delta %d n %d: resid", gu,
+                               wd, n);
+                    ASSERT_MSG(!memcmp(gy, ey, sizeof(float) * n * oc), "gu %d delta %d n %d: y", gu,
+                               wd, n);
+                    free(er);
+                    free(ey);
+                }
+                free(gr);
+                free(gy);
+                free(gi);
+                struct buf *all[] = {rin, dl, rout, y, r2, x2, y2};
+                for (int i = 0; i < 7; i++) o->free(o->ctx, all[i]);
+            }
+    o->free(o->ctx, bw);
+    o->free_linear(o->ctx, lin[0]);
+    o->free_linear(o->ctx, lin[1]);
     ops_destroy(o);
 }
 

@@ -439,6 +439,26 @@ static void cpu_linear_silu_mul(void *ctx, struct buf *out, const struct buf *x,
     cpu_pool_run(pool_of(ctx), l->n / 2, 8, silu_mul_cols, &j);
 }
 
+/* The reference of the CUDA backend's fused op (kernels/ops.h): the same
+ * add_rmsnorm and linear, out of place, for the rows the CUDA backend fuses
+ * (n <= 2; else -ENOTSUP, as there). Bitwise the unfused ops' results, so CI
+ * runs the model's alternating residual (h / h2) on every decode step. */
+static int cpu_add_rmsnorm_linear(void *ctx, const struct buf *rin, const struct buf *delta,
+                                  struct buf *rout, const struct buf *w, int n, int dim, float eps,
+                                  struct buf *y, const struct op_linear *l) {
+    AWQD_ASSERT(rin != rout && delta != rout && dim == l->k);
+    AWQD_ASSERT(rin->n >= (size_t)n * dim && rout->n >= (size_t)n * dim);
+    if (n < 1 || n > 2) return -ENOTSUP;
+    struct buf *x = cpu_alloc(ctx, BUF_ACT, (size_t)n * dim);
+    if (!x) return -ENOTSUP; /* (out of memory: the caller runs the separate ops) */
+    cpu_copy(ctx, rout, 0, rin, 0, (size_t)n * dim);
+    cpu_add_rmsnorm(ctx, rout, delta, x, w, n, dim, eps);
+    if (l->kind == LINEAR_GATE_UP) cpu_linear_silu_mul(ctx, y, x, n, l);
+    else cpu_linear(ctx, y, x, n, l);
+    cpu_free(ctx, x);
+    return 0;
+}
+
 /* --- lm_head --- */
 struct lm_job {
     float *logits;
@@ -511,6 +531,7 @@ int ops_cpu_create(int n_threads, struct ops **out, char *err, size_t errlen) {
     o->free_linear = cpu_free_linear;
     o->embed = cpu_embed;
     o->add_rmsnorm = cpu_add_rmsnorm;
+    o->add_rmsnorm_linear = cpu_add_rmsnorm_linear;
     o->linear = cpu_linear;
     o->qk_norm_rope_kv = cpu_qk_norm_rope_kv;
     o->attention = cpu_attention;

@@ -610,7 +610,7 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
  * its sum in another order. */
 static __device__ void dc_norm_prologue(const norm_args &na, uint16_t *sx, int xs, int K, int m,
                                         int k0, int n8, int warp, int lane) {
-    __shared__ float ssq[8][DC_WARPS]; /* rows <= 8 (MT <= 1... the caller's m) */
+    __shared__ float ssq[8][DC_WARPS]; /* [row][warp]: m <= 8 (MT = 1 only) */
     const bool first = blockIdx.x == 0;
     for (int row = 0; row < m; row++) {
         float ss = 0.0f;
@@ -1631,6 +1631,35 @@ static int launch_tc(const struct w4a16_weight *w, const uint16_t *x, int m, epi
 
 static thread_local cublasHandle_t tl_cublas = NULL;
 
+/* C [rows, m] (column-major, ldc) = wt^T [rows, k] (wt: k x rows, lda) @ x
+ * [k, m] (ldb) (+ beta * C), fp16 with fp32 compute: one slab's GEMM,
+ * through cuBLASLt with the shape's algorithm kept (default) or
+ * cublasGemmEx (AWQD_W4A16_LT=0). */
+static int slab_gemm(int rows, int m, int k, const uint16_t *wt, int lda, const uint16_t *x,
+                     int ldb, float beta, uint16_t *C, int ldc, cudaStream_t s, char *err,
+                     size_t errlen) {
+    if (switch_get(&g_lt))
+        return gemm_lt_f16(s, CUBLAS_OP_T, CUBLAS_OP_N, rows, m, k, wt, lda, x, ldb, beta, C, ldc,
+                           err, errlen);
+    if (!tl_cublas) CUBLAS_CHECK(cublasCreate(&tl_cublas), err, errlen);
+    CUBLAS_CHECK(cublasSetStream(tl_cublas, s), err, errlen);
+    const float one = 1.f;
+    CUBLAS_CHECK(cublasGemmEx(tl_cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, m, k, &one, wt, CUDA_R_16F,
+                              lda, x, CUDA_R_16F, ldb, &beta, C, CUDA_R_16F, ldc,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 err, errlen);
+    return 0;
+}
+
+/* y [m, n] += bias (plain layouts, after all slabs) */
+static int slab_bias(const epi_args &ep, int m, int n, cudaStream_t s, char *err, size_t errlen) {
+    if (!ep.bias) return 0;
+    size_t e = (size_t)m * n;
+    k_bias<<<(unsigned)((e + 255) / 256), 256, 0, s>>>(ep.y, ep.bias, m, n);
+    CUDA_CHECK_LAUNCH(err, errlen);
+    return 0;
+}
+
 /* Bytes of workspace one slab of `cols` physical columns needs: its fp16
  * copy [cols][K] and, for gate|up, its fp16 output [m][cols]. */
 static size_t slab_bytes(const struct w4a16_weight *w, int m, int cols) {
@@ -1652,16 +1681,11 @@ static int launch_kslabs(const struct w4a16_weight *w, const uint16_t *x, int m,
             w->qw, w->sc, w->zr, w->n16, w->n16a, w->kc, kn, w->group, wt, 0, nblk * 8, k0 / 64,
             kn / 64);
         CUDA_CHECK_LAUNCH(err, errlen);
-        int rc = gemm_lt_f16(s, CUBLAS_OP_T, CUBLAS_OP_N, w->n, m, kn, wt, kn, x + k0, K,
-                             k0 ? 1.0f : 0.0f, ep.y, ep.ldy, err, errlen);
+        int rc = slab_gemm(w->n, m, kn, wt, kn, x + k0, K, k0 ? 1.0f : 0.0f, ep.y, ep.ldy, s, err,
+                           errlen);
         if (rc) return rc;
     }
-    if (ep.bias) {
-        size_t n = (size_t)m * w->n;
-        k_bias<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(ep.y, ep.bias, m, w->n);
-        CUDA_CHECK_LAUNCH(err, errlen);
-    }
-    return 0;
+    return slab_bias(ep, m, w->n, s, err, errlen);
 }
 
 /* Dequantize + cuBLAS in column slabs: tiles [nt0, nt1) at a time (whole
@@ -1704,14 +1728,9 @@ static int launch_cublas(const struct w4a16_weight *w, const uint16_t *x, int m,
         }
     }
     per = ceil_div(nblk, ceil_div(nblk, per)); /* as many slabs, of even width */
-    if (!lt) {
-        if (!tl_cublas) CUBLAS_CHECK(cublasCreate(&tl_cublas), err, errlen);
-        CUBLAS_CHECK(cublasSetStream(tl_cublas, s), err, errlen);
-    }
     uint16_t *wt = (uint16_t *)workspace;
     const int slab_cols = per * 128 < n_phys ? per * 128 : n_phys; /* the widest slab */
     uint16_t *Y = (uint16_t *)((char *)workspace + align256((size_t)slab_cols * K * 2));
-    const float one = 1.f, zero = 0.f;
     for (int b0 = 0; b0 < nblk; b0 += per) {
         int nt0 = b0 * 8, nt1 = (b0 + per < nblk ? b0 + per : nblk) * 8;
         if (nt1 > w->n16) nt1 = w->n16;
@@ -1723,16 +1742,8 @@ static int launch_cublas(const struct w4a16_weight *w, const uint16_t *x, int m,
             wt, nt0, nt_blk, 0, w->kc);
         CUDA_CHECK_LAUNCH(err, errlen);
         if (ep.gate_up) {
-            if (lt) {
-                int rc = gemm_lt_f16(s, CUBLAS_OP_T, CUBLAS_OP_N, np, m, K, wt, K, x, K, 0.0f, Y, np,
-                                     err, errlen);
-                if (rc) return rc;
-            } else {
-                CUBLAS_CHECK(cublasGemmEx(tl_cublas, CUBLAS_OP_T, CUBLAS_OP_N, np, m, K, &one, wt,
-                                          CUDA_R_16F, K, x, CUDA_R_16F, K, &zero, Y, CUDA_R_16F,
-                                          np, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                             err, errlen);
-            }
+            int rc = slab_gemm(np, m, K, wt, K, x, K, 0.0f, Y, np, s, err, errlen);
+            if (rc) return rc;
             int j0 = nt0 * 8, j1 = nt1 * 8 < ep.ldy ? nt1 * 8 : ep.ldy;
             if (j1 <= j0) continue;
             size_t n = (size_t)m * (j1 - j0);
@@ -1742,25 +1753,11 @@ static int launch_cublas(const struct w4a16_weight *w, const uint16_t *x, int m,
         } else {
             int c1 = nt1 * 16 < w->n ? nt1 * 16 : w->n, ng = c1 - nt0 * 16;
             if (ng <= 0) continue;
-            if (lt) {
-                int rc = gemm_lt_f16(s, CUBLAS_OP_T, CUBLAS_OP_N, ng, m, K, wt, K, x, K, 0.0f,
-                                     ep.y + nt0 * 16, ep.ldy, err, errlen);
-                if (rc) return rc;
-            } else {
-                CUBLAS_CHECK(cublasGemmEx(tl_cublas, CUBLAS_OP_T, CUBLAS_OP_N, ng, m, K, &one, wt,
-                                          CUDA_R_16F, K, x, CUDA_R_16F, K, &zero, ep.y + nt0 * 16,
-                                          CUDA_R_16F, ep.ldy, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT),
-                             err, errlen);
-            }
+            int rc = slab_gemm(ng, m, K, wt, K, x, K, 0.0f, ep.y + nt0 * 16, ep.ldy, s, err, errlen);
+            if (rc) return rc;
         }
     }
-    if (!ep.gate_up && ep.bias) {
-        size_t n = (size_t)m * w->n;
-        k_bias<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(ep.y, ep.bias, m, w->n);
-        CUDA_CHECK_LAUNCH(err, errlen);
-    }
-    return 0;
+    return ep.gate_up ? 0 : slab_bias(ep, m, w->n, s, err, errlen);
 }
 
 template <int MT, int ST>

@@ -382,6 +382,218 @@ attn_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
     }
 }
 
+/* ------------------------------------------------------------------------ */
+/* FA2-style tensor-core kernel for prefill (the default for hd <= 128; the
+ * kernel above stays behind AWQD_ATTN_TC=old for A/B timing). NW warps, each
+ * owning 32 pairs as two m16 tiles, so every K / V B fragment read from
+ * shared memory feeds two MMAs; QP = 32 NW pairs per CTA (128 for NW = 4:
+ * 32 rows x 4 heads at G = 4).
+ *   q     fp16 [QP][HD + 8]        unscaled, A fragments by ldmatrix per k-step
+ *   k, v  fp16 [2][TK][HD + 8]     two stages: tile t + 1 is copied while
+ *                                  tile t is computed (one __syncthreads per tile)
+ *   o     fp32 [2][HD / 8][4] per thread (registers), S [2][TK / 8][4]
+ * K's B fragments come from ldmatrix of the [key][d] tile, V's from
+ * ldmatrix.trans. A warp skips the math of a key tile that is masked for all
+ * its pairs (past their causal limit) and of a tile with no valid pair; the
+ * mask is evaluated only on the tiles that need it (the diagonal, the end of
+ * a split). Same work items (with QP), split-K partials and combine kernel;
+ * launched with programmatic dependent launch when the context has it. */
+template <int HD, int NW>
+struct att_fa_smem {
+    __half q[NW * 32][HD + 8];
+    __half k[2][ATT_TK][HD + 8];
+    __half v[2][ATT_TK][HD + 8];
+};
+
+static __device__ __forceinline__ void ldsm_x4(unsigned *r, const void *p) {
+    unsigned sa = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(sa));
+}
+static __device__ __forceinline__ void ldsm_x4_t(unsigned *r, const void *p) {
+    unsigned sa = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(sa));
+}
+
+template <int HD, int NW>
+static __global__ void __launch_bounds__(NW * 32, 8 / NW)
+attn_fa_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
+               const int *block_table, const int *items, float *part, int nh, int nkv, int G,
+               int max_blocks, int block_size, float qscale) {
+    constexpr int NT = NW * 32, QP = NW * 32;
+    constexpr int KS = HD / 16;     /* k-steps of Q K^T */
+    constexpr int NJ = ATT_TK / 8;  /* key n-tiles per tile */
+    constexpr int DT = HD / 8;      /* d n-tiles of O */
+    constexpr int CK = HD / 8;      /* 16-byte chunks per key / pair */
+    constexpr int KPP = NT / CK;    /* keys per loader pass */
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    att_fa_smem<HD, NW> &sm = *reinterpret_cast<att_fa_smem<HD, NW> *>(smem_raw);
+    ops_cuda_pdl_wait(); /* q and the KV cache come from the previous kernel */
+    ops_cuda_pdl_trigger();
+    const int *it = items + blockIdx.x * 8;
+    const int row0 = it[IT_ROW0], rows = it[IT_ROWS], past = it[IT_PAST], s = it[IT_SEQ];
+    const int p0 = it[IT_P0], kb = it[IT_KB], ke = it[IT_KE], slot = it[IT_PART];
+    const int g = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int n_pairs = rows * G;
+    const size_t width = (size_t)(nh + 2 * nkv) * HD;
+    const int *bt = block_table + (size_t)s * max_blocks;
+
+    /* Q tile, pairs past the end zero-filled */
+    for (int e = tid; e < QP * CK; e += NT) {
+        int p = e / CK, c = e % CK, gp = p0 + p;
+        const __half *src = qkv;
+        int bytes = 0;
+        if (gp < n_pairs) {
+            src = qkv + (size_t)(row0 + gp / G) * width + (size_t)(g * G + gp % G) * HD + c * 8;
+            bytes = 16;
+        }
+        cp_async16(&sm.q[p][c * 8], src, bytes);
+    }
+    /* K and V of key tile t0 into stage st (one slot lookup per key for
+     * both); keys >= ke zero-filled (P is 0 there, V must be finite) */
+    auto load_kv = [&](int st, int t0) {
+        const int c = tid % CK;
+        for (int t = tid / CK; t < ATT_TK; t += KPP) {
+            int ta = t0 + t, bytes = 0;
+            size_t off = 0;
+            if (ta < ke) {
+                off = (((size_t)bt[ta / block_size] * block_size + ta % block_size) * nkv + g) * HD +
+                      c * 8;
+                bytes = 16;
+            }
+            cp_async16(&sm.k[st][t][c * 8], kc + off, bytes);
+            cp_async16(&sm.v[st][t][c * 8], vc + off, bytes);
+        }
+    };
+    load_kv(0, kb);
+    cp_async_commit();
+
+    const int wp0 = p0 + warp * 32; /* the warp's first pair */
+    const bool active = wp0 < n_pairs;
+    const int wlast = (wp0 + 31 < n_pairs ? wp0 + 31 : n_pairs - 1);
+    const int wmin_lim = past + wp0 / G, wmax_lim = active ? past + wlast / G : -1;
+    int lim[2][2]; /* [m-tile][row gq / gq + 8]: the last key the pair sees */
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int gp = wp0 + m * 16 + gq + 8 * h;
+            lim[m][h] = gp < n_pairs ? past + gp / G : -1;
+        }
+    float o[2][DT][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int j = 0; j < DT; j++) o[m][j][0] = o[m][j][1] = o[m][j][2] = o[m][j][3] = 0.0f;
+    float mrow[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
+    float lrow[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+
+    int st = 0;
+    for (int t0 = kb; t0 < ke; t0 += ATT_TK, st ^= 1) {
+        cp_async_wait0(); /* tile t0 (and Q) landed for this thread ... */
+        __syncthreads();  /* ... for all; stage st ^ 1 is no longer read */
+        if (t0 + ATT_TK < ke) load_kv(st ^ 1, t0 + ATT_TK);
+        cp_async_commit();
+        if (!active || t0 > wmax_lim) continue; /* nothing this warp sees */
+        /* S = Q K^T: 32 pairs x TK keys */
+        float sc[2][NJ][4];
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int j = 0; j < NJ; j++) sc[m][j][0] = sc[m][j][1] = sc[m][j][2] = sc[m][j][3] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < KS; k++) {
+            unsigned qa[2][4];
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+                ldsm_x4(qa[m], &sm.q[warp * 32 + m * 16 + (lane & 15)][k * 16 + (lane >> 4) * 8]);
+#pragma unroll
+            for (int j = 0; j < NJ; j += 2) {
+                unsigned b[4]; /* n-tile j: b0 b1, j + 1: b2 b3 */
+                ldsm_x4(b, &sm.k[st][j * 8 + (lane & 7) + (lane >> 4) * 8][k * 16 + ((lane >> 3) & 1) * 8]);
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    mma16816(sc[m][j], qa[m], b[0], b[1]);
+                    mma16816(sc[m][j + 1], qa[m], b[2], b[3]);
+                }
+            }
+        }
+        if (t0 + ATT_TK > ke || t0 + ATT_TK - 1 > wmin_lim) {
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int j = 0; j < NJ; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int ta = t0 + j * 8 + 2 * tq + (e & 1);
+                        sc[m][j][e] = (ta < ke && ta <= lim[m][e >> 1]) ? sc[m][j][e] * qscale : -INFINITY;
+                    }
+        } else {
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int j = 0; j < NJ; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) sc[m][j][e] *= qscale;
+        }
+#pragma unroll
+        for (int m = 0; m < 2; m++) online_softmax_tile<NJ, DT>(sc[m], mrow[m], lrow[m], o[m]);
+        /* O += P V: P's A fragments are the S accumulators of n-tiles 2kk, 2kk + 1 */
+#pragma unroll
+        for (int kk = 0; kk < ATT_TK / 16; kk++) {
+            unsigned pa[2][4];
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                pa[m][0] = pack_half2(sc[m][2 * kk][0], sc[m][2 * kk][1]);
+                pa[m][1] = pack_half2(sc[m][2 * kk][2], sc[m][2 * kk][3]);
+                pa[m][2] = pack_half2(sc[m][2 * kk + 1][0], sc[m][2 * kk + 1][1]);
+                pa[m][3] = pack_half2(sc[m][2 * kk + 1][2], sc[m][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int j = 0; j < DT; j += 2) {
+                unsigned b[4]; /* d n-tile j: b0 b1, j + 1: b2 b3 */
+                ldsm_x4_t(b, &sm.v[st][kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][j * 8 + (lane >> 4) * 8]);
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    mma16816(o[m][j], pa[m], b[0], b[1]);
+                    mma16816(o[m][j + 1], pa[m], b[2], b[3]);
+                }
+            }
+        }
+    }
+    cp_async_wait0();
+    /* results: O rows gq (o[.][.][0..1]) and gq + 8 (o[.][.][2..3]), dims j*8 + 2tq */
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int p = warp * 32 + m * 16 + gq + 8 * h, gp = p0 + p;
+            if (gp >= n_pairs) continue;
+            if (slot < 0) {
+                float inv = lrow[m][h] > 0.0f ? 1.0f / lrow[m][h] : 0.0f;
+                int row = row0 + gp / G, hh = g * G + gp % G;
+                __half *dst = out + (size_t)row * nh * HD + (size_t)hh * HD;
+#pragma unroll
+                for (int j = 0; j < DT; j++)
+                    *(__half2 *)(dst + j * 8 + 2 * tq) =
+                        __floats2half2_rn(o[m][j][2 * h] * inv, o[m][j][2 * h + 1] * inv);
+            } else {
+                float *pp = part + (((size_t)slot * nkv + g) * QP + p) * (HD + 2);
+#pragma unroll
+                for (int j = 0; j < DT; j++)
+                    *(float2 *)(pp + j * 8 + 2 * tq) = make_float2(o[m][j][2 * h], o[m][j][2 * h + 1]);
+                if (tq == 0) {
+                    pp[HD] = mrow[m][h];
+                    pp[HD + 1] = lrow[m][h];
+                }
+            }
+        }
+}
+
 /* Merges the split partials of one group of pairs: grid (groups, nkv). */
 template <int HD, int QP>
 static __global__ void attn_combine_kernel(__half *out, const float *part, const int *groups,
@@ -389,6 +601,8 @@ static __global__ void attn_combine_kernel(__half *out, const float *part, const
     const int *gr = groups + blockIdx.x * 8;
     const int row0 = gr[0], rows = gr[1], p0 = gr[2], slot0 = gr[3], ns = gr[4];
     const int g = blockIdx.y, n_pairs = rows * G;
+    ops_cuda_pdl_wait(); /* no-ops unless launched with PDL (after attn_fa_kernel) */
+    ops_cuda_pdl_trigger();
     for (int e = threadIdx.x; e < QP * HD; e += blockDim.x) {
         int p = e / HD, d = e % HD, gp = p0 + p;
         if (gp >= n_pairs) continue;
@@ -451,6 +665,18 @@ static int same_key(const struct cuda_attn *a, const struct attn_batch *ab, int 
            !memcmp(a->key_past, ab->h_past, (size_t)ab->n_seqs * sizeof(int32_t));
 }
 
+/* The tensor-core prefill kernel for hd <= 128, from AWQD_ATTN_TC: "old"
+ * -> 1 (attn_tc_kernel), "2" -> 2 (attn_fa_kernel with 2 warps, 64 pairs),
+ * otherwise 4 (attn_fa_kernel, 4 warps, 128 pairs). Read at every work-list
+ * build (once per batch geometry), so a benchmark can time both. */
+#define ATT_FA_CODE 1000
+static int tc_mode(void) {
+    const char *e = getenv("AWQD_ATTN_TC");
+    if (e && !strcmp(e, "old")) return 1;
+    if (e && !strcmp(e, "2")) return 2;
+    return 4;
+}
+
 /* Builds and uploads the work list for this batch geometry. */
 static int build_list(struct cuda_ctx *c, const struct attn_batch *ab, int nh, int nkv, int hd) {
     struct cuda_attn *a = &c->attn;
@@ -467,11 +693,23 @@ static int build_list(struct cuda_ctx *c, const struct attn_batch *ab, int nh, i
      * tok/s at batch 8, context 4096, H100); prefill and mixed batches with
      * hd <= 128: the tensor-core kernel (64 pairs; warps without a valid
      * pair skip the math); hd 256: SIMT with 32-pair tiles */
-    const int QP = max_pairs <= 8 ? 8 : hd <= 128 ? ATT_TC_QP : 32;
+    const int tc = hd <= 128 ? tc_mode() : 0;
+    const int QP = max_pairs <= 8 ? 8 : tc == 1 ? ATT_TC_QP : tc ? 32 * tc : 32;
+    /* a->qp names the kernel: 8 / 32 SIMT, ATT_TC_QP the one-m-tile TC
+     * kernel, ATT_FA_CODE + NW the FA kernel with NW warps (QP = 32 NW) */
+    const int code = max_pairs <= 8 || tc <= 1 ? QP : ATT_FA_CODE + tc;
     /* tiles and their key ends */
     int n_tiles = 0;
     for (int s = 0; s < S; s++) n_tiles += ((qs[s + 1] - qs[s]) * G + QP - 1) / QP;
-    int target = 2 * c->n_sms;          /* CTAs that keep every SM busy */
+    /* CTAs that keep every SM busy: 2 per SM; the FA kernel (two per SM
+     * resident, partials of 128 pairs) splits only below 1 per SM unless
+     * AWQD_ATTN_SPLIT=n asks for n per SM */
+    int per_sm = 2;
+    if (code >= ATT_FA_CODE) {
+        const char *se = getenv("AWQD_ATTN_SPLIT");
+        per_sm = se && atoi(se) > 0 ? atoi(se) : 1;
+    }
+    int target = per_sm * c->n_sms;
     int want = n_tiles * nkv >= target ? 1 : (target + n_tiles * nkv - 1) / (n_tiles * nkv);
     /* count items / groups / partial slots */
     int n_items = 0, n_comb = 0, n_slots = 0;
@@ -544,7 +782,7 @@ static int build_list(struct cuda_ctx *c, const struct attn_batch *ab, int nh, i
     CUDA_CHECK(cudaEventRecord(a->uploaded, c->stream), NULL, 0);
     a->n_items = n_items;
     a->n_comb = n_comb;
-    a->qp = QP;
+    a->qp = code;
     /* remember the geometry */
     if (S > a->cap_key) {
         free(a->key_q_start);
@@ -613,12 +851,41 @@ static void launch_tc(struct cuda_ctx *c, __half *out, const __half *qkv, const 
     }
 }
 
+template <int HD, int NW>
+static void launch_fa(struct cuda_ctx *c, __half *out, const __half *qkv, const __half *kc,
+                      const __half *vc, const int *bt, int nh, int nkv,
+                      const struct attn_batch *ab, float qscale) {
+    if constexpr (HD <= 128) {
+        struct cuda_attn *a = &c->attn;
+        size_t smem = sizeof(att_fa_smem<HD, NW>);
+        cudaFuncSetAttribute(attn_fa_kernel<HD, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem);
+        cudaError_t e = ops_cuda_launch(c, attn_fa_kernel<HD, NW>, dim3(a->n_items, nkv),
+                                        dim3(NW * 32), smem, out, qkv, kc, vc, bt,
+                                        (const int *)a->d_items, a->d_part, nh, nkv, nh / nkv,
+                                        ab->max_blocks, ab->block_size, qscale);
+        if (e != cudaSuccess) {
+            ops_cuda__fail(c, -EIO, "attention (tensor cores)", cudaGetErrorString(e));
+            return;
+        }
+        if (a->n_comb) {
+            e = ops_cuda_launch(c, attn_combine_kernel<HD, NW * 32>, dim3(a->n_comb, nkv),
+                                dim3(256), 0, out, (const float *)a->d_part,
+                                (const int *)a->d_comb, nh, nkv, nh / nkv);
+            if (e != cudaSuccess)
+                ops_cuda__fail(c, -EIO, "attention combine", cudaGetErrorString(e));
+        }
+    }
+}
+
 template <int HD>
 static void launch_hd(struct cuda_ctx *c, __half *out, const __half *qkv, const __half *kc,
                       const __half *vc, const int *bt, int nh, int nkv,
                       const struct attn_batch *ab, float qscale) {
     if (c->attn.qp == 8) launch<HD, 8>(c, out, qkv, kc, vc, bt, nh, nkv, ab, qscale);
     else if (c->attn.qp == ATT_TC_QP) launch_tc<HD>(c, out, qkv, kc, vc, bt, nh, nkv, ab, qscale);
+    else if (c->attn.qp == ATT_FA_CODE + 4) launch_fa<HD, 4>(c, out, qkv, kc, vc, bt, nh, nkv, ab, qscale);
+    else if (c->attn.qp == ATT_FA_CODE + 2) launch_fa<HD, 2>(c, out, qkv, kc, vc, bt, nh, nkv, ab, qscale);
     else launch<HD, 32>(c, out, qkv, kc, vc, bt, nh, nkv, ab, qscale);
 }
 

@@ -546,3 +546,197 @@ TEST(graph_cuda, bench_decode_attention) {
     ops_destroy(o[0]);
     ops_destroy(o[1]);
 }
+
+/* ---- prefill attention kernels (attn.cu): old one-m-tile kernel, the FA
+ * kernel with 4 and 2 warps, each against the CPU (|d| <= 4e-3) ----------- */
+
+/* AWQD_ATTN_TC values of the tensor-core prefill kernels (read by attn.cu at
+ * each work-list build): the old kernel, FA 4 warps (default), FA 2 warps */
+static const char *const pf_modes[] = {"old", "4", "2"};
+#define PF_NMODES 3
+
+struct pf_geo {
+    int n_seqs, n_rows, mb, nb;
+    int32_t *qs, *past, *bt;
+};
+
+/* a batch of sequences (past[s], rows[s]) over a permuted paged cache */
+static void pf_geo_make(struct pf_geo *g, int n_seqs, const int *past, const int *rows, int bs) {
+    g->n_seqs = n_seqs;
+    g->qs = malloc(((size_t)n_seqs + 1) * 4);
+    g->past = malloc((size_t)n_seqs * 4);
+    g->mb = 1;
+    g->nb = 0;
+    g->qs[0] = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int nb = (past[s] + rows[s] + bs - 1) / bs;
+        g->past[s] = past[s];
+        g->qs[s + 1] = g->qs[s] + rows[s];
+        if (nb > g->mb) g->mb = nb;
+        g->nb += nb;
+    }
+    g->n_rows = g->qs[n_seqs];
+    g->nb += 2;
+    int32_t *perm = malloc((size_t)g->nb * 4);
+    for (int i = 0; i < g->nb; i++) perm[i] = i;
+    for (int i = g->nb - 1; i > 0; i--) {
+        int j = (int)(gr_rnd() % (uint32_t)(i + 1));
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    g->bt = calloc((size_t)n_seqs * g->mb, 4);
+    int next = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int nb = (past[s] + rows[s] + bs - 1) / bs;
+        for (int j = 0; j < nb; j++) g->bt[(size_t)s * g->mb + j] = perm[next++];
+    }
+    free(perm);
+}
+
+static void pf_geo_free(struct pf_geo *g) {
+    free(g->qs);
+    free(g->past);
+    free(g->bt);
+}
+
+/* o[0] CPU, o[1 + k] GPU contexts for pf_modes[k] */
+static void pf_case(struct ops **o, int hd, int nh, int nkv, int n_seqs, const int *past,
+                    const int *rows, int bs) {
+    struct pf_geo g;
+    pf_geo_make(&g, n_seqs, past, rows, bs);
+    const int n = g.n_rows, width = (nh + 2 * nkv) * hd;
+    const size_t cache = (size_t)g.nb * bs * nkv * hd;
+    float *qkv = malloc((size_t)n * width * 4), *kc = malloc(cache * 4), *vc = malloc(cache * 4);
+    for (size_t i = 0; i < (size_t)n * width; i++) qkv[i] = gr_urand(-1, 1);
+    for (size_t i = 0; i < cache; i++) {
+        kc[i] = gr_urand(-1, 1);
+        vc[i] = gr_urand(-1, 1);
+    }
+    for (size_t i = 0; i < cache; i += 97) kc[i] = fp16_to_f32(f32_to_fp16(kc[i] * 8)); /* peaks */
+    const float scale = 2.0f / sqrtf((float)hd);
+    float *ref = NULL;
+    for (int k = 0; k < 1 + PF_NMODES && !test_failed(); k++) {
+        struct ops *b = o[k];
+        if (k) setenv("AWQD_ATTN_TC", pf_modes[k - 1], 1);
+        struct buf *Q = mk(b, BUF_ACT, (size_t)n * width, qkv), *KC = mk(b, BUF_ACT, cache, kc),
+                   *VC = mk(b, BUF_ACT, cache, vc), *O = mk(b, BUF_ACT, (size_t)n * nh * hd, NULL),
+                   *BQ = mk(b, BUF_I32, (size_t)n_seqs + 1, g.qs),
+                   *BP = mk(b, BUF_I32, (size_t)n_seqs, g.past),
+                   *BT = mk(b, BUF_I32, (size_t)n_seqs * g.mb, g.bt);
+        ASSERT(Q && KC && VC && O && BQ && BP && BT);
+        struct attn_batch ab = {n_seqs, n, g.mb, bs, BQ, BP, BT, NULL, NULL, g.qs, g.past, 0};
+        b->attention(b->ctx, O, Q, nh, nkv, hd, scale, &ab, KC, VC);
+        float *r = get(b, O, 0, (size_t)n * nh * hd);
+        unsetenv("AWQD_ATTN_TC");
+        if (!k) {
+            ref = r;
+        } else {
+            double mx, d = maxdiff(ref, r, (size_t)n * nh * hd, &mx);
+            ASSERT_MSG(d <= 4e-3,
+                       "AWQD_ATTN_TC=%s hd %d nh %d nkv %d seqs %d rows %d past[0] %d bs %d: "
+                       "differs from the CPU by %g",
+                       pf_modes[k - 1], hd, nh, nkv, n_seqs, n, past[0], bs, d);
+            free(r);
+        }
+        struct buf *all[] = {Q, KC, VC, O, BQ, BP, BT};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) b->free(b->ctx, all[i]);
+    }
+    free(ref);
+    free(qkv);
+    free(kc);
+    free(vc);
+    pf_geo_free(&g);
+}
+
+/* rows not a multiple of 32, G = 1 / 2 / 4 / 8, chunks with past > 0,
+ * split-K (few tiles over a long past), mixed batches, odd block sizes */
+TEST(graph_cuda, attention_prefill_kernels) {
+    if (!gpu_present()) TEST_SKIP("no CUDA device");
+    char err[256];
+    struct ops *o[1 + PF_NMODES] = {NULL};
+    ASSERT_MSG(ops_cpu_create(2, &o[0], err, sizeof err) == 0, "cpu: %s", err);
+    for (int k = 1; k <= PF_NMODES; k++)
+        ASSERT_MSG(ops_cuda_create(0, &o[k], err, sizeof err) == 0, "cuda: %s", err);
+    static const struct {
+        int hd, nh, nkv, bs, n_seqs, past[3], rows[3];
+    } cs[] = {
+        {128, 32, 8, 16, 1, {0}, {77}},
+        {128, 32, 8, 16, 1, {0}, {256}},
+        {128, 32, 8, 16, 1, {3000}, {40}},          /* split-K */
+        {128, 32, 8, 16, 1, {200}, {37}},
+        {128, 8, 8, 16, 1, {0}, {300}},             /* G = 1 */
+        {128, 8, 8, 7, 1, {70}, {129}},
+        {128, 16, 8, 7, 1, {33}, {100}},            /* G = 2 */
+        {128, 64, 8, 16, 1, {0}, {200}},            /* G = 8 */
+        {128, 32, 8, 16, 3, {0, 500, 1000}, {45, 1, 90}},
+        {64, 16, 2, 16, 3, {0, 500, 17}, {45, 1, 130}},
+        {64, 4, 4, 32, 1, {2500}, {9}},
+        {32, 8, 2, 1, 1, {5}, {257}},
+        {32, 8, 1, 16, 2, {64, 0}, {64, 1}},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0] && !test_failed(); i++)
+        pf_case(o, cs[i].hd, cs[i].nh, cs[i].nkv, cs[i].n_seqs, cs[i].past, cs[i].rows, cs[i].bs);
+    for (int k = 0; k <= PF_NMODES; k++) ops_destroy(o[k]);
+}
+
+/* ---- benchmark: prefill attention per call (prints; asserts only success) --
+ * Qwen3-8B heads (32 / 8 x 128), one sequence, eager calls; the kernels of
+ * pf_modes (and the 4-warp FA kernel with AWQD_ATTN_SPLIT=2) in one run.
+ * TFLOP/s from the causal FLOPs 4 nh hd sum over rows of the keys seen. */
+TEST(graph_cuda, bench_prefill_attention) {
+    if (!gpu_present()) TEST_SKIP("no CUDA device");
+    const int nh = 32, nkv = 8, hd = 128, bs = 16, width = (nh + 2 * nkv) * hd;
+    const int cases[][2] = {{128, 0}, {1024, 0}, {4096, 0}, {1024, 3072}}; /* rows, past */
+    const char *mode[] = {"old", "4", "2", "4"}, *split[] = {NULL, NULL, NULL, "2"};
+    const char *name[] = {"old (tc, 64 pairs)", "FA 4 warps (128 pairs)", "FA 2 warps (64 pairs)",
+                          "FA 4 warps, split below 2 CTAs/SM"};
+    enum { NK = 4 };
+    char err[256];
+    struct ops *o[NK] = {NULL};
+    for (int k = 0; k < NK; k++) ASSERT_MSG(ops_cuda_create(0, &o[k], err, sizeof err) == 0, "cuda: %s", err);
+    printf("\n| rows | past | kernel | us/call | TFLOP/s |\n|---|---|---|---|---|\n");
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0] && !test_failed(); ci++) {
+        int rows = cases[ci][0], past = cases[ci][1];
+        struct pf_geo g;
+        pf_geo_make(&g, 1, &past, &rows, bs);
+        size_t cache = (size_t)g.nb * bs * nkv * hd;
+        float *qkv = malloc((size_t)rows * width * 4), *kv = malloc(cache * 4);
+        for (size_t i = 0; i < (size_t)rows * width; i++) qkv[i] = gr_urand(-1, 1);
+        for (size_t i = 0; i < cache; i++) kv[i] = gr_urand(-1, 1);
+        double flop = 0;
+        for (int r = 0; r < rows; r++) flop += 4.0 * nh * hd * (past + r + 1);
+        const int reps = rows >= 4096 ? 10 : 40;
+        for (int k = 0; k < NK && !test_failed(); k++) {
+            struct ops *b = o[k];
+            setenv("AWQD_ATTN_TC", mode[k], 1);
+            if (split[k]) setenv("AWQD_ATTN_SPLIT", split[k], 1);
+            struct buf *Q = mk(b, BUF_ACT, (size_t)rows * width, qkv), *KC = mk(b, BUF_ACT, cache, kv),
+                       *VC = mk(b, BUF_ACT, cache, kv), *O = mk(b, BUF_ACT, (size_t)rows * nh * hd, NULL),
+                       *BQ = mk(b, BUF_I32, 2, g.qs), *BP = mk(b, BUF_I32, 1, g.past),
+                       *BT = mk(b, BUF_I32, (size_t)g.mb, g.bt);
+            ASSERT(Q && KC && VC && O && BQ && BP && BT);
+            struct attn_batch ab = {1, rows, g.mb, bs, BQ, BP, BT, NULL, NULL, g.qs, g.past, 0};
+            double t = 0;
+            for (int rep = -3; rep < reps; rep++) {
+                if (rep == 0) {
+                    ASSERT_EQ_INT(b->sync(b->ctx), 0);
+                    t = gr_now();
+                }
+                b->attention(b->ctx, O, Q, nh, nkv, hd, 0.088f, &ab, KC, VC);
+            }
+            ASSERT_EQ_INT(b->sync(b->ctx), 0);
+            double us = (gr_now() - t) * 1e6 / reps;
+            unsetenv("AWQD_ATTN_TC");
+            unsetenv("AWQD_ATTN_SPLIT");
+            printf("| %d | %d | %s | %.1f | %.0f |\n", rows, past, name[k], us, flop / us / 1e6);
+            struct buf *all[] = {Q, KC, VC, O, BQ, BP, BT};
+            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) b->free(b->ctx, all[i]);
+        }
+        free(qkv);
+        free(kv);
+        pf_geo_free(&g);
+    }
+    fflush(stdout);
+    for (int k = 0; k < NK; k++) ops_destroy(o[k]);
+}

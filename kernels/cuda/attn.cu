@@ -418,6 +418,62 @@ static __device__ __forceinline__ void ldsm_x4_t(unsigned *r, const void *p) {
                  : "r"(sa));
 }
 
+static __device__ __forceinline__ float fast_ex2(float x) { /* 2^x, -inf -> 0 */
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* One online-softmax step over a key tile of raw scores sc[NJ][4] (the
+ * MMA accumulators, -INFINITY = masked) of one m16 tile; qscale = scale *
+ * log2(e) is applied inside the exponent. The thread's rows gq (elements
+ * 0, 1) and gq + 8 (2, 3): running max mrow[2] (scaled, quad-uniform) and
+ * this thread's share of the row sum lrow[2] (the quad's shares are added at
+ * the end); sc becomes P = 2^(s qscale - max). Returns in alpha[2] the
+ * factors the output rows must be scaled by (1 when the max held). Max and
+ * sum reduce as trees (short dependency chains). */
+template <int NJ>
+static __device__ __forceinline__ void fa_softmax_tile(float (*sc)[4], float *mrow, float *lrow,
+                                                       float *alpha, float qscale) {
+    static_assert(NJ % 4 == 0, "NJ");
+    float mx[2][4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        mx[0][u] = fmaxf(sc[u][0], sc[u][1]);
+        mx[1][u] = fmaxf(sc[u][2], sc[u][3]);
+    }
+#pragma unroll
+    for (int j = 4; j < NJ; j++) {
+        mx[0][j & 3] = fmaxf(mx[0][j & 3], fmaxf(sc[j][0], sc[j][1]));
+        mx[1][j & 3] = fmaxf(mx[1][j & 3], fmaxf(sc[j][2], sc[j][3]));
+    }
+    float mb[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float m = fmaxf(fmaxf(mx[h][0], mx[h][1]), fmaxf(mx[h][2], mx[h][3]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        float mn = fmaxf(mrow[h], m * qscale);
+        mb[h] = mn == -INFINITY ? 0.0f : mn; /* all masked so far: every p is 0 */
+        alpha[h] = fast_ex2(mrow[h] - mb[h]);  /* -inf - finite -> 0; o, l are 0 then */
+        mrow[h] = mn;
+    }
+    float sum[2][4];
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int h = e >> 1;
+            float pv = fast_ex2(fmaf(sc[j][e], qscale, -mb[h]));
+            sc[j][e] = pv;
+            int u = (j & 1) * 2 + (e & 1);
+            sum[h][u] = j < 2 ? pv : sum[h][u] + pv;
+        }
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+        lrow[h] = lrow[h] * alpha[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
+}
+
 template <int HD, int NW>
 static __global__ void __launch_bounds__(NW * 32, 8 / NW)
 attn_fa_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
@@ -433,10 +489,12 @@ attn_fa_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
     att_fa_smem<HD, NW> &sm = *reinterpret_cast<att_fa_smem<HD, NW> *>(smem_raw);
     ops_cuda_pdl_wait(); /* q and the KV cache come from the previous kernel */
     ops_cuda_pdl_trigger();
-    const int *it = items + blockIdx.x * 8;
+    /* 1-D grid, the KV head fastest: CTAs start in work-list order over all
+     * heads (the longest tiles first) */
+    const int *it = items + (blockIdx.x / nkv) * 8;
     const int row0 = it[IT_ROW0], rows = it[IT_ROWS], past = it[IT_PAST], s = it[IT_SEQ];
     const int p0 = it[IT_P0], kb = it[IT_KB], ke = it[IT_KE], slot = it[IT_PART];
-    const int g = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = blockIdx.x % nkv, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int gq = lane >> 2, tq = lane & 3;
     const int n_pairs = rows * G;
     const size_t width = (size_t)(nh + 2 * nkv) * HD;
@@ -455,18 +513,18 @@ attn_fa_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
     }
     /* K and V of key tile t0 into stage st (one slot lookup per key for
      * both); keys >= ke zero-filled (P is 0 there, V must be finite) */
+    const __half *kcg = kc + (size_t)g * HD + (tid % CK) * 8, *vcg = vc + (size_t)g * HD + (tid % CK) * 8;
     auto load_kv = [&](int st, int t0) {
-        const int c = tid % CK;
-        for (int t = tid / CK; t < ATT_TK; t += KPP) {
-            int ta = t0 + t, bytes = 0;
+#pragma unroll
+        for (int i = 0; i < ATT_TK / KPP; i++) {
+            int t = tid / CK + i * KPP, ta = t0 + t, bytes = 0;
             size_t off = 0;
             if (ta < ke) {
-                off = (((size_t)bt[ta / block_size] * block_size + ta % block_size) * nkv + g) * HD +
-                      c * 8;
+                off = ((size_t)bt[ta / block_size] * block_size + ta % block_size) * nkv * HD;
                 bytes = 16;
             }
-            cp_async16(&sm.k[st][t][c * 8], kc + off, bytes);
-            cp_async16(&sm.v[st][t][c * 8], vc + off, bytes);
+            cp_async16(&sm.k[st][t][(tid % CK) * 8], kcg + off, bytes);
+            cp_async16(&sm.v[st][t][(tid % CK) * 8], vcg + off, bytes);
         }
     };
     load_kv(0, kb);
@@ -476,14 +534,6 @@ attn_fa_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
     const bool active = wp0 < n_pairs;
     const int wlast = (wp0 + 31 < n_pairs ? wp0 + 31 : n_pairs - 1);
     const int wmin_lim = past + wp0 / G, wmax_lim = active ? past + wlast / G : -1;
-    int lim[2][2]; /* [m-tile][row gq / gq + 8]: the last key the pair sees */
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int gp = wp0 + m * 16 + gq + 8 * h;
-            lim[m][h] = gp < n_pairs ? past + gp / G : -1;
-        }
     float o[2][DT][4];
 #pragma unroll
     for (int m = 0; m < 2; m++)
@@ -522,50 +572,72 @@ attn_fa_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
                 }
             }
         }
-        if (t0 + ATT_TK > ke || t0 + ATT_TK - 1 > wmin_lim) {
+        if (t0 + ATT_TK > ke || t0 + ATT_TK - 1 > wmin_lim) { /* diagonal / split end */
 #pragma unroll
             for (int m = 0; m < 2; m++)
 #pragma unroll
-                for (int j = 0; j < NJ; j++)
+                for (int h = 0; h < 2; h++) {
+                    int gp = wp0 + m * 16 + gq + 8 * h; /* keys > lim are masked */
+                    int lim = gp < n_pairs ? past + gp / G : -1;
+                    lim = lim < ke - 1 ? lim : ke - 1;
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int ta = t0 + j * 8 + 2 * tq + (e & 1);
-                        sc[m][j][e] = (ta < ke && ta <= lim[m][e >> 1]) ? sc[m][j][e] * qscale : -INFINITY;
-                    }
-        } else {
+                    for (int j = 0; j < NJ; j++)
 #pragma unroll
-            for (int m = 0; m < 2; m++)
-#pragma unroll
-                for (int j = 0; j < NJ; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) sc[m][j][e] *= qscale;
+                        for (int e = 0; e < 2; e++)
+                            if (t0 + j * 8 + 2 * tq + e > lim) sc[m][j][2 * h + e] = -INFINITY;
+                }
         }
+        float alpha[2][2];
 #pragma unroll
-        for (int m = 0; m < 2; m++) online_softmax_tile<NJ, DT>(sc[m], mrow[m], lrow[m], o[m]);
-        /* O += P V: P's A fragments are the S accumulators of n-tiles 2kk, 2kk + 1 */
+        for (int m = 0; m < 2; m++) fa_softmax_tile<NJ>(sc[m], mrow[m], lrow[m], alpha[m], qscale);
+        /* rescale O only when some row's max moved (rare after the first tiles) */
+        if (__any_sync(0xffffffffu, alpha[0][0] != 1.0f || alpha[0][1] != 1.0f ||
+                                        alpha[1][0] != 1.0f || alpha[1][1] != 1.0f)) {
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int j = 0; j < DT; j++) {
+                    o[m][j][0] *= alpha[m][0];
+                    o[m][j][1] *= alpha[m][0];
+                    o[m][j][2] *= alpha[m][1];
+                    o[m][j][3] *= alpha[m][1];
+                }
+        }
+        /* P as fp16 A fragments (keys 16 kk .. +15: n-tiles 2kk, 2kk + 1) */
+        unsigned pa[2][ATT_TK / 16][4];
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int kk = 0; kk < ATT_TK / 16; kk++) {
+                pa[m][kk][0] = pack_half2(sc[m][2 * kk][0], sc[m][2 * kk][1]);
+                pa[m][kk][1] = pack_half2(sc[m][2 * kk][2], sc[m][2 * kk][3]);
+                pa[m][kk][2] = pack_half2(sc[m][2 * kk + 1][0], sc[m][2 * kk + 1][1]);
+                pa[m][kk][3] = pack_half2(sc[m][2 * kk + 1][2], sc[m][2 * kk + 1][3]);
+            }
+        /* O += P V */
 #pragma unroll
         for (int kk = 0; kk < ATT_TK / 16; kk++) {
-            unsigned pa[2][4];
-#pragma unroll
-            for (int m = 0; m < 2; m++) {
-                pa[m][0] = pack_half2(sc[m][2 * kk][0], sc[m][2 * kk][1]);
-                pa[m][1] = pack_half2(sc[m][2 * kk][2], sc[m][2 * kk][3]);
-                pa[m][2] = pack_half2(sc[m][2 * kk + 1][0], sc[m][2 * kk + 1][1]);
-                pa[m][3] = pack_half2(sc[m][2 * kk + 1][2], sc[m][2 * kk + 1][3]);
-            }
 #pragma unroll
             for (int j = 0; j < DT; j += 2) {
                 unsigned b[4]; /* d n-tile j: b0 b1, j + 1: b2 b3 */
                 ldsm_x4_t(b, &sm.v[st][kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][j * 8 + (lane >> 4) * 8]);
 #pragma unroll
                 for (int m = 0; m < 2; m++) {
-                    mma16816(o[m][j], pa[m], b[0], b[1]);
-                    mma16816(o[m][j + 1], pa[m], b[2], b[3]);
+                    mma16816(o[m][j], pa[m][kk], b[0], b[1]);
+                    mma16816(o[m][j + 1], pa[m][kk], b[2], b[3]);
                 }
             }
         }
     }
     cp_async_wait0();
+    /* the row sums were kept per thread: add the quad's */
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            lrow[m][h] += __shfl_xor_sync(0xffffffffu, lrow[m][h], 1);
+            lrow[m][h] += __shfl_xor_sync(0xffffffffu, lrow[m][h], 2);
+        }
     /* results: O rows gq (o[.][.][0..1]) and gq + 8 (o[.][.][2..3]), dims j*8 + 2tq */
 #pragma unroll
     for (int m = 0; m < 2; m++)
@@ -594,6 +666,50 @@ attn_fa_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
         }
 }
 
+/* Merges the split partials of the FA kernel: one warp per pair, grid
+ * (QP / 4, groups, nkv) x 128 threads; the split weights 2^(m_k - M) are
+ * computed once per pair and the partial rows read coalesced. */
+template <int HD, int QP>
+static __global__ void __launch_bounds__(128)
+attn_combine_fa_kernel(__half *out, const float *part, const int *groups, int nh, int nkv, int G) {
+    ops_cuda_pdl_wait(); /* the partials come from the previous kernel */
+    ops_cuda_pdl_trigger();
+    const int *gr = groups + blockIdx.y * 8;
+    const int row0 = gr[0], rows = gr[1], p0 = gr[2], slot0 = gr[3], ns = gr[4];
+    const int g = blockIdx.z, lane = threadIdx.x & 31;
+    const int p = blockIdx.x * 4 + (threadIdx.x >> 5), gp = p0 + p;
+    if (gp >= rows * G) return;
+    const size_t stride = (size_t)nkv * QP * (HD + 2); /* between slots */
+    const float *pp = part + (((size_t)slot0 * nkv + g) * QP + p) * (HD + 2);
+    float M = -INFINITY;
+    for (int k = lane; k < ns; k += 32) M = fmaxf(M, pp[k * stride + HD]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+    float L = 0.0f, acc[HD / 32];
+#pragma unroll
+    for (int i = 0; i < HD / 32; i++) acc[i] = 0.0f;
+    if (M != -INFINITY) {
+        for (int k = lane; k < ns; k += 32) {
+            float m = pp[k * stride + HD];
+            if (m != -INFINITY) L += exp2f(m - M) * pp[k * stride + HD + 1];
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) L += __shfl_xor_sync(0xffffffffu, L, off);
+        for (int k = 0; k < ns; k++) {
+            const float *q = pp + k * stride;
+            float m = q[HD];
+            if (m == -INFINITY) continue;
+            float w = exp2f(m - M);
+#pragma unroll
+            for (int i = 0; i < HD / 32; i++) acc[i] += w * q[lane + 32 * i];
+        }
+    }
+    float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    __half *dst = out + (size_t)(row0 + gp / G) * nh * HD + (size_t)(g * G + gp % G) * HD;
+#pragma unroll
+    for (int i = 0; i < HD / 32; i++) dst[lane + 32 * i] = __float2half(acc[i] * inv);
+}
+
 /* Merges the split partials of one group of pairs: grid (groups, nkv). */
 template <int HD, int QP>
 static __global__ void attn_combine_kernel(__half *out, const float *part, const int *groups,
@@ -601,8 +717,6 @@ static __global__ void attn_combine_kernel(__half *out, const float *part, const
     const int *gr = groups + blockIdx.x * 8;
     const int row0 = gr[0], rows = gr[1], p0 = gr[2], slot0 = gr[3], ns = gr[4];
     const int g = blockIdx.y, n_pairs = rows * G;
-    ops_cuda_pdl_wait(); /* no-ops unless launched with PDL (after attn_fa_kernel) */
-    ops_cuda_pdl_trigger();
     for (int e = threadIdx.x; e < QP * HD; e += blockDim.x) {
         int p = e / HD, d = e % HD, gp = p0 + p;
         if (gp >= n_pairs) continue;
@@ -675,6 +789,42 @@ static int tc_mode(void) {
     if (e && !strcmp(e, "old")) return 1;
     if (e && !strcmp(e, "2")) return 2;
     return 4;
+}
+
+/* Orders the FA kernel's items (CTA = item * nkv + head) by key range,
+ * longest first over all sequences (stable). When all CTAs fit in one wave
+ * of two per SM, the CTAs after the first n_sms go in ascending order
+ * instead (AWQD_ATTN_ORDER=pair, the default; =lpt keeps descending), so
+ * that the second CTA an SM receives is short where its first is long. */
+struct att_item {
+    int v[8];
+    int idx;
+};
+static int item_cmp(const void *x, const void *y) {
+    const struct att_item *a = (const struct att_item *)x, *b = (const struct att_item *)y;
+    int la = a->v[IT_KE] - a->v[IT_KB], lb = b->v[IT_KE] - b->v[IT_KB];
+    if (la != lb) return la > lb ? -1 : 1;
+    return a->idx - b->idx;
+}
+static void order_items(int *items, int n_items, int nkv, int n_sms) {
+    if (n_items < 2) return;
+    struct att_item *t = (struct att_item *)malloc((size_t)n_items * sizeof *t);
+    if (!t) return; /* the unsorted order is still correct */
+    for (int i = 0; i < n_items; i++) {
+        memcpy(t[i].v, items + (size_t)i * 8, sizeof t[i].v);
+        t[i].idx = i;
+    }
+    qsort(t, (size_t)n_items, sizeof *t, item_cmp);
+    const char *e = getenv("AWQD_ATTN_ORDER");
+    int first = (n_sms + nkv - 1) / nkv; /* items of the first n_sms CTAs */
+    if (!(e && !strcmp(e, "lpt")) && n_items * nkv <= 2 * n_sms && first < n_items)
+        for (int i = first, j = n_items - 1; i < j; i++, j--) {
+            struct att_item x = t[i];
+            t[i] = t[j];
+            t[j] = x;
+        }
+    for (int i = 0; i < n_items; i++) memcpy(items + (size_t)i * 8, t[i].v, sizeof t[i].v);
+    free(t);
 }
 
 /* Builds and uploads the work list for this batch geometry. */
@@ -772,6 +922,7 @@ static int build_list(struct cuda_ctx *c, const struct attn_batch *ab, int nh, i
             }
         }
     }
+    if (code >= ATT_FA_CODE) order_items(a->h_items, n_items, nkv, c->n_sms);
     CUDA_CHECK(cudaMemcpyAsync(a->d_items, a->h_items, (size_t)n_items * 8 * sizeof(int),
                                cudaMemcpyHostToDevice, c->stream),
                NULL, 0);
@@ -860,7 +1011,7 @@ static void launch_fa(struct cuda_ctx *c, __half *out, const __half *qkv, const 
         size_t smem = sizeof(att_fa_smem<HD, NW>);
         cudaFuncSetAttribute(attn_fa_kernel<HD, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem);
-        cudaError_t e = ops_cuda_launch(c, attn_fa_kernel<HD, NW>, dim3(a->n_items, nkv),
+        cudaError_t e = ops_cuda_launch(c, attn_fa_kernel<HD, NW>, dim3(a->n_items * nkv),
                                         dim3(NW * 32), smem, out, qkv, kc, vc, bt,
                                         (const int *)a->d_items, a->d_part, nh, nkv, nh / nkv,
                                         ab->max_blocks, ab->block_size, qscale);
@@ -869,8 +1020,8 @@ static void launch_fa(struct cuda_ctx *c, __half *out, const __half *qkv, const 
             return;
         }
         if (a->n_comb) {
-            e = ops_cuda_launch(c, attn_combine_kernel<HD, NW * 32>, dim3(a->n_comb, nkv),
-                                dim3(256), 0, out, (const float *)a->d_part,
+            e = ops_cuda_launch(c, attn_combine_fa_kernel<HD, NW * 32>, dim3(NW * 8, a->n_comb, nkv),
+                                dim3(128), 0, out, (const float *)a->d_part,
                                 (const int *)a->d_comb, nh, nkv, nh / nkv);
             if (e != cudaSuccess)
                 ops_cuda__fail(c, -EIO, "attention combine", cudaGetErrorString(e));

@@ -650,7 +650,8 @@ static void pf_case(struct ops **o, int hd, int nh, int nkv, int n_seqs, const i
 }
 
 /* rows not a multiple of 32, G = 1 / 2 / 4 / 8, chunks with past > 0,
- * split-K (few tiles over a long past), mixed batches, odd block sizes */
+ * split-K (few tiles over a long past, > 32 splits), mixed batches, odd
+ * block sizes, a one-wave grid (the FA kernel's paired CTA order) */
 TEST(graph_cuda, attention_prefill_kernels) {
     if (!gpu_present()) TEST_SKIP("no CUDA device");
     char err[256];
@@ -674,6 +675,8 @@ TEST(graph_cuda, attention_prefill_kernels) {
         {64, 4, 4, 32, 1, {2500}, {9}},
         {32, 8, 2, 1, 1, {5}, {257}},
         {32, 8, 1, 16, 2, {64, 0}, {64, 1}},
+        {64, 8, 1, 16, 1, {5000}, {3}},             /* > 32 splits of one tile */
+        {32, 32, 32, 16, 1, {0}, {700}},            /* one wave: paired CTA order */
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0] && !test_failed(); i++)
         pf_case(o, cs[i].hd, cs[i].nh, cs[i].nkv, cs[i].n_seqs, cs[i].past, cs[i].rows, cs[i].bs);
@@ -681,23 +684,29 @@ TEST(graph_cuda, attention_prefill_kernels) {
 }
 
 /* ---- benchmark: prefill attention per call (prints; asserts only success) --
- * Qwen3-8B heads (32 / 8 x 128), one sequence, eager calls; the kernels of
- * pf_modes (and the 4-warp FA kernel with AWQD_ATTN_SPLIT=2) in one run.
+ * Qwen3-8B heads (32 / 8 x 128), one sequence, eager calls; the old kernel
+ * and the FA kernel variants (warps, CTA order, split rule) in one run.
  * TFLOP/s from the causal FLOPs 4 nh hd sum over rows of the keys seen. */
 TEST(graph_cuda, bench_prefill_attention) {
     if (!gpu_present()) TEST_SKIP("no CUDA device");
     const int nh = 32, nkv = 8, hd = 128, bs = 16, width = (nh + 2 * nkv) * hd;
     const int cases[][2] = {{128, 0}, {1024, 0}, {4096, 0}, {1024, 3072}}; /* rows, past */
-    const char *mode[] = {"old", "4", "2", "4"}, *split[] = {NULL, NULL, NULL, "2"};
-    const char *name[] = {"old (tc, 64 pairs)", "FA 4 warps (128 pairs)", "FA 2 warps (64 pairs)",
-                          "FA 4 warps, split below 2 CTAs/SM"};
-    enum { NK = 4 };
+    /* kernel k: AWQD_ATTN_TC = mode[k], and the variable xenv[k] = xval[k] */
+    const char *mode[] = {"old", "4", "4", "2", "4"};
+    const char *xenv[] = {NULL, NULL, "AWQD_ATTN_ORDER", NULL, "AWQD_ATTN_SPLIT"};
+    const char *xval[] = {NULL, NULL, "lpt", NULL, "2"};
+    const char *name[] = {"old (tc, 64 pairs)", "FA 4 warps (128 pairs)", "FA 4 warps, LPT order",
+                          "FA 2 warps (64 pairs)", "FA 4 warps, split below 2 CTAs/SM"};
+    enum { NK = 5 };
     char err[256];
     struct ops *o[NK] = {NULL};
     for (int k = 0; k < NK; k++) ASSERT_MSG(ops_cuda_create(0, &o[k], err, sizeof err) == 0, "cuda: %s", err);
+    /* AWQD_BENCH_PF_CASE / _KERNEL = i: only that case / kernel (profiling) */
+    const char *only_c = getenv("AWQD_BENCH_PF_CASE"), *only_k = getenv("AWQD_BENCH_PF_KERNEL");
     printf("\n| rows | past | kernel | us/call | TFLOP/s |\n|---|---|---|---|---|\n");
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0] && !test_failed(); ci++) {
         int rows = cases[ci][0], past = cases[ci][1];
+        if (only_c && atoi(only_c) != (int)ci) continue;
         struct pf_geo g;
         pf_geo_make(&g, 1, &past, &rows, bs);
         size_t cache = (size_t)g.nb * bs * nkv * hd;
@@ -706,29 +715,34 @@ TEST(graph_cuda, bench_prefill_attention) {
         for (size_t i = 0; i < cache; i++) kv[i] = gr_urand(-1, 1);
         double flop = 0;
         for (int r = 0; r < rows; r++) flop += 4.0 * nh * hd * (past + r + 1);
-        const int reps = rows >= 4096 ? 10 : 40;
         for (int k = 0; k < NK && !test_failed(); k++) {
             struct ops *b = o[k];
+            if (only_k && atoi(only_k) != k) continue;
             setenv("AWQD_ATTN_TC", mode[k], 1);
-            if (split[k]) setenv("AWQD_ATTN_SPLIT", split[k], 1);
+            if (xenv[k]) setenv(xenv[k], xval[k], 1);
             struct buf *Q = mk(b, BUF_ACT, (size_t)rows * width, qkv), *KC = mk(b, BUF_ACT, cache, kv),
                        *VC = mk(b, BUF_ACT, cache, kv), *O = mk(b, BUF_ACT, (size_t)rows * nh * hd, NULL),
                        *BQ = mk(b, BUF_I32, 2, g.qs), *BP = mk(b, BUF_I32, 1, g.past),
                        *BT = mk(b, BUF_I32, (size_t)g.mb, g.bt);
             ASSERT(Q && KC && VC && O && BQ && BP && BT);
             struct attn_batch ab = {1, rows, g.mb, bs, BQ, BP, BT, NULL, NULL, g.qs, g.past, 0};
-            double t = 0;
-            for (int rep = -3; rep < reps; rep++) {
-                if (rep == 0) {
-                    ASSERT_EQ_INT(b->sync(b->ctx), 0);
-                    t = gr_now();
-                }
+            /* warm-up (clocks ramp up): >= 50 ms of calls; then ~100 ms timed */
+            int nw = 0;
+            double t = gr_now();
+            do {
+                for (int i = 0; i < 4; i++) b->attention(b->ctx, O, Q, nh, nkv, hd, 0.088f, &ab, KC, VC);
+                nw += 4;
+                ASSERT_EQ_INT(b->sync(b->ctx), 0);
+            } while (gr_now() - t < 0.05);
+            int reps = (int)(0.1 / ((gr_now() - t) / nw));
+            if (reps < 10) reps = 10;
+            t = gr_now();
+            for (int rep = 0; rep < reps; rep++)
                 b->attention(b->ctx, O, Q, nh, nkv, hd, 0.088f, &ab, KC, VC);
-            }
             ASSERT_EQ_INT(b->sync(b->ctx), 0);
             double us = (gr_now() - t) * 1e6 / reps;
             unsetenv("AWQD_ATTN_TC");
-            unsetenv("AWQD_ATTN_SPLIT");
+            if (xenv[k]) unsetenv(xenv[k]);
             printf("| %d | %d | %s | %.1f | %.0f |\n", rows, past, name[k], us, flop / us / 1e6);
             struct buf *all[] = {Q, KC, VC, O, BQ, BP, BT};
             for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) b->free(b->ctx, all[i]);

@@ -792,10 +792,8 @@ static int tc_mode(void) {
 }
 
 /* Orders the FA kernel's items (CTA = item * nkv + head) by key range,
- * longest first over all sequences (stable). When all CTAs fit in one wave
- * of two per SM, the CTAs after the first n_sms go in ascending order
- * instead (AWQD_ATTN_ORDER=pair, the default; =lpt keeps descending), so
- * that the second CTA an SM receives is short where its first is long. */
+ * longest first over all sequences (stable), so that the longest CTAs start
+ * in the first wave. */
 struct att_item {
     int v[8];
     int idx;
@@ -806,7 +804,7 @@ static int item_cmp(const void *x, const void *y) {
     if (la != lb) return la > lb ? -1 : 1;
     return a->idx - b->idx;
 }
-static void order_items(int *items, int n_items, int nkv, int n_sms) {
+static void order_items(int *items, int n_items) {
     if (n_items < 2) return;
     struct att_item *t = (struct att_item *)malloc((size_t)n_items * sizeof *t);
     if (!t) return; /* the unsorted order is still correct */
@@ -815,14 +813,6 @@ static void order_items(int *items, int n_items, int nkv, int n_sms) {
         t[i].idx = i;
     }
     qsort(t, (size_t)n_items, sizeof *t, item_cmp);
-    const char *e = getenv("AWQD_ATTN_ORDER");
-    int first = (n_sms + nkv - 1) / nkv; /* items of the first n_sms CTAs */
-    if (!(e && !strcmp(e, "lpt")) && n_items * nkv <= 2 * n_sms && first < n_items)
-        for (int i = first, j = n_items - 1; i < j; i++, j--) {
-            struct att_item x = t[i];
-            t[i] = t[j];
-            t[j] = x;
-        }
     for (int i = 0; i < n_items; i++) memcpy(items + (size_t)i * 8, t[i].v, sizeof t[i].v);
     free(t);
 }
@@ -850,7 +840,15 @@ static int build_list(struct cuda_ctx *c, const struct attn_batch *ab, int nh, i
     const int code = max_pairs <= 8 || tc <= 1 ? QP : ATT_FA_CODE + tc;
     /* tiles and their key ends */
     int n_tiles = 0;
-    for (int s = 0; s < S; s++) n_tiles += ((qs[s + 1] - qs[s]) * G + QP - 1) / QP;
+    double work = 0; /* key tiles over all CTAs */
+    for (int s = 0; s < S; s++) {
+        int np = (qs[s + 1] - qs[s]) * G;
+        n_tiles += (np + QP - 1) / QP;
+        for (int p0 = 0; p0 < np; p0 += QP) {
+            int last = (p0 + QP < np ? p0 + QP : np) - 1;
+            work += (double)((past[s] + last / G + 1 + ATT_TK - 1) / ATT_TK) * nkv;
+        }
+    }
     /* CTAs that keep every SM busy: 2 per SM; the FA kernel (two per SM
      * resident, partials of 128 pairs) splits only below 1 per SM unless
      * AWQD_ATTN_SPLIT=n asks for n per SM */
@@ -860,6 +858,20 @@ static int build_list(struct cuda_ctx *c, const struct attn_batch *ab, int nh, i
         per_sm = se && atoi(se) > 0 ? atoi(se) : 1;
     }
     int target = per_sm * c->n_sms;
+    /* FA kernel, causal balance: with two CTAs resident per SM, a CTA longer
+     * than AWQD_ATTN_BAL % (default 125) of the mean work per slot would
+     * form the tail of a short grid (a 1024-row prefill: 16 key tiles for
+     * the last query tile against 8 per slot); such items are split into
+     * equal parts (split-K partials + combine). 0 disables. */
+    int cap = 1 << 30;
+    if (code >= ATT_FA_CODE) {
+        const char *be = getenv("AWQD_ATTN_BAL");
+        int pct = be ? atoi(be) : 125;
+        if (pct > 0) {
+            cap = (int)ceil(pct / 100.0 * work / (2.0 * c->n_sms));
+            if (cap < 4) cap = 4;
+        }
+    }
     int want = n_tiles * nkv >= target ? 1 : (target + n_tiles * nkv - 1) / (n_tiles * nkv);
     /* count items / groups / partial slots */
     int n_items = 0, n_comb = 0, n_slots = 0;
@@ -875,8 +887,10 @@ static int build_list(struct cuda_ctx *c, const struct attn_batch *ab, int nh, i
                 int nkt = (kend + ATT_TK - 1) / ATT_TK;
                 int per = want > 1 ? (nkt + want - 1) / want : nkt;
                 if (per < ATT_MIN_SPLIT_TILES) per = ATT_MIN_SPLIT_TILES;
+                if (per > cap) per = cap;
                 int ns = (nkt + per - 1) / per;
                 if (ns < 1) ns = 1;
+                if (code >= ATT_FA_CODE) per = (nkt + ns - 1) / ns; /* equal parts, same ns */
                 for (int k = 0; k < ns; k++) {
                     if (pass) {
                         int *it = a->h_items + (size_t)n_items * 8;
@@ -922,7 +936,7 @@ static int build_list(struct cuda_ctx *c, const struct attn_batch *ab, int nh, i
             }
         }
     }
-    if (code >= ATT_FA_CODE) order_items(a->h_items, n_items, nkv, c->n_sms);
+    if (code >= ATT_FA_CODE) order_items(a->h_items, n_items);
     CUDA_CHECK(cudaMemcpyAsync(a->d_items, a->h_items, (size_t)n_items * 8 * sizeof(int),
                                cudaMemcpyHostToDevice, c->stream),
                NULL, 0);

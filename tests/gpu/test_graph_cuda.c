@@ -693,10 +693,11 @@ TEST(graph_cuda, bench_prefill_attention) {
     const int cases[][2] = {{128, 0}, {1024, 0}, {4096, 0}, {1024, 3072}}; /* rows, past */
     /* kernel k: AWQD_ATTN_TC = mode[k], and the variable xenv[k] = xval[k] */
     const char *mode[] = {"old", "4", "4", "2", "4"};
-    const char *xenv[] = {NULL, NULL, "AWQD_ATTN_ORDER", NULL, "AWQD_ATTN_SPLIT"};
-    const char *xval[] = {NULL, NULL, "lpt", NULL, "2"};
-    const char *name[] = {"old (tc, 64 pairs)", "FA 4 warps (128 pairs)", "FA 4 warps, LPT order",
-                          "FA 2 warps (64 pairs)", "FA 4 warps, split below 2 CTAs/SM"};
+    const char *xenv[] = {NULL, NULL, "AWQD_ATTN_BAL", NULL, "AWQD_ATTN_SPLIT"};
+    const char *xval[] = {NULL, NULL, "0", NULL, "2"};
+    const char *name[] = {"old (tc, 64 pairs)", "FA 4 warps (128 pairs)",
+                          "FA 4 warps, no balance split", "FA 2 warps (64 pairs)",
+                          "FA 4 warps, split below 2 CTAs/SM"};
     enum { NK = 5 };
     char err[256];
     struct ops *o[NK] = {NULL};

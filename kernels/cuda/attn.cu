@@ -7,7 +7,8 @@
  * row p / G, head g * G + p % G (G = nh / nkv). A CTA takes QP consecutive
  * pairs (so all G query heads of a KV head share every K/V tile it loads:
  * each KV head is read once per group) and a range [kb, ke) of key
- * positions; the grid is (work items, nkv). When the items are too few to
+ * positions; the grid is (work items, nkv) (the FA kernel: work items x nkv
+ * in one dimension, the KV head fastest). When the items are too few to
  * fill the GPU (decode, short batches) the key range of each tile is split
  * and a second kernel merges the partial softmax states.
  *
@@ -15,7 +16,19 @@
  * h_past, uploaded once and reused while the batch geometry is unchanged
  * (every layer of one forward).
  *
- * Kernel (128 threads, TK = 64 keys per tile):
+ * Kernels. Prefill, chunked prefill and mixed batches with hd <= 128 run
+ * attn_fa_kernel (FA2 style, 4 warps x 32 pairs = QP 128; see its comment),
+ * its items sorted longest first over all sequences, items longer than
+ * 125 % of the mean work per CTA slot split for causal balance, partials
+ * merged by attn_combine_fa_kernel; both launched with programmatic
+ * dependent launch when the context has it. Measured on an H100 (Qwen3-8B
+ * heads, 32 / 8 x 128, graph_cuda.bench_prefill_attention), see the commit
+ * log for the numbers. AWQD_ATTN_TC=old selects the previous tensor-core
+ * kernel (attn_tc_kernel, 4 warps x 16 pairs) and =2 the FA kernel with 2
+ * warps (64 pairs), for A/B timing; read at each work-list build.
+ * Decode batches (<= 8 pairs per sequence) and hd 256 use the SIMT kernel:
+ *
+ * SIMT kernel (128 threads, TK = 64 keys per tile):
  *   q       float [QP][HD + 4] pre-scaled by scale * log2(e)   (shared)
  *   k, v    fp16  [TK][HD + 8] one tile, zero past the range     (shared)
  *   S       float [QP][TK + 4] scores, then probabilities      (shared)
@@ -480,11 +493,13 @@ attn_fa_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
                const int *block_table, const int *items, float *part, int nh, int nkv, int G,
                int max_blocks, int block_size, float qscale) {
     constexpr int NT = NW * 32, QP = NW * 32;
+    constexpr int MT = 2;           /* m16 tiles per score pass (see there) */
     constexpr int KS = HD / 16;     /* k-steps of Q K^T */
     constexpr int NJ = ATT_TK / 8;  /* key n-tiles per tile */
     constexpr int DT = HD / 8;      /* d n-tiles of O */
     constexpr int CK = HD / 8;      /* 16-byte chunks per key / pair */
-    constexpr int KPP = NT / CK;    /* keys per loader pass */
+    constexpr int TPK = NT / ATT_TK;  /* loader: threads per key (one key each) */
+    static_assert(TPK >= 1 && CK % TPK == 0, "loader mapping");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     att_fa_smem<HD, NW> &sm = *reinterpret_cast<att_fa_smem<HD, NW> *>(smem_raw);
     ops_cuda_pdl_wait(); /* q and the KV cache come from the previous kernel */
@@ -511,20 +526,26 @@ attn_fa_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
         }
         cp_async16(&sm.q[p][c * 8], src, bytes);
     }
-    /* K and V of key tile t0 into stage st (one slot lookup per key for
-     * both); keys >= ke zero-filled (P is 0 there, V must be finite) */
-    const __half *kcg = kc + (size_t)g * HD + (tid % CK) * 8, *vcg = vc + (size_t)g * HD + (tid % CK) * 8;
+    /* K and V of key tile t0 into stage st: thread tid copies key tid / TPK,
+     * chunks tid % TPK + TPK i (the TPK threads of a key cover whole 32-byte
+     * sectors per instruction), one slot lookup for its key; block sizes
+     * that are powers of two (the usual 16) divide by shifts; keys >= ke are
+     * zero-filled (P is 0 there, V must be finite) */
+    const int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
+    const int lt = tid / TPK, lc = tid % TPK;
+    const __half *kcg = kc + (size_t)g * HD + lc * 8, *vcg = vc + (size_t)g * HD + lc * 8;
     auto load_kv = [&](int st, int t0) {
+        int ta = t0 + lt, bytes = 0;
+        size_t off = 0;
+        if (ta < ke) {
+            int blk = bs_shift >= 0 ? ta >> bs_shift : ta / block_size;
+            off = ((size_t)bt[blk] * block_size + (ta - blk * block_size)) * nkv * HD;
+            bytes = 16;
+        }
 #pragma unroll
-        for (int i = 0; i < ATT_TK / KPP; i++) {
-            int t = tid / CK + i * KPP, ta = t0 + t, bytes = 0;
-            size_t off = 0;
-            if (ta < ke) {
-                off = ((size_t)bt[ta / block_size] * block_size + ta % block_size) * nkv * HD;
-                bytes = 16;
-            }
-            cp_async16(&sm.k[st][t][(tid % CK) * 8], kcg + off, bytes);
-            cp_async16(&sm.v[st][t][(tid % CK) * 8], vcg + off, bytes);
+        for (int i = 0; i < CK / TPK; i++) {
+            cp_async16(&sm.k[st][lt][(lc + TPK * i) * 8], kcg + off + TPK * i * 8, bytes);
+            cp_async16(&sm.v[st][lt][(lc + TPK * i) * 8], vcg + off + TPK * i * 8, bytes);
         }
     };
     load_kv(0, kb);
@@ -549,47 +570,64 @@ attn_fa_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
         if (t0 + ATT_TK < ke) load_kv(st ^ 1, t0 + ATT_TK);
         cp_async_commit();
         if (!active || t0 > wmax_lim) continue; /* nothing this warp sees */
-        /* S = Q K^T: 32 pairs x TK keys */
-        float sc[2][NJ][4];
+        /* S = Q K^T, softmax, P: MT m16 tiles per pass (MT = 2: each K
+         * fragment feeds two MMAs; MT = 1, half the score registers with K
+         * read twice, measured 2-5 % slower on an H100) */
+        float alpha[2][2];
+        unsigned pa[2][ATT_TK / 16][4]; /* P as fp16 A fragments (keys 16 kk .. +15) */
 #pragma unroll
-        for (int m = 0; m < 2; m++)
+        for (int ps = 0; ps < 2 / MT; ps++) {
+            float sc[MT][NJ][4];
 #pragma unroll
-            for (int j = 0; j < NJ; j++) sc[m][j][0] = sc[m][j][1] = sc[m][j][2] = sc[m][j][3] = 0.0f;
+            for (int mm = 0; mm < MT; mm++)
 #pragma unroll
-        for (int k = 0; k < KS; k++) {
-            unsigned qa[2][4];
+                for (int j = 0; j < NJ; j++)
+                    sc[mm][j][0] = sc[mm][j][1] = sc[mm][j][2] = sc[mm][j][3] = 0.0f;
 #pragma unroll
-            for (int m = 0; m < 2; m++)
-                ldsm_x4(qa[m], &sm.q[warp * 32 + m * 16 + (lane & 15)][k * 16 + (lane >> 4) * 8]);
+            for (int k = 0; k < KS; k++) {
+                unsigned qa[MT][4];
 #pragma unroll
-            for (int j = 0; j < NJ; j += 2) {
-                unsigned b[4]; /* n-tile j: b0 b1, j + 1: b2 b3 */
-                ldsm_x4(b, &sm.k[st][j * 8 + (lane & 7) + (lane >> 4) * 8][k * 16 + ((lane >> 3) & 1) * 8]);
+                for (int mm = 0; mm < MT; mm++)
+                    ldsm_x4(qa[mm], &sm.q[warp * 32 + (ps * MT + mm) * 16 + (lane & 15)][k * 16 + (lane >> 4) * 8]);
 #pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    mma16816(sc[m][j], qa[m], b[0], b[1]);
-                    mma16816(sc[m][j + 1], qa[m], b[2], b[3]);
+                for (int j = 0; j < NJ; j += 2) {
+                    unsigned b[4]; /* n-tile j: b0 b1, j + 1: b2 b3 */
+                    ldsm_x4(b, &sm.k[st][j * 8 + (lane & 7) + (lane >> 4) * 8][k * 16 + ((lane >> 3) & 1) * 8]);
+#pragma unroll
+                    for (int mm = 0; mm < MT; mm++) {
+                        mma16816(sc[mm][j], qa[mm], b[0], b[1]);
+                        mma16816(sc[mm][j + 1], qa[mm], b[2], b[3]);
+                    }
+                }
+            }
+            if (t0 + ATT_TK > ke || t0 + ATT_TK - 1 > wmin_lim) { /* diagonal / split end */
+#pragma unroll
+                for (int mm = 0; mm < MT; mm++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        int gp = wp0 + (ps * MT + mm) * 16 + gq + 8 * h; /* keys > lim masked */
+                        int lim = gp < n_pairs ? past + gp / G : -1;
+                        lim = lim < ke - 1 ? lim : ke - 1;
+#pragma unroll
+                        for (int j = 0; j < NJ; j++)
+#pragma unroll
+                            for (int e = 0; e < 2; e++)
+                                if (t0 + j * 8 + 2 * tq + e > lim) sc[mm][j][2 * h + e] = -INFINITY;
+                    }
+            }
+#pragma unroll
+            for (int mm = 0; mm < MT; mm++) {
+                const int m = ps * MT + mm;
+                fa_softmax_tile<NJ>(sc[mm], mrow[m], lrow[m], alpha[m], qscale);
+#pragma unroll
+                for (int kk = 0; kk < ATT_TK / 16; kk++) {
+                    pa[m][kk][0] = pack_half2(sc[mm][2 * kk][0], sc[mm][2 * kk][1]);
+                    pa[m][kk][1] = pack_half2(sc[mm][2 * kk][2], sc[mm][2 * kk][3]);
+                    pa[m][kk][2] = pack_half2(sc[mm][2 * kk + 1][0], sc[mm][2 * kk + 1][1]);
+                    pa[m][kk][3] = pack_half2(sc[mm][2 * kk + 1][2], sc[mm][2 * kk + 1][3]);
                 }
             }
         }
-        if (t0 + ATT_TK > ke || t0 + ATT_TK - 1 > wmin_lim) { /* diagonal / split end */
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int gp = wp0 + m * 16 + gq + 8 * h; /* keys > lim are masked */
-                    int lim = gp < n_pairs ? past + gp / G : -1;
-                    lim = lim < ke - 1 ? lim : ke - 1;
-#pragma unroll
-                    for (int j = 0; j < NJ; j++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++)
-                            if (t0 + j * 8 + 2 * tq + e > lim) sc[m][j][2 * h + e] = -INFINITY;
-                }
-        }
-        float alpha[2][2];
-#pragma unroll
-        for (int m = 0; m < 2; m++) fa_softmax_tile<NJ>(sc[m], mrow[m], lrow[m], alpha[m], qscale);
         /* rescale O only when some row's max moved (rare after the first tiles) */
         if (__any_sync(0xffffffffu, alpha[0][0] != 1.0f || alpha[0][1] != 1.0f ||
                                         alpha[1][0] != 1.0f || alpha[1][1] != 1.0f)) {
@@ -603,17 +641,6 @@ attn_fa_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
                     o[m][j][3] *= alpha[m][1];
                 }
         }
-        /* P as fp16 A fragments (keys 16 kk .. +15: n-tiles 2kk, 2kk + 1) */
-        unsigned pa[2][ATT_TK / 16][4];
-#pragma unroll
-        for (int m = 0; m < 2; m++)
-#pragma unroll
-            for (int kk = 0; kk < ATT_TK / 16; kk++) {
-                pa[m][kk][0] = pack_half2(sc[m][2 * kk][0], sc[m][2 * kk][1]);
-                pa[m][kk][1] = pack_half2(sc[m][2 * kk][2], sc[m][2 * kk][3]);
-                pa[m][kk][2] = pack_half2(sc[m][2 * kk + 1][0], sc[m][2 * kk + 1][1]);
-                pa[m][kk][3] = pack_half2(sc[m][2 * kk + 1][2], sc[m][2 * kk + 1][3]);
-            }
         /* O += P V */
 #pragma unroll
         for (int kk = 0; kk < ATT_TK / 16; kk++) {

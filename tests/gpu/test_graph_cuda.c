@@ -548,7 +548,7 @@ TEST(graph_cuda, bench_decode_attention) {
 }
 
 /* ---- prefill attention kernels (attn.cu): old one-m-tile kernel, the FA
- * kernel with 4 and 2 warps, each against the CPU (|d| <= 4e-3) ----------- */
+ * kernel variants, each against the CPU (|d| <= 4e-3) ---------------------- */
 
 /* AWQD_ATTN_TC values of the tensor-core prefill kernels (read by attn.cu at
  * each work-list build): the old kernel, FA 4 warps (default), FA 2 warps */
@@ -692,13 +692,13 @@ TEST(graph_cuda, bench_prefill_attention) {
     const int nh = 32, nkv = 8, hd = 128, bs = 16, width = (nh + 2 * nkv) * hd;
     const int cases[][2] = {{128, 0}, {1024, 0}, {4096, 0}, {1024, 3072}}; /* rows, past */
     /* kernel k: AWQD_ATTN_TC = mode[k], and the variable xenv[k] = xval[k] */
-    const char *mode[] = {"old", "4", "4", "2", "4"};
-    const char *xenv[] = {NULL, NULL, "AWQD_ATTN_BAL", NULL, "AWQD_ATTN_SPLIT"};
-    const char *xval[] = {NULL, NULL, "0", NULL, "2"};
+    const char *mode[] = {"old", "4", "4", "4", "4", "2"};
+    const char *xenv[] = {NULL, NULL, "AWQD_ATTN_BAL", "AWQD_ATTN_BAL", "AWQD_ATTN_BAL", NULL};
+    const char *xval[] = {NULL, NULL, "0", "100", "150", NULL};
     const char *name[] = {"old (tc, 64 pairs)", "FA 4 warps (128 pairs)",
-                          "FA 4 warps, no balance split", "FA 2 warps (64 pairs)",
-                          "FA 4 warps, split below 2 CTAs/SM"};
-    enum { NK = 5 };
+                          "FA 4 warps, no balance split", "FA 4 warps, balance 100 %",
+                          "FA 4 warps, balance 150 %", "FA 2 warps (64 pairs)"};
+    enum { NK = 6 };
     char err[256];
     struct ops *o[NK] = {NULL};
     for (int k = 0; k < NK; k++) ASSERT_MSG(ops_cuda_create(0, &o[k], err, sizeof err) == 0, "cuda: %s", err);

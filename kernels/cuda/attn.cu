@@ -491,19 +491,18 @@ template <int HD, int NW>
 static __global__ void __launch_bounds__(NW * 32, 8 / NW)
 attn_fa_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
                const int *block_table, const int *items, float *part, int nh, int nkv, int G,
-               int max_blocks, int block_size, float qscale) {
+               int max_blocks, int block_size, float qscale, int late_trigger) {
     constexpr int NT = NW * 32, QP = NW * 32;
     constexpr int MT = 2;           /* m16 tiles per score pass (see there) */
     constexpr int KS = HD / 16;     /* k-steps of Q K^T */
     constexpr int NJ = ATT_TK / 8;  /* key n-tiles per tile */
     constexpr int DT = HD / 8;      /* d n-tiles of O */
     constexpr int CK = HD / 8;      /* 16-byte chunks per key / pair */
-    constexpr int TPK = NT / ATT_TK;  /* loader: threads per key (one key each) */
-    static_assert(TPK >= 1 && CK % TPK == 0, "loader mapping");
+    constexpr int KPP = NT / CK;    /* keys per loader pass */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     att_fa_smem<HD, NW> &sm = *reinterpret_cast<att_fa_smem<HD, NW> *>(smem_raw);
     ops_cuda_pdl_wait(); /* q and the KV cache come from the previous kernel */
-    ops_cuda_pdl_trigger();
+    if (!late_trigger) ops_cuda_pdl_trigger();
     /* 1-D grid, the KV head fastest: CTAs start in work-list order over all
      * heads (the longest tiles first) */
     const int *it = items + (blockIdx.x / nkv) * 8;
@@ -526,26 +525,26 @@ attn_fa_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
         }
         cp_async16(&sm.q[p][c * 8], src, bytes);
     }
-    /* K and V of key tile t0 into stage st: thread tid copies key tid / TPK,
-     * chunks tid % TPK + TPK i (the TPK threads of a key cover whole 32-byte
-     * sectors per instruction), one slot lookup for its key; block sizes
+    /* K and V of key tile t0 into stage st: a warp copies whole keys (HD / 8
+     * 16-byte chunks each, one slot lookup per key for K and V); block sizes
      * that are powers of two (the usual 16) divide by shifts; keys >= ke are
-     * zero-filled (P is 0 there, V must be finite) */
+     * zero-filled (P is 0 there, V must be finite). (One key per thread, its
+     * TPK threads covering 32-byte sectors, measured 12 % slower.) */
+    const __half *kcg = kc + (size_t)g * HD + (tid % CK) * 8, *vcg = vc + (size_t)g * HD + (tid % CK) * 8;
     const int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
-    const int lt = tid / TPK, lc = tid % TPK;
-    const __half *kcg = kc + (size_t)g * HD + lc * 8, *vcg = vc + (size_t)g * HD + lc * 8;
     auto load_kv = [&](int st, int t0) {
-        int ta = t0 + lt, bytes = 0;
-        size_t off = 0;
-        if (ta < ke) {
-            int blk = bs_shift >= 0 ? ta >> bs_shift : ta / block_size;
-            off = ((size_t)bt[blk] * block_size + (ta - blk * block_size)) * nkv * HD;
-            bytes = 16;
-        }
 #pragma unroll
-        for (int i = 0; i < CK / TPK; i++) {
-            cp_async16(&sm.k[st][lt][(lc + TPK * i) * 8], kcg + off + TPK * i * 8, bytes);
-            cp_async16(&sm.v[st][lt][(lc + TPK * i) * 8], vcg + off + TPK * i * 8, bytes);
+        for (int i = 0; i < ATT_TK / KPP; i++) {
+            int t = tid / CK + i * KPP, ta = t0 + t, bytes = 0;
+            size_t off = 0;
+            if (ta < ke) {
+                int blk = bs_shift >= 0 ? ta >> bs_shift : ta / block_size;
+                int in = ta - blk * block_size;
+                off = ((size_t)bt[blk] * block_size + in) * nkv * HD;
+                bytes = 16;
+            }
+            cp_async16(&sm.k[st][t][(tid % CK) * 8], kcg + off, bytes);
+            cp_async16(&sm.v[st][t][(tid % CK) * 8], vcg + off, bytes);
         }
     };
     load_kv(0, kb);
@@ -657,6 +656,10 @@ attn_fa_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
         }
     }
     cp_async_wait0();
+    /* the next kernel may launch now (only the stores below remain): a
+     * trigger at the start let it take the slots of our early-finishing CTAs,
+     * two of its longest CTAs on one SM */
+    if (late_trigger) ops_cuda_pdl_trigger();
     /* the row sums were kept per thread: add the quad's */
 #pragma unroll
     for (int m = 0; m < 2; m++)
@@ -1043,6 +1046,13 @@ static void launch_tc(struct cuda_ctx *c, __half *out, const __half *qkv, const 
     }
 }
 
+/* AWQD_ATTN_PDL_TRIGGER=start: the FA kernel lets the next kernel launch
+ * as soon as it starts; otherwise after its main loop (read per launch) */
+static int pdl_late(void) {
+    const char *e = getenv("AWQD_ATTN_PDL_TRIGGER");
+    return !(e && !strcmp(e, "start"));
+}
+
 template <int HD, int NW>
 static void launch_fa(struct cuda_ctx *c, __half *out, const __half *qkv, const __half *kc,
                       const __half *vc, const int *bt, int nh, int nkv,
@@ -1055,7 +1065,7 @@ static void launch_fa(struct cuda_ctx *c, __half *out, const __half *qkv, const 
         cudaError_t e = ops_cuda_launch(c, attn_fa_kernel<HD, NW>, dim3(a->n_items * nkv),
                                         dim3(NW * 32), smem, out, qkv, kc, vc, bt,
                                         (const int *)a->d_items, a->d_part, nh, nkv, nh / nkv,
-                                        ab->max_blocks, ab->block_size, qscale);
+                                        ab->max_blocks, ab->block_size, qscale, pdl_late());
         if (e != cudaSuccess) {
             ops_cuda__fail(c, -EIO, "attention (tensor cores)", cudaGetErrorString(e));
             return;

@@ -692,13 +692,15 @@ TEST(graph_cuda, bench_prefill_attention) {
     const int nh = 32, nkv = 8, hd = 128, bs = 16, width = (nh + 2 * nkv) * hd;
     const int cases[][2] = {{128, 0}, {1024, 0}, {4096, 0}, {1024, 3072}}; /* rows, past */
     /* kernel k: AWQD_ATTN_TC = mode[k], and the variable xenv[k] = xval[k] */
-    const char *mode[] = {"old", "4", "4", "4", "4", "2"};
-    const char *xenv[] = {NULL, NULL, "AWQD_ATTN_BAL", "AWQD_ATTN_BAL", "AWQD_ATTN_BAL", NULL};
-    const char *xval[] = {NULL, NULL, "0", "100", "150", NULL};
+    const char *mode[] = {"old", "4", "4", "4", "4", "4", "2"};
+    const char *xenv[] = {NULL, NULL, "AWQD_ATTN_PDL_TRIGGER", "AWQD_ATTN_BAL", "AWQD_ATTN_BAL",
+                          "AWQD_ATTN_BAL", NULL};
+    const char *xval[] = {NULL, NULL, "start", "0", "100", "150", NULL};
     const char *name[] = {"old (tc, 64 pairs)", "FA 4 warps (128 pairs)",
-                          "FA 4 warps, no balance split", "FA 4 warps, balance 100 %",
-                          "FA 4 warps, balance 150 %", "FA 2 warps (64 pairs)"};
-    enum { NK = 6 };
+                          "FA 4 warps, PDL trigger at start", "FA 4 warps, no balance split",
+                          "FA 4 warps, balance 100 %", "FA 4 warps, balance 150 %",
+                          "FA 2 warps (64 pairs)"};
+    enum { NK = 7 };
     char err[256];
     struct ops *o[NK] = {NULL};
     for (int k = 0; k < NK; k++) ASSERT_MSG(ops_cuda_create(0, &o[k], err, sizeof err) == 0, "cuda: %s", err);

@@ -21,11 +21,18 @@
  * its items sorted longest first over all sequences, items longer than
  * 125 % of the mean work per CTA slot split for causal balance, partials
  * merged by attn_combine_fa_kernel; both launched with programmatic
- * dependent launch when the context has it. Measured on an H100 (Qwen3-8B
- * heads, 32 / 8 x 128, graph_cuda.bench_prefill_attention), see the commit
- * log for the numbers. AWQD_ATTN_TC=old selects the previous tensor-core
- * kernel (attn_tc_kernel, 4 warps x 16 pairs) and =2 the FA kernel with 2
- * warps (64 pairs), for A/B timing; read at each work-list build.
+ * dependent launch when the context has it (the FA kernel lets the next one
+ * launch after its main loop). Measured on an H100, Qwen3-8B heads (32 / 8
+ * x 128), one sequence, graph_cuda.bench_prefill_attention, us per call
+ * (causal TFLOP/s), old kernel -> FA kernel:
+ *   128 rows           55.2 (2)     -> 13.6 (10)
+ *   1024 rows          164.5 (52)   -> 56.4 (152)
+ *   4096 rows          1591.7 (86)  -> 483.3 (284)
+ *   1024 after 3072    773.0 (78)   -> 228.8 (263)
+ * AWQD_ATTN_TC=old selects the previous tensor-core kernel (attn_tc_kernel,
+ * 4 warps x 16 pairs) and =2 the FA kernel with 2 warps (64 pairs: 2 CTAs
+ * per SM, too few warps: 72 us at 1024 rows), for A/B timing; read at each
+ * work-list build.
  * Decode batches (<= 8 pairs per sequence) and hd 256 use the SIMT kernel:
  *
  * SIMT kernel (128 threads, TK = 64 keys per tile):
@@ -409,8 +416,13 @@ attn_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
  * ldmatrix.trans. A warp skips the math of a key tile that is masked for all
  * its pairs (past their causal limit) and of a tile with no valid pair; the
  * mask is evaluated only on the tiles that need it (the diagonal, the end of
- * a split). Same work items (with QP), split-K partials and combine kernel;
- * launched with programmatic dependent launch when the context has it. */
+ * a split). Softmax in registers with the scale inside ex2.approx, the row
+ * sums reduced across the quad only at the end, O rescaled only when a max
+ * moved. 255 registers (a few bytes spilled, outside the MMA loops), 104 KB
+ * shared at HD 128: 2 CTAs per SM. Same work items (with QP) and split-K
+ * partials as the other kernels, merged by attn_combine_fa_kernel. ncu at
+ * 1024 rows (before the balance split): issue slots 21 % busy, 1.5 warps
+ * per scheduler, mostly latency-bound; a wgmma kernel is the next step. */
 template <int HD, int NW>
 struct att_fa_smem {
     __half q[NW * 32][HD + 8];

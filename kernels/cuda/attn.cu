@@ -833,6 +833,19 @@ static int tc_mode(void) {
     return 4;
 }
 
+/* 1 when the FA kernel with nw warps fits this device's shared memory per
+ * block (hd 128, 4 warps: 102 KB; sm_86 / sm_89 offer 99 KB: there the
+ * previous tensor-core kernel runs instead) */
+static int fa_fits(const struct cuda_ctx *c, int hd, int nw) {
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) !=
+        cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return (size_t)(nw * 32 + 4 * ATT_TK) * (hd + 8) * sizeof(__half) <= (size_t)optin;
+}
+
 /* Orders the FA kernel's items (CTA = item * nkv + head) by key range,
  * longest first over all sequences (stable), so that the longest CTAs start
  * in the first wave. */
@@ -875,7 +888,8 @@ static int build_list(struct cuda_ctx *c, const struct attn_batch *ab, int nh, i
      * tok/s at batch 8, context 4096, H100); prefill and mixed batches with
      * hd <= 128: the tensor-core kernel (64 pairs; warps without a valid
      * pair skip the math); hd 256: SIMT with 32-pair tiles */
-    const int tc = hd <= 128 ? tc_mode() : 0;
+    int tc = hd <= 128 ? tc_mode() : 0;
+    if (tc >= 2 && !fa_fits(c, hd, tc)) tc = 1;
     const int QP = max_pairs <= 8 ? 8 : tc == 1 ? ATT_TC_QP : tc ? 32 * tc : 32;
     /* a->qp names the kernel: 8 / 32 SIMT, ATT_TC_QP the one-m-tile TC
      * kernel, ATT_FA_CODE + NW the FA kernel with NW warps (QP = 32 NW) */
@@ -1071,6 +1085,8 @@ static void launch_fa(struct cuda_ctx *c, __half *out, const __half *qkv, const 
                       const struct attn_batch *ab, float qscale) {
     if constexpr (HD <= 128) {
         struct cuda_attn *a = &c->attn;
+        static_assert(sizeof(att_fa_smem<HD, NW>) == (size_t)(NW * 32 + 4 * ATT_TK) * (HD + 8) * 2,
+                      "fa_fits computes this size");
         size_t smem = sizeof(att_fa_smem<HD, NW>);
         cudaFuncSetAttribute(attn_fa_kernel<HD, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem);

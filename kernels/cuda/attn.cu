@@ -834,7 +834,7 @@ static int tc_mode(void) {
 }
 
 /* 1 when the FA kernel with nw warps fits this device's shared memory per
- * block (hd 128, 4 warps: 102 KB; sm_86 / sm_89 offer 99 KB: there the
+ * block (hd 128, 4 warps: 102 KiB; sm_86 / sm_89 offer 99 KiB: there the
  * previous tensor-core kernel runs instead) */
 static int fa_fits(const struct cuda_ctx *c, int hd, int nw) {
     int optin = 0;

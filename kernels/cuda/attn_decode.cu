@@ -6,7 +6,10 @@
  * of its context. The context length is read on the device (past[s] + 1;
  * past[s] < 0 marks a padding row: no keys). Split k takes keys
  * [k * per, min(ctx, (k + 1) * per)) with per = max(ceil(ctx / ns),
- * DEC_MIN_KEYS), so short contexts use few splits and the rest exit at once.
+ * min_keys), so short contexts use few splits and the rest exit at once
+ * (min_keys: c->dec_min_keys, 32; AWQD_CUDA_DEC_MIN_KEYS for tuning — on an
+ * H100, Qwen3-8B batch 1 / context 512, 8 and 16 were even, 128 / 256 /
+ * 1024 slower: 345, 312, 266 against 364 tok/s).
  * ns = ops_cuda__attn_decode_splits(S, nkv): ~2 CTAs per SM when S * nkv
  * alone gives fewer than 4, else 1.
  *
@@ -47,7 +50,6 @@ extern "C" {
 }
 
 #define DEC_NT 128
-#define DEC_MIN_KEYS 32 /* a split covers at least this many keys */
 #define DEC_MAX_SPLITS 64
 
 /* One K or V tile of TK keys from key t0 (keys >= ke zero-filled) into dst,
@@ -87,7 +89,7 @@ template <int HD, int G>
 static __global__ void __launch_bounds__(DEC_NT)
 attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
                 const int *block_table, const int *past, float *part, int nh, int nkv,
-                int max_blocks, int block_size, float qscale) {
+                int max_blocks, int block_size, float qscale, int min_keys) {
     typedef dec_cfg<HD, G> C;
     constexpr int TK = C::TK;
     ops_cuda_pdl_wait();
@@ -103,7 +105,7 @@ attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *
     const int ps = past[s];
     const int ctx = ps < 0 ? 0 : ps + 1;
     int per = (ctx + ns - 1) / ns;
-    if (per < DEC_MIN_KEYS) per = DEC_MIN_KEYS;
+    if (per < min_keys) per = min_keys;
     const int kb = k * per < ctx ? k * per : ctx;
     const int ke = kb + per < ctx ? kb + per : ctx;
     const size_t width = (size_t)(nh + 2 * nkv) * HD;
@@ -258,7 +260,7 @@ template <int HD, int G>
 static __global__ void __launch_bounds__(DEC_NT, 4)
 attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
                    const int *block_table, const int *past, float *part, int nh, int nkv,
-                   int max_blocks, int block_size, float qscale) {
+                   int max_blocks, int block_size, float qscale, int min_keys) {
     constexpr int TK = 64, KS = HD / 16, DT = HD / 8;
     ops_cuda_pdl_wait();
     ops_cuda_pdl_trigger();
@@ -272,7 +274,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
     const int ps = past[s];
     const int ctx = ps < 0 ? 0 : ps + 1;
     int per = (ctx + ns - 1) / ns;
-    if (per < DEC_MIN_KEYS) per = DEC_MIN_KEYS;
+    if (per < min_keys) per = min_keys;
     const int kb = k * per < ctx ? k * per : ctx;
     const int ke = kb + per < ctx ? kb + per : ctx;
     const size_t width = (size_t)(nh + 2 * nkv) * HD;
@@ -519,7 +521,7 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
         size_t smem = (size_t)(2 * 64 + 16) * (HDT + 8) * 2; /* K, V tiles + Q */
         e = ops_cuda_launch(c, attn_dec_tc_kernel<HDT, G>, dim3(ns, nkv, S), dim3(DEC_NT), smem,
                             out, qkv, kc, vc, bt, past, c->dec_part, nh, nkv, ab->max_blocks,
-                            ab->block_size, qscale);
+                            ab->block_size, qscale, c->dec_min_keys);
     } else {
         size_t smem = dec_smem_bytes(HD, G);
         if (smem > 48 * 1024)
@@ -527,7 +529,7 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         e = ops_cuda_launch(c, attn_dec_kernel<HD, G>, dim3(ns, nkv, S), dim3(DEC_NT), smem, out,
                             qkv, kc, vc, bt, past, c->dec_part, nh, nkv, ab->max_blocks,
-                            ab->block_size, qscale);
+                            ab->block_size, qscale, c->dec_min_keys);
     }
     if (e != cudaSuccess) {
         ops_cuda__fail(c, -EIO, "attention (decode)", cudaGetErrorString(e));

@@ -82,6 +82,7 @@ struct cuda_ctx {
     int dec_off;                  /* AWQD_CUDA_DECODE_ATTN=0: eager decode uses the general kernel */
     int dec_simt;                 /* AWQD_CUDA_DECODE_ATTN=simt: the decode kernel without tensor cores */
     int dec_lo, dec_hi;           /* split rule (attn_decode.cu), AWQD_CUDA_DEC_SPLIT=lo,hi */
+    int dec_min_keys;             /* keys a decode split covers at least (AWQD_CUDA_DEC_MIN_KEYS) */
 };
 
 void ops_cuda__prof_begin(struct cuda_ctx *c, const char *what, int k, int n);

@@ -101,6 +101,14 @@ TEST(cpu_ops, linear_matches_autoawq_dequant) {
     safetensors_close(st);
 }
 
+/* Random AWQ packing of a K x N linear, group 128: qweight [K, N / 8],
+ * qzeros [K / 128, N / 8] (any nibbles), scales [K / 128, N] in [0.01, 0.03). */
+static void rand_awq(unsigned *seed, int K, int N, uint32_t *qw, uint32_t *qz, uint16_t *sc) {
+    for (int i = 0; i < K * N / 8; i++) qw[i] = (uint32_t)rand_r(seed) * 2654435761u;
+    for (int i = 0; i < K / 128 * N / 8; i++) qz[i] = (uint32_t)rand_r(seed) * 2654435761u;
+    for (int i = 0; i < K / 128 * N; i++) sc[i] = f2h_simple(0.01f + 0.01f * (frand(seed) + 1));
+}
+
 /* gate|up linear + SiLU·mul == silu(plain linear of the gate columns) *
  * plain linear of the up columns, with biases. */
 TEST(cpu_ops, linear_silu_mul_matches_plain_linear) {
@@ -111,10 +119,8 @@ TEST(cpu_ops, linear_silu_mul_matches_plain_linear) {
     unsigned seed = 13;
     uint32_t qw[K * N / 8], qz[N / 8];
     uint16_t sc[N], bias[N];
-    for (int i = 0; i < K * N / 8; i++) qw[i] = (uint32_t)rand_r(&seed) * 2654435761u;
-    for (int i = 0; i < N / 8; i++) qz[i] = (uint32_t)rand_r(&seed) * 2654435761u;
-    for (int i = 0; i < N; i++) sc[i] = f2h_simple(0.01f + 0.01f * (frand(&seed) + 1)),
-                                bias[i] = f2h_simple(frand(&seed));
+    rand_awq(&seed, K, N, qw, qz, sc);
+    for (int i = 0; i < N; i++) bias[i] = f2h_simple(frand(&seed));
     struct awq_linear l = {K, N, 128, qw, qz, sc, bias};
     struct op_linear *plain = o->upload_linear(o->ctx, &l, LINEAR_PLAIN);
     struct op_linear *gu = o->upload_linear(o->ctx, &l, LINEAR_GATE_UP);
@@ -152,9 +158,7 @@ TEST(cpu_ops, add_rmsnorm_linear_is_the_two_ops) {
     unsigned seed = 29;
     uint32_t qw[K * N / 8], qz[K / 128 * N / 8];
     uint16_t sc[K / 128 * N], gw[K];
-    for (int i = 0; i < K * N / 8; i++) qw[i] = (uint32_t)rand_r(&seed) * 2654435761u;
-    for (int i = 0; i < K / 128 * N / 8; i++) qz[i] = (uint32_t)rand_r(&seed) * 2654435761u;
-    for (int i = 0; i < K / 128 * N; i++) sc[i] = f2h_simple(0.01f + 0.01f * (frand(&seed) + 1));
+    rand_awq(&seed, K, N, qw, qz, sc);
     for (int i = 0; i < K; i++) gw[i] = f2h_simple(0.5f + 0.5f * (frand(&seed) + 1));
     struct awq_linear l = {K, N, 128, qw, qz, sc, NULL};
     struct op_linear *lin[2] = {o->upload_linear(o->ctx, &l, LINEAR_PLAIN),

@@ -535,7 +535,7 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
         ops_cuda__fail(c, -EIO, "attention (decode)", cudaGetErrorString(e));
         return;
     }
-    if (ns > 1) {
+    if (ns > 1 && !(c->skip & OPS_SKIP_COMBINE)) {
         e = ops_cuda_launch(c, attn_dec_combine_kernel<HD>, dim3(nh, S), dim3(DEC_NT), 0, out,
                             (const float *)c->dec_part, nh, ns);
         if (e != cudaSuccess) ops_cuda__fail(c, -EIO, "attention (decode combine)", cudaGetErrorString(e));

@@ -812,12 +812,38 @@ static void lin_scratch(const struct cuda_ctx *c, const struct buf *y, const str
     }
 }
 
+int ops_cuda__skip_linear(const struct cuda_ctx *c, int k, int n) {
+    for (int i = 0; i < c->n_skip_lin; i++)
+        if (c->skip_lin[i][0] == k && c->skip_lin[i][1] == n) return 1;
+    return 0;
+}
+
+/* AWQD_CUDA_SKIP=name[,name...] (measurement only): qknorm, attn, combine,
+ * lm_head, KxN (the linears of that shape) */
+static void parse_skip(struct cuda_ctx *c, const char *e) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", e);
+    for (char *sv = NULL, *t = strtok_r(buf, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
+        int k, n;
+        if (!strcmp(t, "qknorm")) c->skip |= OPS_SKIP_QKNORM;
+        else if (!strcmp(t, "attn")) c->skip |= OPS_SKIP_ATTN;
+        else if (!strcmp(t, "combine")) c->skip |= OPS_SKIP_COMBINE;
+        else if (!strcmp(t, "lm_head")) c->skip |= OPS_SKIP_LM_HEAD;
+        else if (sscanf(t, "%dx%d", &k, &n) == 2 && c->n_skip_lin < 8) {
+            c->skip_lin[c->n_skip_lin][0] = k;
+            c->skip_lin[c->n_skip_lin++][1] = n;
+        } else
+            fprintf(stderr, "awqd: AWQD_CUDA_SKIP: unknown op '%s'\n", t);
+    }
+    fprintf(stderr, "awqd: AWQD_CUDA_SKIP=%s: measurement only, results are wrong\n", e);
+}
+
 static void cu_linear(void *ctx, struct buf *y, const struct buf *x, int n,
                       const struct op_linear *l) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     AWQD_ASSERT(l->kind == LINEAR_PLAIN);
     AWQD_ASSERT(x->n >= (size_t)n * l->k && y->n >= (size_t)n * l->n);
-    if (n <= 0) return;
+    if (n <= 0 || ops_cuda__skip_linear(c, l->k, l->n)) return;
     char err[256];
     PROF_BEGIN(c, "linear", l->k, l->n);
     void *ws;
@@ -839,7 +865,7 @@ static void cu_qk_norm_rope_kv(void *ctx, struct buf *qkv, int n, int nh, int nk
     AWQD_ASSERT(hd % 32 == 0 && hd <= 256 && inv_freq->n >= (size_t)hd / 2);
     AWQD_ASSERT(k_cache->n == v_cache->n && k_cache->n % ((size_t)nkv * hd) == 0);
     AWQD_ASSERT(!q_norm == !k_norm);
-    if (n <= 0) return;
+    if (n <= 0 || (c->skip & OPS_SKIP_QKNORM)) return;
     dim3 grid(n, (nh + nkv + 3) / 4);
     PROF_BEGIN(c, "qk_norm_rope_kv", 0, 0);
     ops_cuda_launch(c, qk_rope_kv_kernel, grid, dim3(128), 0, H(qkv), nh, nkv, hd,
@@ -854,6 +880,7 @@ static void cu_attention(void *ctx, struct buf *out, const struct buf *qkv, int 
                          int hd, float scale, const struct attn_batch *ab,
                          const struct buf *k_cache, const struct buf *v_cache) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (c->skip & OPS_SKIP_ATTN) return;
     PROF_BEGIN(c, "attention", 0, 0);
     ops_cuda__attention(c, out, qkv, nh, nkv, hd, scale, ab, k_cache, v_cache);
     PROF_END(c);
@@ -868,6 +895,7 @@ static int cu_add_rmsnorm_linear(void *ctx, const struct buf *rin, const struct 
     AWQD_ASSERT(!delta || delta->n >= (size_t)n * dim);
     AWQD_ASSERT(y->n >= (size_t)n * (gu ? l->n / 2 : l->n) && w->n >= (size_t)dim);
     if (n <= 0 || !w4a16_linear_norm_ok(l->w, n)) return -ENOTSUP;
+    if (ops_cuda__skip_linear(c, l->k, l->n)) return 0;
     char err[256];
     PROF_BEGIN(c, gu ? "add_rmsnorm+linear_silu_mul" : "add_rmsnorm+linear", l->k, l->n);
     int rc = w4a16_linear_norm(l->w, (const uint16_t *)rin->d,
@@ -885,7 +913,7 @@ static void cu_linear_silu_mul(void *ctx, struct buf *out, const struct buf *x, 
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     AWQD_ASSERT(l->kind == LINEAR_GATE_UP);
     AWQD_ASSERT(x->n >= (size_t)n * l->k && out->n >= (size_t)n * (l->n / 2));
-    if (n <= 0) return;
+    if (n <= 0 || ops_cuda__skip_linear(c, l->k, l->n)) return;
     char err[256];
     PROF_BEGIN(c, "linear_silu_mul", l->k, l->n);
     void *ws;
@@ -903,7 +931,7 @@ static void cu_lm_head(void *ctx, struct buf *logits, const struct buf *x, const
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     AWQD_ASSERT(logits->n >= (size_t)m * vocab_rows && table->n >= (size_t)vocab_rows * dim);
     AWQD_ASSERT(rows->n >= (size_t)m && x->n >= (size_t)dim);
-    if (m <= 0) return;
+    if (m <= 0 || (c->skip & OPS_SKIP_LM_HEAD)) return;
     const int mode = lm_head_mode();
     if (mode == 2 && dim % 32 == 0 && m <= 32) {
         PROF_BEGIN(c, "lm_head tc", m, 0);
@@ -1154,6 +1182,8 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
             c->dec_hi = hi;
         }
     }
+    const char *skip_env = getenv("AWQD_CUDA_SKIP");
+    if (skip_env && *skip_env) parse_skip(c, skip_env);
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     TRY(cudaEventCreateWithFlags(&c->attn.uploaded, cudaEventDisableTiming));
     TRY(cudaMallocHost((void **)&c->h_ring, RING_BYTES));

@@ -83,7 +83,16 @@ struct cuda_ctx {
     int dec_simt;                 /* AWQD_CUDA_DECODE_ATTN=simt: the decode kernel without tensor cores */
     int dec_lo, dec_hi;           /* split rule (attn_decode.cu), AWQD_CUDA_DEC_SPLIT=lo,hi */
     int dec_min_keys;             /* keys a decode split covers at least (AWQD_CUDA_DEC_MIN_KEYS) */
+    /* AWQD_CUDA_SKIP (measurement only: the results are wrong): ops whose
+     * kernels are not launched, to measure what each costs inside a step */
+    unsigned skip;                /* OPS_SKIP_* */
+    int skip_lin[8][2], n_skip_lin; /* linears (k, n) not launched */
 };
+#define OPS_SKIP_QKNORM 1u
+#define OPS_SKIP_ATTN 2u
+#define OPS_SKIP_COMBINE 4u
+#define OPS_SKIP_LM_HEAD 8u
+int ops_cuda__skip_linear(const struct cuda_ctx *c, int k, int n);
 
 void ops_cuda__prof_begin(struct cuda_ctx *c, const char *what, int k, int n);
 void ops_cuda__prof_end(struct cuda_ctx *c);

@@ -17,7 +17,12 @@
  * CTA loads, so each KV head is read once per sequence. K and V tiles of TK
  * keys stream into shared memory with 16-byte cp.async, double-buffered
  * against the math (the next tile's K loads during this tile's softmax and
- * P.V, its V during the next scores).
+ * P.V, its V during the next scores). With PDL the tensor-core variant
+ * issues its first tile before griddepcontrol.wait (AWQD_CUDA_DEC_PREWAIT,
+ * on by default): the context length, the block table and every cached key
+ * but the new one were in memory before the step's first kernel; only the
+ * new key's row (written by qk_norm_rope_kv, the previous kernel) is loaded
+ * after the wait.
  *
  * Shared memory (128 threads):
  *   k, v  fp16  [TK][HD + 8]       one tile (zero past the split's end)
@@ -38,7 +43,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -52,7 +56,6 @@ extern "C" {
 
 #define DEC_NT 128
 #define DEC_MAX_SPLITS 64
-#define DEC_MAX_CLUSTER 16 /* CTAs of one (sequence, KV head) merged in a cluster */
 
 /* One K or V tile of TK keys from key t0 (keys >= ke zero-filled) into dst,
  * as one cp.async commit group (an empty group past the split's end, so the
@@ -247,57 +250,6 @@ attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *
     }
 }
 
-/* The split merge inside a thread-block cluster (sm_90): the ns <= 16 CTAs
- * of one (sequence, KV head) form a cluster (cluster rank == split k). Each
- * has left its merged (O [G][HD], m [G], l [G]) in its shared memory (cres);
- * after the cluster barrier CTA k merges elements [k * pe, (k + 1) * pe) of
- * the G x HD output, reading every split's values through distributed
- * shared memory (all loads issued before the arithmetic) and adding them in
- * split order (the combine kernel's arithmetic and order: deterministic); a
- * second barrier keeps each CTA's shared memory alive until its peers have
- * read it. Replaces the fp32 partials' round trip through global memory and
- * the combine kernel. */
-template <int HD, int G>
-static __device__ __forceinline__ void dec_cluster_merge(__half *out, const float *cres, int ns,
-                                                         int k, int tid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
-    constexpr int E = G * HD;
-    const int pe = (E + ns - 1) / ns, e1 = min(E, (k + 1) * pe);
-    for (int e = k * pe + tid; e < e1; e += DEC_NT) {
-        const int r = e / HD;
-        /* every split's m, l and O element first (independent loads in flight together) */
-        float m[DEC_MAX_CLUSTER], l[DEC_MAX_CLUSTER], o[DEC_MAX_CLUSTER];
-#pragma unroll
-        for (int j = 0; j < DEC_MAX_CLUSTER; j++) {
-            if (j < ns) {
-                const float *p = cluster.map_shared_rank(cres, j);
-                m[j] = p[E + r];
-                l[j] = p[E + 16 + r];
-                o[j] = p[e];
-            } else {
-                m[j] = -INFINITY;
-                l[j] = o[j] = 0.0f;
-            }
-        }
-        float M = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < DEC_MAX_CLUSTER; j++) M = fmaxf(M, m[j]);
-        float L = 0.0f, acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < DEC_MAX_CLUSTER; j++) { /* split order; empty splits add 0 */
-            const float w = m[j] == -INFINITY ? 0.0f : exp2f(m[j] - M);
-            L += w * l[j];
-            acc += w * o[j];
-        }
-        out[e] = __float2half(L > 0.0f ? acc / L : 0.0f);
-    }
-    cluster.sync(); /* the peers have read this CTA's cres */
-#endif
-}
-
 /* ------------------------------------------------------------------------ */
 /* Tensor-core variant (HD <= 128): the G query heads of the group are the M
  * rows of mma.m16n8k16 (rows >= G are zero and never written). Each of the 4
@@ -309,14 +261,12 @@ static __device__ __forceinline__ void dec_cluster_merge(__half *out, const floa
  * registers at <= 128 (4 CTAs per SM; with Q in registers 167, 3 per SM).
  * Same split rule, partials and combine kernel as the SIMT kernel. */
 
-template <int HD, int G, bool CL>
+template <int HD, int G>
 static __global__ void __launch_bounds__(DEC_NT, 4)
 attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
                    const int *block_table, const int *past, float *part, int nh, int nkv,
                    int max_blocks, int block_size, float qscale, int min_keys, int prewait) {
     constexpr int TK = 64, KS = HD / 16, DT = HD / 8;
-    /* CL: this CTA's merged (O, m, l) for the cluster merge (dec_cluster_merge) */
-    __shared__ float cres[CL ? G * HD + 32 : 1];
     if (!prewait) {
         ops_cuda_pdl_wait();
         ops_cuda_pdl_trigger();
@@ -459,13 +409,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
             acc += f * wo[w][r][d];
         }
         int qh = g * G + r;
-        if (CL) {
-            cres[e] = acc;
-            if (d == 0) {
-                cres[G * HD + r] = M;
-                cres[G * HD + 16 + r] = L;
-            }
-        } else if (ns == 1) {
+        if (ns == 1) {
             out[(size_t)s * nh * HD + (size_t)qh * HD + d] = __float2half(L > 0.0f ? acc / L : 0.0f);
         } else {
             float *pp = part + (((size_t)s * nh + qh) * ns + k) * (HD + 2);
@@ -476,7 +420,6 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
             }
         }
     }
-    if (CL) dec_cluster_merge<HD, G>(out + (size_t)s * nh * HD + (size_t)g * G * HD, cres, ns, k, tid);
 }
 
 /* grid (nh, S): merges the ns partials of query head blockIdx.x of row s in
@@ -597,54 +540,16 @@ static int dec_reserve(struct cuda_ctx *c, int n_seqs, int nh, int nkv, int hd) 
     return 0;
 }
 
-/* The tensor-core kernel with its splits merged inside a cluster of ns CTAs
- * (dec_cluster_merge): cudaLaunchKernelEx with the cluster dimension, and
- * PDL as ops_cuda_launch. */
-template <int HD, int G>
-static cudaError_t dec_launch_cluster(struct cuda_ctx *c, size_t smem, __half *out,
-                                      const __half *qkv, const __half *kc, const __half *vc,
-                                      const int *bt, const int *past, int nh, int nkv, int S,
-                                      int ns, const struct attn_batch *ab, float qscale) {
-    auto kern = attn_dec_tc_kernel<HD, G, true>;
-    if (ns > 8) {
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-        if (e != cudaSuccess) return e;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(ns, nkv, S);
-    cfg.blockDim = dim3(DEC_NT);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = c->stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = ns;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = c->pdl ? 2 : 1;
-    return cudaLaunchKernelEx(&cfg, kern, out, qkv, kc, vc, bt, past, (float *)NULL, nh, nkv,
-                              ab->max_blocks, ab->block_size, qscale, c->dec_min_keys,
-                              c->pdl && c->dec_prewait);
-}
-
 template <int HD, int G>
 static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, const __half *kc,
                          const __half *vc, const int *bt, const int *past, int nh, int nkv, int S,
-                         int ns, int cl, const struct attn_batch *ab, float qscale) {
+                         int ns, const struct attn_batch *ab, float qscale) {
     cudaError_t e;
     if (HD <= 128 && !c->dec_simt) {
         /* tensor cores; K/V tiles only (the warps' O reuse them at the end) */
         constexpr int HDT = HD <= 128 ? HD : 128;
         size_t smem = (size_t)(2 * 64 + 16) * (HDT + 8) * 2; /* K, V tiles + Q */
-        if (cl) {
-            e = dec_launch_cluster<HDT, G>(c, smem, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab,
-                                           qscale);
-            if (e != cudaSuccess) ops_cuda__fail(c, -EIO, "attention (decode, cluster)", cudaGetErrorString(e));
-            return;
-        }
-        e = ops_cuda_launch(c, attn_dec_tc_kernel<HDT, G, false>, dim3(ns, nkv, S), dim3(DEC_NT),
+        e = ops_cuda_launch(c, attn_dec_tc_kernel<HDT, G>, dim3(ns, nkv, S), dim3(DEC_NT),
                             smem, out, qkv, kc, vc, bt, past, c->dec_part, nh, nkv, ab->max_blocks,
                             ab->block_size, qscale, c->dec_min_keys, c->pdl && c->dec_prewait);
     } else {
@@ -670,41 +575,14 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
 template <int HD>
 static void dec_launch(struct cuda_ctx *c, __half *out, const __half *qkv, const __half *kc,
                        const __half *vc, const int *bt, const int *past, int nh, int nkv, int S,
-                       int ns, int cl, const struct attn_batch *ab, float qscale) {
+                       int ns, const struct attn_batch *ab, float qscale) {
     switch (nh / nkv) {
-    case 1: dec_launch_g<HD, 1>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, cl, ab, qscale); break;
-    case 2: dec_launch_g<HD, 2>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, cl, ab, qscale); break;
-    case 4: dec_launch_g<HD, 4>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, cl, ab, qscale); break;
-    case 8: dec_launch_g<HD, 8>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, cl, ab, qscale); break;
-    default: dec_launch_g<HD, 16>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, cl, ab, qscale); break;
+    case 1: dec_launch_g<HD, 1>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    case 2: dec_launch_g<HD, 2>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    case 4: dec_launch_g<HD, 4>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    case 8: dec_launch_g<HD, 8>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    default: dec_launch_g<HD, 16>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
     }
-}
-
-int ops_cuda__attn_decode_cluster_max(struct cuda_ctx *c, int want) {
-    auto kern = attn_dec_tc_kernel<128, 16, true>; /* the largest instance */
-    const size_t smem = (size_t)(2 * 64 + 16) * (128 + 8) * 2;
-    if (want > 8 && cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-        cudaGetLastError();
-        want = 8;
-    }
-    for (; want >= 2; want /= 2) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(want, 1, 1);
-        cfg.blockDim = dim3(DEC_NT);
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = c->stream;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = want;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) == cudaSuccess && n >= 1) return want;
-        cudaGetLastError();
-    }
-    return 0;
 }
 
 /* query heads per KV head the decode kernel handles */
@@ -719,11 +597,7 @@ void ops_cuda__attn_decode(struct cuda_ctx *c, struct buf *out, const struct buf
     if (S <= 0) return;
     if (c->rc && !c->capturing) return;
     int ns = ops_cuda__attn_decode_splits(c, S, nkv);
-    /* the tensor-core kernel merges its splits inside a cluster when they
-     * fit one (c->dec_cluster CTAs, 0: off) */
-    const int cl = ns > 1 && hd <= 128 && !c->dec_simt && c->dec_cluster >= 2;
-    if (cl && ns > c->dec_cluster) ns = c->dec_cluster;
-    int rc = cl ? 0 : dec_reserve(c, S, nh, nkv, hd);
+    int rc = dec_reserve(c, S, nh, nkv, hd);
     if (rc) {
         ops_cuda__fail(c, rc, "attention (decode)", "out of memory for the split partials");
         return;
@@ -734,9 +608,9 @@ void ops_cuda__attn_decode(struct cuda_ctx *c, struct buf *out, const struct buf
                  *vc = (const __half *)v_cache->d;
     const int *bt = (const int *)ab->block_table->d, *past = (const int *)ab->past->d;
     switch (hd) {
-    case 32: dec_launch<32>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, cl, ab, qscale); break;
-    case 64: dec_launch<64>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, cl, ab, qscale); break;
-    case 128: dec_launch<128>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, cl, ab, qscale); break;
-    default: dec_launch<256>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, cl, ab, qscale); break;
+    case 32: dec_launch<32>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    case 64: dec_launch<64>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    case 128: dec_launch<128>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    default: dec_launch<256>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
     }
 }

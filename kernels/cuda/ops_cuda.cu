@@ -1187,11 +1187,6 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     const char *pw_env = getenv("AWQD_CUDA_DEC_PREWAIT");
     c->dec_prewait = !(pw_env && !strcmp(pw_env, "0"));
-    if (cc_major >= 9) { /* AWQD_CUDA_DEC_CLUSTER=0: the combine kernel instead */
-        const char *ce = getenv("AWQD_CUDA_DEC_CLUSTER");
-        int want = ce ? atoi(ce) : 16;
-        c->dec_cluster = want >= 2 ? ops_cuda__attn_decode_cluster_max(c, want > 16 ? 16 : want) : 0;
-    }
     TRY(cudaEventCreateWithFlags(&c->attn.uploaded, cudaEventDisableTiming));
     TRY(cudaMallocHost((void **)&c->h_ring, RING_BYTES));
     const char *pe = getenv("AWQD_CUDA_PROFILE");

@@ -85,8 +85,6 @@ struct cuda_ctx {
     int dec_min_keys;             /* keys a decode split covers at least (AWQD_CUDA_DEC_MIN_KEYS) */
     int dec_prewait;              /* decode attention loads its first K/V tile before the PDL wait
                                    * (AWQD_CUDA_DEC_PREWAIT, 1) */
-    int dec_cluster;              /* most splits merged inside a cluster (sm_90+: 16 or 8; 0: off,
-                                   * the fp32 partials + combine kernel; AWQD_CUDA_DEC_CLUSTER) */
     /* AWQD_CUDA_SKIP (measurement only: the results are wrong): ops whose
      * kernels are not launched, to measure what each costs inside a step */
     unsigned skip;                /* OPS_SKIP_* */
@@ -167,8 +165,6 @@ int ops_cuda__attn_decode_ok(int G);
 /* splits per (sequence, KV head) for a decode batch of n_seqs */
 int ops_cuda__attn_decode_splits(const struct cuda_ctx *c, int n_seqs, int nkv);
 void ops_cuda__attn_decode_free(struct cuda_ctx *c);
-/* the largest cluster (<= want, 16 at most) the decode kernel can run as, 0 if none */
-int ops_cuda__attn_decode_cluster_max(struct cuda_ctx *c, int want);
 
 /* Frees device memory that is being replaced, or keeps it until destroy when
  * a graph exists or is being recorded (it may use it). 0 / -ENOMEM (list full). */

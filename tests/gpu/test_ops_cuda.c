@@ -437,25 +437,20 @@ static void attn_case(int hd, int nh, int nkv, int n_seqs, const int *past, cons
 }
 
 /* decode batches: one row per sequence, contexts from 1 to thousands; the
- * splits merged inside a cluster (sm_90+: AWQD_CUDA_DEC_CLUSTER 16 by
- * default, and 8, 3), and by the combine kernel (0); the first K/V tile
- * loaded before the PDL wait (default) and after it */
+ * first K/V tile loaded before the PDL wait (the default on sm_90+) and
+ * after it (AWQD_CUDA_DEC_PREWAIT=0) */
 TEST(ops_cuda, attention_decode) {
     const int past[] = {0, 15, 16, 100, 3000, 777, 64}, rows[] = {1, 1, 1, 1, 1, 1, 1};
     const int cfg[][3] = {{128, 32, 8}, {128, 8, 8}, {64, 16, 2}, {32, 8, 2}, {256, 8, 1},
                           {128, 64, 8}, {128, 128, 8}};
-    /* batch 1: 16 splits, all with keys (511), some empty (100, 0) */
+    /* batch 1: 33 splits; all of the first 16 with keys (511), few (100, 0) */
     const int past1[][1] = {{511}, {100}, {0}, {4095}}, rows1[] = {1};
-    const char *cl[] = {NULL, "8", "3", "0", NULL};
-    for (int m = 0; m < 5 && !test_failed(); m++) {
-        if (cl[m]) setenv("AWQD_CUDA_DEC_CLUSTER", cl[m], 1);
-        else unsetenv("AWQD_CUDA_DEC_CLUSTER");
-        if (m == 4) setenv("AWQD_CUDA_DEC_PREWAIT", "0", 1); /* the first tile after the PDL wait */
+    for (int m = 0; m < 2 && !test_failed(); m++) {
+        if (m) setenv("AWQD_CUDA_DEC_PREWAIT", "0", 1);
         for (int i = 0; i < 7 && !test_failed(); i++) attn_case(cfg[i][0], cfg[i][1], cfg[i][2], 7, past, rows, 16);
         for (int i = 0; i < 4 && !test_failed(); i++) attn_case(128, 32, 8, 1, past1[i], rows1, 16);
         if (!test_failed()) attn_case(64, 16, 2, 1, past1[0], rows1, 7);
     }
-    unsetenv("AWQD_CUDA_DEC_CLUSTER");
     unsetenv("AWQD_CUDA_DEC_PREWAIT");
 }
 

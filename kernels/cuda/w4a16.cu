@@ -1392,8 +1392,10 @@ extern "C" int w4a16_decode_kernel(int mode) { return switch_set(&g_decode, mode
  * leaves at least 1.2 blocks per SM (fewer, wider blocks read x fewer times
  * and amortize the block's fixed costs; more blocks spread the stream), and
  * at least 2 from M = 3 on (x is read once per block: M x K x 2 bytes
- * against the block's 8 x TB x K bytes of weights). AWQD_W4A16_DC_TB=1|2|4
- * forces it, for measurements. 0 when the kernel does not apply (M, a group
+ * against the block's 8 x TB x K bytes of weights); at M <= 2 halved where
+ * the grid would be 1 to 1.5 waves of 2 blocks per SM (session 7, H100;
+ * AWQD_W4A16_DC_WAVES=0 keeps the width). AWQD_W4A16_DC_TB=1|2|4 forces it,
+ * for measurements. 0 when the kernel does not apply (M, a group
  * size other than 128, shared memory): the skinny kernel runs instead. */
 struct dc_plan {
     int mt, tb, blocks;
@@ -1410,10 +1412,21 @@ static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) 
     static const int tb_env = dc_env_int("AWQD_W4A16_DC_TB", 0, 1, 4);
     if (m < 1 || m > DC_MAX_M || w->group != 128) return 0;
     const int mt = m > 8 ? 2 : 1, sms = w->sms > 0 ? w->sms : 1;
+    static const int waves_env = dc_env_int("AWQD_W4A16_DC_WAVES", 1, 0, 1);
     int tb = tb_env;
     if (tb != 1 && tb != 2 && tb != 4) {
         const int want = sms + sms / 5;
         tb = ceil_div(w->n16, 4) >= want ? 4 : ceil_div(w->n16, 2) >= want ? 2 : 1;
+        if (waves_env && m <= 2 && tb > 1) {
+            /* a grid of 1 to 1.5 waves of 2 blocks per SM (__launch_bounds__)
+             * leaves a half-empty last wave: halve the tiles per block.
+             * Qwen3-8B gate|up at M = 1 (384 blocks of 4 tiles on 132 SMs),
+             * H100 session 7, back to back: 83.1 -> 91.0% of the copy rate;
+             * a general fill rule (also moving Qwen3-32B q|k|v and the tp=2
+             * gate|up shard to 1 tile per block) lost 11-14 points there. */
+            const int slots = 2 * sms, b = ceil_div(w->n16, tb);
+            if (b > slots && 2 * b <= 3 * slots) tb /= 2;
+        }
         if (m >= 3 && tb < 2) tb = 2;
     }
     if (mt == 2) tb = 2;

@@ -812,7 +812,7 @@ static void lin_scratch(const struct cuda_ctx *c, const struct buf *y, const str
     }
 }
 
-int ops_cuda__skip_linear(const struct cuda_ctx *c, int k, int n) {
+static int skip_linear(const struct cuda_ctx *c, int k, int n) {
     for (int i = 0; i < c->n_skip_lin; i++)
         if (c->skip_lin[i][0] == k && c->skip_lin[i][1] == n) return 1;
     return 0;
@@ -843,7 +843,7 @@ static void cu_linear(void *ctx, struct buf *y, const struct buf *x, int n,
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     AWQD_ASSERT(l->kind == LINEAR_PLAIN);
     AWQD_ASSERT(x->n >= (size_t)n * l->k && y->n >= (size_t)n * l->n);
-    if (n <= 0 || ops_cuda__skip_linear(c, l->k, l->n)) return;
+    if (n <= 0 || skip_linear(c, l->k, l->n)) return;
     char err[256];
     PROF_BEGIN(c, "linear", l->k, l->n);
     void *ws;
@@ -895,7 +895,7 @@ static int cu_add_rmsnorm_linear(void *ctx, const struct buf *rin, const struct 
     AWQD_ASSERT(!delta || delta->n >= (size_t)n * dim);
     AWQD_ASSERT(y->n >= (size_t)n * (gu ? l->n / 2 : l->n) && w->n >= (size_t)dim);
     if (n <= 0 || !w4a16_linear_norm_ok(l->w, n)) return -ENOTSUP;
-    if (ops_cuda__skip_linear(c, l->k, l->n)) return 0;
+    if (skip_linear(c, l->k, l->n)) return 0;
     char err[256];
     PROF_BEGIN(c, gu ? "add_rmsnorm+linear_silu_mul" : "add_rmsnorm+linear", l->k, l->n);
     int rc = w4a16_linear_norm(l->w, (const uint16_t *)rin->d,
@@ -913,7 +913,7 @@ static void cu_linear_silu_mul(void *ctx, struct buf *out, const struct buf *x, 
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     AWQD_ASSERT(l->kind == LINEAR_GATE_UP);
     AWQD_ASSERT(x->n >= (size_t)n * l->k && out->n >= (size_t)n * (l->n / 2));
-    if (n <= 0 || ops_cuda__skip_linear(c, l->k, l->n)) return;
+    if (n <= 0 || skip_linear(c, l->k, l->n)) return;
     char err[256];
     PROF_BEGIN(c, "linear_silu_mul", l->k, l->n);
     void *ws;

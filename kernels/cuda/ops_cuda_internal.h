@@ -94,7 +94,6 @@ struct cuda_ctx {
 #define OPS_SKIP_ATTN 2u
 #define OPS_SKIP_COMBINE 4u
 #define OPS_SKIP_LM_HEAD 8u
-int ops_cuda__skip_linear(const struct cuda_ctx *c, int k, int n);
 
 void ops_cuda__prof_begin(struct cuda_ctx *c, const char *what, int k, int n);
 void ops_cuda__prof_end(struct cuda_ctx *c);

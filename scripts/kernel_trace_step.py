@@ -32,13 +32,13 @@ for st, en, name in step:
     inc = en - prev_end
     prev_end = max(prev_end, en)
     s = short(name)
-    a = agg.setdefault(s, [0, 0, 0, 0])
-    a[0] += 1; a[1] += en - st; a[2] += inc; a[3] += max(0, st - t0)
+    a = agg.setdefault(s, [0, 0, 0])
+    a[0] += 1; a[1] += en - st; a[2] += inc
     lines.append('%9.2f %9.2f %8.2f %8.2f  %s' % ((st - t0) / 1e3, (en - t0) / 1e3, (en - st) / 1e3, inc / 1e3, s))
 print('per kernel: count, sum duration us, sum end increment us')
-for k, (n, du, inc, _) in sorted(agg.items(), key=lambda kv: -kv[1][2]):
+for k, (n, du, inc) in sorted(agg.items(), key=lambda kv: -kv[1][2]):
     print('%5d %10.1f %10.1f  %s' % (n, du / 1e3, inc / 1e3, k))
-print('start_us end_us dur_us end_inc_us name (from the previous step\'s lm_head end)')
+print('start_us end_us dur_us end_inc_us name (from the step\'s embed_kernel start)')
 print('\n'.join(lines[:60]))
 print('...')
 print('\n'.join(lines[-16:]))

@@ -593,6 +593,25 @@ static int trace_forward(void) {
     return on;
 }
 
+/* rows[i] == i for i < n: the lm_head needs no gather (ops->lm_head rows NULL). */
+static int rows_identity(const int32_t *rows, int n) {
+    for (int i = 0; i < n; i++)
+        if (rows[i] != i) return 0;
+    return 1;
+}
+
+/* Small 4-byte uploads at offset 0: as one (ops->upload_group) where the
+ * backend has it, else one by one. */
+static int upload_parts(struct ops *O, struct buf *const *dst, const void *const *src,
+                        const size_t *n, int parts) {
+    if (O->upload_group) return O->upload_group(O->ctx, dst, src, n, parts);
+    for (int i = 0; i < parts; i++) {
+        int rc = n[i] ? O->upload(O->ctx, dst[i], 0, src[i], n[i]) : 0;
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 int model_forward(struct model *m, const struct batch *b, float *logits, char *err,
                   size_t errlen) {
     struct ops *O = m->ops;
@@ -613,14 +632,16 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
         ns = nr = m->bucket[gi];
         pad_decode_batch(m, S, ns);
     }
-    if ((rc = O->upload(c, m->ids, 0, m->h_ids, (size_t)nr)) ||
-        (rc = O->upload(c, m->positions, 0, m->h_pos, (size_t)nr)) ||
-        (rc = O->upload(c, m->slots, 0, m->h_slots, (size_t)nr)) ||
-        (rc = O->upload(c, m->q_start, 0, m->h_q_start, (size_t)ns + 1)) ||
-        (rc = O->upload(c, m->past, 0, m->h_past, (size_t)ns)) ||
-        (rc = O->upload(c, m->block_table, 0, m->h_bt, (size_t)ns * m->opts.max_blocks_per_seq)) ||
-        (nl > 0 && (rc = O->upload(c, m->logit_rows, 0, m->h_rows, (size_t)nl))))
-        return util_err(err, errlen, rc, "model: upload of the batch failed");
+    {
+        struct buf *dst[] = {m->ids, m->positions, m->slots, m->q_start, m->past, m->block_table,
+                             m->logit_rows};
+        const void *src[] = {m->h_ids, m->h_pos, m->h_slots, m->h_q_start, m->h_past, m->h_bt,
+                             m->h_rows};
+        size_t cnt[] = {(size_t)nr, (size_t)nr, (size_t)nr, (size_t)ns + 1, (size_t)ns,
+                        (size_t)ns * m->opts.max_blocks_per_seq, nl > 0 ? (size_t)nl : 0};
+        if ((rc = upload_parts(O, dst, src, cnt, 7)))
+            return util_err(err, errlen, rc, "model: upload of the batch failed");
+    }
     if (tr) t[1] = util_now_s();
     struct attn_batch ab = {
         .n_seqs = ns, .n_rows = nr, .max_blocks = m->opts.max_blocks_per_seq,
@@ -644,7 +665,8 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
         int mr = nl - r0 < LOGIT_CHUNK ? nl - r0 : LOGIT_CHUNK;
         if (r0 > 0 && (rc = O->upload(c, m->logit_rows, 0, m->h_rows + r0, (size_t)mr)))
             return util_err(err, errlen, rc, "model: upload failed");
-        O->lm_head(c, m->logits, m->x, m->logit_rows, mr, m->lm_head, H, m->vocab_rows);
+        O->lm_head(c, m->logits, m->x, rows_identity(m->h_rows + r0, mr) ? NULL : m->logit_rows, mr,
+                   m->lm_head, H, m->vocab_rows);
         if ((rc = O->download(c, m->h_logits, m->logits, 0, (size_t)mr * m->vocab_rows)))
             return util_err(err, errlen, rc, "model: download of logits failed");
         for (int r = 0; r < mr; r++)
@@ -720,12 +742,13 @@ static int sample_reserve(struct model *m, size_t n_adj) {
 }
 
 /* lm_head of sample chunk ci into m->logits. */
-static int sample_chunk_logits(struct model *m, int ci) {
+static int sample_chunk_logits(struct model *m, int ci, int rows_uploaded) {
     struct ops *O = m->ops;
     int c0 = ci * LOGIT_CHUNK, mr = m->n_srows - c0 < LOGIT_CHUNK ? m->n_srows - c0 : LOGIT_CHUNK;
-    int rc = O->upload(O->ctx, m->logit_rows, 0, m->h_srows + c0, (size_t)mr);
+    int rc = rows_uploaded ? 0 : O->upload(O->ctx, m->logit_rows, 0, m->h_srows + c0, (size_t)mr);
     if (rc) return rc;
-    O->lm_head(O->ctx, m->logits, m->x, m->logit_rows, mr, m->lm_head, m->hidden, m->vocab_rows);
+    O->lm_head(O->ctx, m->logits, m->x, rows_identity(m->h_srows + c0, mr) ? NULL : m->logit_rows,
+               mr, m->lm_head, m->hidden, m->vocab_rows);
     m->logits_chunk = ci;
     return 0;
 }
@@ -760,11 +783,12 @@ static int sample_rows(struct model *m, const struct batch *b, int cols, char *e
         int race = 0; /* any row of the chunk races (greedy rows do not) */
         for (int r = 0; o->race && r < mr; r++) race |= o->race[3 * (size_t)(c0 + r) + 2] != 0;
         if (na) memcpy(m->h_adj, o->adj + 2 * (size_t)chunk_off, sizeof(int32_t) * 2 * na);
-        if ((rc = O->upload(c, m->s_inv_t, 0, m->h_inv_t, (size_t)mr)) ||
-            (rc = O->upload(c, m->s_adj_start, 0, m->h_adj_start, (size_t)mr + 1)) ||
-            (na && (rc = O->upload(c, m->s_adj, 0, m->h_adj, 2 * na))) ||
-            (race && (rc = O->upload(c, m->s_race, 0, o->race + 3 * (size_t)c0, 3 * (size_t)mr))) ||
-            (rc = sample_chunk_logits(m, c0 / LOGIT_CHUNK)))
+        struct buf *dst[] = {m->s_inv_t, m->s_adj_start, m->s_adj, m->s_race, m->logit_rows};
+        const void *src[] = {m->h_inv_t, m->h_adj_start, m->h_adj,
+                             o->race ? o->race + 3 * (size_t)c0 : NULL, m->h_srows + c0};
+        size_t cnt[] = {(size_t)mr, (size_t)mr + 1, 2 * na, race ? 3 * (size_t)mr : 0, (size_t)mr};
+        if ((rc = upload_parts(O, dst, src, cnt, 5)) ||
+            (rc = sample_chunk_logits(m, c0 / LOGIT_CHUNK, 1)))
             return util_err(err, errlen, rc, "model: upload failed");
         struct sample_batch sb = {.m = mr, .k = k, .ld = m->vocab_rows, .n_cols = cols,
                                   .vocab_start = m->vocab_start, .inv_t = m->s_inv_t,
@@ -792,7 +816,7 @@ int model_sample_row_logits(struct model *m, int i, float *row, char *err, size_
         return util_err(err, errlen, -EINVAL, "model: no sampling row %d in the last forward", i);
     struct ops *O = m->ops;
     int rc, ci = i / LOGIT_CHUNK;
-    if (m->logits_chunk != ci && (rc = sample_chunk_logits(m, ci)))
+    if (m->logits_chunk != ci && (rc = sample_chunk_logits(m, ci, 0)))
         return util_err(err, errlen, rc, "model: upload failed");
     if ((rc = O->download(O->ctx, m->h_logits, m->logits, (size_t)(i - ci * LOGIT_CHUNK) * m->vocab_rows,
                           (size_t)m->vocab_rows)))
@@ -835,6 +859,7 @@ struct model_group {
     int row_i;                    /* JOB_SAMPLE_ROW */
     float *row;
     int cp_dst, cp_src;
+    double spin_s;                /* poll this long before sleeping on start / done */
     /* init only */
     struct ckpt *ck;
     const struct model_group_opts *o;
@@ -849,8 +874,39 @@ void model_group_opts_default(struct model_group_opts *o) {
 
 static void worker_done(struct model_group *g) {
     pthread_mutex_lock(&g->mu);
-    if (--g->pending == 0) pthread_cond_broadcast(&g->done);
+    if (__atomic_sub_fetch(&g->pending, 1, __ATOMIC_ACQ_REL) == 0) pthread_cond_broadcast(&g->done);
     pthread_mutex_unlock(&g->mu);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Before a thread sleeps on a condition variable it polls for up to
+ * g->spin_s (AWQD_SPIN_US; CUDA backend only): a decode loop's next job
+ * and a GPU step's end then cost no wake-up (futex + scheduler, 10-30 us
+ * per handoff, two per step). 1 when *gen moved off `seen` (worker) or
+ * *pending reached 0 (caller) while polling. */
+static int spin_gen(const struct model_group *g, unsigned long seen) {
+    if (g->spin_s <= 0) return 0;
+    double t0 = util_now_s();
+    for (unsigned i = 1;; i++) {
+        if (__atomic_load_n(&g->gen, __ATOMIC_ACQUIRE) != seen) return 1;
+        cpu_relax();
+        if (!(i & 255) && util_now_s() - t0 > g->spin_s) return 0;
+    }
+}
+
+static int spin_pending(const struct model_group *g) {
+    if (g->spin_s <= 0) return 0;
+    double t0 = util_now_s();
+    for (unsigned i = 1;; i++) {
+        if (__atomic_load_n(&g->pending, __ATOMIC_ACQUIRE) == 0) return 1;
+        cpu_relax();
+        if (!(i & 255) && util_now_s() - t0 > g->spin_s) return 0;
+    }
 }
 
 static int worker_init(struct rank_worker *w) {
@@ -900,6 +956,7 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&g->mu);
     worker_done(g);
     for (;;) {
+        spin_gen(g, seen);
         pthread_mutex_lock(&g->mu);
         while (g->gen == seen) pthread_cond_wait(&g->start, &g->mu);
         seen = g->gen;
@@ -922,10 +979,12 @@ static void group_run(struct model_group *g, int job) {
     pthread_mutex_lock(&g->mu);
     g->job = job;
     g->pending = g->tp;
-    g->gen++;
+    __atomic_add_fetch(&g->gen, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&g->start);
-    if (job != JOB_EXIT)
-        while (g->pending > 0) pthread_cond_wait(&g->done, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+    if (job == JOB_EXIT || spin_pending(g)) return;
+    pthread_mutex_lock(&g->mu);
+    while (g->pending > 0) pthread_cond_wait(&g->done, &g->mu);
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -936,7 +995,7 @@ void model_group_free(struct model_group *g) {
     if (any) {
         pthread_mutex_lock(&g->mu);
         g->job = JOB_EXIT;
-        g->gen++;
+        __atomic_add_fetch(&g->gen, 1, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&g->start);
         pthread_mutex_unlock(&g->mu);
     }
@@ -999,6 +1058,12 @@ int model_group_init(struct ckpt *ck, const struct model_group_opts *o, struct m
     oo.tp = tp;
     g->ck = ck;
     g->o = &oo;
+    /* polling before a handoff sleeps (spin_gen): on by default where the
+     * threads mostly wait for a GPU, off on the CPU backend (its compute
+     * threads need the cores) */
+    g->spin_s = !strcmp(backend, "cuda") ? 10e-3 : 0;
+    const char *spin = getenv("AWQD_SPIN_US");
+    if (spin && *spin) g->spin_s = atof(spin) * 1e-6;
     g->pending = tp;
     for (int r = 0; r < tp; r++) {
         g->w[r].g = g;

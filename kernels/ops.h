@@ -49,6 +49,7 @@ enum linear_kind {
 };
 
 struct buf;        /* backend memory; opaque to the model */
+#define OPS_UPLOAD_PARTS 8 /* most parts of one upload_group */
 struct op_linear;  /* one W4A16 linear layer uploaded to the backend */
 struct op_graph;   /* a recorded sequence of ops (graph_begin / graph_end) */
 
@@ -160,6 +161,13 @@ struct ops {
     /* Host -> backend: n elements at element offset off. src is float for
      * ACT/F32, int32_t for I32, uint16_t (fp16 bits) for W16. */
     int (*upload)(void *ctx, struct buf *dst, size_t off, const void *src, size_t n);
+    /* Optional (NULL: upload each part): parts (<= OPS_UPLOAD_PARTS) uploads
+     * of 4-byte elements (F32 / I32 buffers) at offset 0 as one: dst[i][0,
+     * n[i]) = src[i][0, n[i]); parts with n[i] = 0 are skipped. The CUDA
+     * backend packs them into one copy and one scatter kernel (a decode
+     * step's batch description is 6-7 small arrays). */
+    int (*upload_group)(void *ctx, struct buf *const *dst, const void *const *src,
+                        const size_t *n, int parts);
     /* Backend -> host (float for ACT/F32, int32_t for I32). Synchronous. */
     int (*download)(void *ctx, void *dst, const struct buf *src, size_t off, size_t n);
     /* Copies n elements of the same kind between buffers of this backend. */
@@ -231,7 +239,8 @@ struct ops {
                             const struct op_linear *l);
 
     /* logits[r, v] = x[rows[r], :] . table[v, :] for r < m, v < vocab_rows.
-     * x: ACT [n, dim]; rows: I32 [m]; table: W16 [vocab_rows, dim];
+     * x: ACT [n, dim]; rows: I32 [m], or NULL for rows 0..m-1 (no gather on
+     * CUDA: a decode step's rows); table: W16 [vocab_rows, dim];
      * logits: F32 [m, vocab_rows]. */
     void (*lm_head)(void *ctx, struct buf *logits, const struct buf *x, const struct buf *rows,
                     int m, const struct buf *table, int dim, int vocab_rows);

@@ -296,6 +296,16 @@ TEST(cpu_ops, add_rmsnorm_embed_silu_lm_head) {
             ASSERT_NEAR(lg[q * VR + v], ref, 1e-5);
         }
     free(lg);
+    /* rows NULL: rows 0 and 1 */
+    o->lm_head(o->ctx, bl, bd, NULL, 2, tab, D, VR);
+    lg = get(o, bl, 2 * VR);
+    for (int q = 0; q < 2; q++)
+        for (int v = 0; v < VR; v++) {
+            double ref = 0;
+            for (int j = 0; j < D; j++) ref += (double)d[q * D + j] * h2f(tab16[v * D + j]);
+            ASSERT_NEAR(lg[q * VR + v], ref, 1e-5);
+        }
+    free(lg);
     struct buf *all[] = {br, bd, bo, bw, tab, bids, be, brows, bl};
     for (int i = 0; i < 9; i++) o->free(o->ctx, all[i]);
     ops_destroy(o);

@@ -472,7 +472,8 @@ static void lm_cols(void *arg, int v0, int v1) {
     for (int r0 = 0; r0 < j->m; r0 += DOT_ROWS) {
         int nr = j->m - r0 < DOT_ROWS ? j->m - r0 : DOT_ROWS;
         const float *xs[DOT_ROWS];
-        for (int r = 0; r < nr; r++) xs[r] = j->x + (size_t)j->rows[r0 + r] * j->dim;
+        for (int r = 0; r < nr; r++)
+            xs[r] = j->x + (size_t)(j->rows ? j->rows[r0 + r] : r0 + r) * j->dim;
         for (int v = v0; v < v1; v++) {
             float o[DOT_ROWS];
             dot_rows(xs, nr, j->table + (size_t)v * j->dim, j->dim, o);
@@ -484,10 +485,12 @@ static void lm_cols(void *arg, int v0, int v1) {
 static void cpu_lm_head(void *ctx, struct buf *logits, const struct buf *x, const struct buf *rows,
                         int m, const struct buf *table, int dim, int vocab_rows) {
     AWQD_ASSERT(logits->n >= (size_t)m * vocab_rows && table->n >= (size_t)vocab_rows * dim);
-    for (int r = 0; r < m; r++)
-        AWQD_ASSERT(cpu_i32(rows)[r] >= 0 && (size_t)(cpu_i32(rows)[r] + 1) * dim <= x->n);
-    struct lm_job j = {cpu_f32(logits), cpu_f32(x), cpu_f32(table), cpu_i32(rows), m, dim,
-                       vocab_rows};
+    for (int r = 0; r < m; r++) {
+        int xr = rows ? cpu_i32(rows)[r] : r; /* NULL: rows 0..m-1 */
+        AWQD_ASSERT(xr >= 0 && (size_t)(xr + 1) * dim <= x->n);
+    }
+    struct lm_job j = {cpu_f32(logits), cpu_f32(x), cpu_f32(table), rows ? cpu_i32(rows) : NULL,
+                       m, dim, vocab_rows};
     cpu_pool_run(pool_of(ctx), vocab_rows, 16, lm_cols, &j);
 }
 

@@ -84,6 +84,13 @@ struct cuda_prof {
     double t_open;      /* host clock at the open op's begin */
     double gap_ms;      /* GPU time between one op's end and the next op's begin */
     long n_gaps;
+    /* across syncs: the last op's end event of the previous collect (its
+     * handle swapped out of ev[]) against the next collect's first begin:
+     * the GPU's time between steps (host turnaround and uploads) */
+    cudaEvent_t carry;
+    int have_carry;
+    double xgap_ms;
+    long n_xgaps;
 };
 
 
@@ -108,6 +115,17 @@ static void prof_collect(struct cuda_ctx *c) {
             p->gap_ms += ms;
             p->n_gaps++;
         }
+        if (i == 0 && p->have_carry &&
+            cudaEventElapsedTime(&ms, p->carry, p->ev[0][0]) == cudaSuccess) {
+            p->xgap_ms += ms;
+            p->n_xgaps++;
+        }
+    }
+    if (p->n_pend > 0) { /* keep the last end event for the next collect */
+        cudaEvent_t t = p->carry;
+        p->carry = p->ev[p->n_pend - 1][1];
+        p->ev[p->n_pend - 1][1] = t;
+        p->have_carry = 1;
     }
     cudaGetLastError();
     p->n_pend = 0;
@@ -155,6 +173,9 @@ static void prof_print(struct cuda_ctx *c) {
     fprintf(stderr, "  GPU time between ops (idle or unprofiled work): %.2f ms over %ld gaps "
                     "(%.1f us each)\n", p->gap_ms, p->n_gaps,
             p->n_gaps ? p->gap_ms * 1e3 / p->n_gaps : 0);
+    fprintf(stderr, "  GPU time between syncs (the last op before a sync to the first op after "
+                    "it: host turnaround and uploads): %.2f ms over %ld (%.1f us each)\n",
+            p->xgap_ms, p->n_xgaps, p->n_xgaps ? p->xgap_ms * 1e3 / p->n_xgaps : 0);
 }
 
 static void prof_free(struct cuda_ctx *c) {
@@ -167,11 +188,13 @@ static void prof_free(struct cuda_ctx *c) {
         cudaEventDestroy(p->ev[i][0]);
         cudaEventDestroy(p->ev[i][1]);
     }
+    cudaEventDestroy(p->carry);
     free(p);
     c->prof = NULL;
 }
 
 #define RING_BYTES ((size_t)8 << 20)
+#define DOWNLOAD_BOUNCE_BYTES ((size_t)64 << 10)
 
 static size_t elem_bytes(enum buf_kind k) { return k == BUF_ACT || k == BUF_W16 ? 2 : 4; }
 
@@ -281,6 +304,82 @@ static int cu_upload(void *ctx, struct buf *dst, size_t off, const void *src, si
     return 0;
 }
 
+/* upload_group: the parts packed back to back in the pinned ring, one copy
+ * into the device staging buffer c->d_grp, one kernel scattering them to
+ * their buffers (end[i]: the packed end of part i, in elements). */
+struct grp_args {
+    uint32_t *dst[OPS_UPLOAD_PARTS];
+    unsigned end[OPS_UPLOAD_PARTS];
+    int parts;
+};
+
+static __global__ void k_upload_scatter(const uint32_t *__restrict__ src, grp_args a) {
+    const unsigned total = a.end[a.parts - 1];
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        int p = 0;
+        while (i >= a.end[p]) p++;
+        a.dst[p][i - (p ? a.end[p - 1] : 0u)] = src[i];
+    }
+}
+
+static int cu_upload_group(void *ctx, struct buf *const *dst, const void *const *src,
+                           const size_t *n, int parts) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (refuse_capturing(c, "upload_group")) return -EBUSY;
+    if (parts < 0 || parts > OPS_UPLOAD_PARTS) return -EINVAL;
+    size_t total = 0;
+    for (int i = 0; i < parts; i++) {
+        if (n[i] == 0) continue;
+        if (n[i] > dst[i]->n || elem_bytes(dst[i]->kind) != 4) return -ERANGE;
+        total += n[i];
+    }
+    if (total == 0) return 0;
+    if (!c->grp_on || !c->h_ring || total * 4 > RING_BYTES / 4) {
+        for (int i = 0; i < parts; i++) { /* one copy each */
+            int rc = n[i] ? cu_upload(ctx, dst[i], 0, src[i], n[i]) : 0;
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    CUDA_CHECK(cudaSetDevice(c->device), NULL, 0);
+    if (total > c->grp_elems) {
+        size_t cap = c->grp_elems ? c->grp_elems : 4096;
+        while (cap < total) cap *= 2;
+        if (c->d_grp) {
+            CUDA_CHECK(cudaStreamSynchronize(c->stream), NULL, 0); /* no scatter still reads it */
+            cudaFree(c->d_grp);
+        cudaFree(c->smp_arrive);
+            c->d_grp = NULL;
+            c->grp_elems = 0;
+        }
+        CUDA_CHECK(cudaMalloc((void **)&c->d_grp, cap * 4), NULL, 0);
+        c->grp_elems = cap;
+    }
+    size_t bytes = total * 4;
+    if (c->ring_off + bytes > RING_BYTES) {
+        CUDA_CHECK(cudaStreamSynchronize(c->stream), NULL, 0);
+        c->ring_off = 0;
+    }
+    unsigned char *h = c->h_ring + c->ring_off;
+    grp_args a;
+    a.parts = 0;
+    size_t at = 0;
+    for (int i = 0; i < parts; i++) {
+        if (n[i] == 0) continue;
+        memcpy(h + at * 4, src[i], n[i] * 4);
+        at += n[i];
+        a.dst[a.parts] = (uint32_t *)dst[i]->d;
+        a.end[a.parts++] = (unsigned)at;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(c->d_grp, h, bytes, cudaMemcpyHostToDevice, c->stream), NULL, 0);
+    c->ring_off += (bytes + 255) & ~(size_t)255;
+    int blocks = (int)((total + 255) / 256);
+    if (blocks > 4 * c->n_sms) blocks = 4 * c->n_sms;
+    k_upload_scatter<<<blocks, 256, 0, c->stream>>>(c->d_grp, a);
+    OPS_CUDA_LAUNCHED(c, "upload_group");
+    return c->rc;
+}
+
 static int cu_download(void *ctx, void *dst, const struct buf *src, size_t off, size_t n) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (refuse_capturing(c, "download")) return -EBUSY;
@@ -304,10 +403,21 @@ static int cu_download(void *ctx, void *dst, const struct buf *src, size_t off, 
         }
         return c->rc;
     }
+    /* small downloads (sampling candidates) bounce through pinned memory: a
+     * copy into pageable memory costs ~10 us more on the GPU */
+    const size_t bytes = n * 4;
+    const int bounce = c->dl_bounce && bytes <= DOWNLOAD_BOUNCE_BYTES;
+    if (bounce) {
+        int rc = stage_reserve(c, (bytes + 1) / 2);
+        if (rc) return rc;
+    }
     PROF_BEGIN(c, "download f32/i32", 0, 0);
-    CUDA_CHECK(cudaMemcpyAsync(dst, s, n * 4, cudaMemcpyDeviceToHost, c->stream), NULL, 0);
+    CUDA_CHECK(cudaMemcpyAsync(bounce ? (void *)c->h_stage : dst, s, bytes, cudaMemcpyDeviceToHost,
+                               c->stream),
+               NULL, 0);
     PROF_END(c);
     CUDA_CHECK(cudaStreamSynchronize(c->stream), NULL, 0);
+    if (bounce) memcpy(dst, c->h_stage, bytes);
     c->ring_off = 0;
     prof_collect(c);
     return c->rc;
@@ -930,9 +1040,9 @@ static void cu_lm_head(void *ctx, struct buf *logits, const struct buf *x, const
                        int m, const struct buf *table, int dim, int vocab_rows) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     AWQD_ASSERT(logits->n >= (size_t)m * vocab_rows && table->n >= (size_t)vocab_rows * dim);
-    AWQD_ASSERT(rows->n >= (size_t)m && x->n >= (size_t)dim);
+    AWQD_ASSERT((rows ? rows->n >= (size_t)m : x->n >= (size_t)m * dim) && x->n >= (size_t)dim);
     if (m <= 0 || (c->skip & OPS_SKIP_LM_HEAD)) return;
-    const int mode = lm_head_mode();
+    const int mode = rows ? lm_head_mode() : 0; /* the comparison kernels gather rows */
     if (mode == 2 && dim % 32 == 0 && m <= 32) {
         PROF_BEGIN(c, "lm_head tc", m, 0);
         float *lg = (float *)logits->d;
@@ -954,7 +1064,7 @@ static void cu_lm_head(void *ctx, struct buf *logits, const struct buf *x, const
         PROF_END(c);
         return;
     }
-    if ((size_t)m * dim > c->gather_elems) {
+    if (rows && (size_t)m * dim > c->gather_elems) {
         cudaStreamSynchronize(c->stream);
         cudaFree(c->d_gather);
         c->d_gather = NULL;
@@ -966,12 +1076,15 @@ static void cu_lm_head(void *ctx, struct buf *logits, const struct buf *x, const
         c->gather_elems = (size_t)m * dim;
     }
     PROF_BEGIN(c, "lm_head", 0, 0);
-    gather_rows_kernel<<<m, 256, 0, c->stream>>>((__half *)c->d_gather, CH(x), I32(rows), dim);
-    OPS_CUDA_LAUNCHED(c, "lm_head gather");
+    if (rows) {
+        gather_rows_kernel<<<m, 256, 0, c->stream>>>((__half *)c->d_gather, CH(x), I32(rows), dim);
+        OPS_CUDA_LAUNCHED(c, "lm_head gather");
+    }
     /* column-major view: logits^T [vocab_rows, m] = table [dim, vocab_rows]^T . xs [dim, m] */
     float one = 1.0f, zero = 0.0f;
     cublasStatus_t s = cublasGemmEx((cublasHandle_t)c->blas, CUBLAS_OP_T, CUBLAS_OP_N, vocab_rows,
-                                    m, dim, &one, table->d, CUDA_R_16F, dim, c->d_gather,
+                                    m, dim, &one, table->d, CUDA_R_16F, dim,
+                                    rows ? (const void *)c->d_gather : x->d,
                                     CUDA_R_16F, dim, &zero, logits->d, CUDA_R_32F, vocab_rows,
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     PROF_END(c);
@@ -1125,6 +1238,7 @@ static void cu_destroy(struct ops *ops) {
         if (c->h_ring) cudaFreeHost(c->h_ring);
         cudaFree(c->lin_ws);
         cudaFree(c->d_gather);
+        cudaFree(c->d_grp);
         if (c->h_stage) cudaFreeHost(c->h_stage);
         if (c->blas) cublasDestroy((cublasHandle_t)c->blas);
         gemm_lt_thread_free(); /* this thread's cuBLASLt plans (w4a16 column slabs) */
@@ -1187,6 +1301,14 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     const char *pw_env = getenv("AWQD_CUDA_DEC_PREWAIT");
     c->dec_prewait = !(pw_env && !strcmp(pw_env, "0"));
+    const char *gr_env = getenv("AWQD_CUDA_UPLOAD_GROUP");
+    c->grp_on = !(gr_env && !strcmp(gr_env, "0"));
+    const char *sf_env = getenv("AWQD_CUDA_SAMPLE_FUSE");
+    c->smp_fuse = !(sf_env && !strcmp(sf_env, "0"));
+    const char *sg_env = getenv("AWQD_CUDA_SAMPLE_GS");
+    c->smp_gs = sg_env && !strcmp(sg_env, "32") ? 32 : 8;
+    const char *db_env = getenv("AWQD_CUDA_DL_BOUNCE");
+    c->dl_bounce = !(db_env && !strcmp(db_env, "0"));
     TRY(cudaEventCreateWithFlags(&c->attn.uploaded, cudaEventDisableTiming));
     TRY(cudaMallocHost((void **)&c->h_ring, RING_BYTES));
     const char *pe = getenv("AWQD_CUDA_PROFILE");
@@ -1197,6 +1319,7 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
                 cudaEventCreate(&c->prof->ev[i][0]);
                 cudaEventCreate(&c->prof->ev[i][1]);
             }
+        if (c->prof) cudaEventCreate(&c->prof->carry);
     }
 #undef TRY
     cublasHandle_t h;
@@ -1210,6 +1333,7 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     o->alloc = cu_alloc;
     o->free = cu_free;
     o->upload = cu_upload;
+    o->upload_group = cu_upload_group;
     o->download = cu_download;
     o->copy = cu_copy;
     o->upload_linear = cu_upload_linear;

@@ -62,6 +62,18 @@ struct cuda_ctx {
      * whenever the stream is known to be idle (download, sync) */
     unsigned char *h_ring;
     size_t ring_off;
+    int dl_bounce;                /* small downloads through h_stage (AWQD_CUDA_DL_BOUNCE, 1) */
+    /* upload_group: device staging [grp_elems] 4-byte elements; grp_on:
+     * AWQD_CUDA_UPLOAD_GROUP (1; 0: one copy per part) */
+    uint32_t *d_grp;
+    size_t grp_elems;
+    int grp_on;
+    /* sample_topk with k = 1 as one kernel (AWQD_CUDA_SAMPLE_FUSE, 1): its
+     * per-row arrival counters [smp_arrive_cap], zero between calls */
+    int smp_fuse;
+    int smp_gs;                   /* its columns per thread (AWQD_CUDA_SAMPLE_GS: 8, or 32) */
+    int *smp_arrive;
+    int smp_arrive_cap;
     /* AWQD_CUDA_PROFILE=1: per-op GPU time from events, printed at destroy */
     struct cuda_prof *prof;
     /* graphs: while capturing (graph_begin .. graph_end), failures go to

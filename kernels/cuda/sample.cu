@@ -51,6 +51,8 @@ extern "C" {
 #define SMP_CHUNK (SMP_GS * SMP_THREADS)   /* columns per scan block */
 #define SMP_MAX_CHUNKS 32                  /* n_cols <= 262144 */
 #define SMP_SORT_THREADS 1024
+#define SMP_GS1 8                          /* k = 1 (one kernel): columns per thread */
+#define SMP_MAX_CHUNKS1 (SMP_MAX_CHUNKS * SMP_GS / SMP_GS1)
 #define SMP_SORT_KEYS 8192                 /* most keys a selection sees */
 static_assert(SMP_MAX_CHUNKS * SMP_THREADS <= SMP_SORT_KEYS && SMP_GS * SAMPLE_MAX_K <= SMP_SORT_KEYS &&
                   SMP_SORT_KEYS % SMP_SORT_THREADS == 0,
@@ -139,6 +141,7 @@ smp_scan_kernel(const float *__restrict__ logits, const float *__restrict__ proc
     int r = blockIdx.y, b = blockIdx.x, t = threadIdx.x;
     const float *raw = logits + (size_t)r * ld;
     const float *w = adj_start[r + 1] > adj_start[r] ? proc + (size_t)r * ld : raw;
+    const bool same = w == raw; /* no adjustments: one load per column */
     int base = b * SMP_CHUNK + t;
     float wv[SMP_GS], rv[SMP_GS];
     float mw = -INFINITY, mr = -INFINITY;
@@ -148,7 +151,7 @@ smp_scan_kernel(const float *__restrict__ logits, const float *__restrict__ proc
         int c = base + j * SMP_THREADS;
         if (c < n_cols) {
             wv[j] = w[c];
-            rv[j] = raw[c];
+            rv[j] = same ? wv[j] : raw[c];
             u64 k = smp_key(wv[j], vs + c);
             gk = k > gk ? k : gk;
             mw = fmaxf(mw, wv[j]);
@@ -344,6 +347,73 @@ static __device__ void smp_bitonic_desc(u64 *s, int P) {
         }
 }
 
+/* Row r's header (maxima, sums of exps, the race's winner) and, for k = 1,
+ * its candidate T, from the n_chunks blocks' partials; by the block's first
+ * warp (blockDim.x >= 32). Lane b computes block b's terms (exp in double),
+ * lane 0 adds them in block order (the sequential sum's bits). */
+static __device__ void smp_row_header(int r, u64 T, const double *__restrict__ part,
+                                      const float *__restrict__ inv_t, float *__restrict__ out,
+                                      int n_chunks, int k, int n_cols,
+                                      const double *__restrict__ rpart,
+                                      const float *__restrict__ logits,
+                                      const float *__restrict__ proc,
+                                      const int *__restrict__ adj_start, int ld, int vs) {
+    __shared__ double tw[SMP_MAX_CHUNKS1], tr[SMP_MAX_CHUNKS1];
+    const int lane = threadIdx.x;
+    if (lane >= 32) return;
+    /* __ldcg: other blocks of this kernel may have written them (smp_scan1_kernel) */
+    const double *p = part + (size_t)r * n_chunks * 4;
+    float mw = -INFINITY, mr = -INFINITY;
+    for (int b = lane; b < n_chunks; b += 32) {
+        mw = fmaxf(mw, (float)__ldcg(p + 4 * b));
+        mr = fmaxf(mr, (float)__ldcg(p + 4 * b + 2));
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        mw = fmaxf(mw, __shfl_xor_sync(0xffffffffu, mw, o));
+        mr = fmaxf(mr, __shfl_xor_sync(0xffffffffu, mr, o));
+    }
+    const float it = inv_t[r];
+    for (int b = lane; b < n_chunks; b += 32) {
+        float bw = (float)__ldcg(p + 4 * b), br = (float)__ldcg(p + 4 * b + 2);
+        tw[b] = bw > -INFINITY ? __ldcg(p + 4 * b + 1) * exp((double)((bw - mw) * it)) : 0.0;
+        tr[b] = br > -INFINITY ? __ldcg(p + 4 * b + 3) * exp((double)(br - mr)) : 0.0;
+    }
+    __syncwarp();
+    if (lane) return;
+    double sw = 0, sr = 0;
+    for (int b = 0; b < n_chunks; b++) {
+        sw += tw[b];
+        sr += tr[b];
+    }
+    float *row = out + (size_t)r * (SAMPLE_HDR + 3 * (size_t)k);
+    row[0] = mw;
+    memcpy(row + 1, &sw, sizeof sw);
+    row[3] = mr;
+    memcpy(row + 4, &sr, sizeof sr);
+    int kk = n_cols < k ? n_cols : k;
+    row[6] = __int_as_float(kk);
+    /* the race: the best block (rpart NULL: no race in the batch) */
+    double bs = -INFINITY;
+    int bi = -1;
+    for (int b = 0; rpart && b < n_chunks; b++) {
+        const double *rp = rpart + ((size_t)r * n_chunks + b) * 2;
+        const double s0 = __ldcg(rp), s1 = __ldcg(rp + 1);
+        if (smp_race_better(s0, (int)s1, bs, bi)) bs = s0, bi = (int)s1;
+    }
+    row[7] = __int_as_float(bi);
+    memcpy(row + 8, &bs, sizeof bs);
+    const float *raw = logits + (size_t)r * ld;
+    const float *w = adj_start[r + 1] > adj_start[r] ? proc + (size_t)r * ld : raw;
+    row[10] = bi >= 0 ? w[bi - vs] : -INFINITY;
+    row[11] = bi >= 0 ? raw[bi - vs] : -INFINITY;
+    if (k == 1) { /* the largest group maximum is the candidate: no gather / final */
+        int id = n_cols > 0 ? smp_key_id(T) : -1;
+        row[SAMPLE_HDR] = id >= 0 ? w[id - vs] : -INFINITY;
+        row[SAMPLE_HDR + 1] = id >= 0 ? raw[id - vs] : -INFINITY;
+        row[SAMPLE_HDR + 2] = __int_as_float(id);
+    }
+}
+
 static __global__ void __launch_bounds__(SMP_SORT_THREADS)
 smp_thresh_kernel(const u64 *__restrict__ gkeys, const double *__restrict__ part,
                   const float *__restrict__ inv_t, u64 *__restrict__ thresh, int *__restrict__ count,
@@ -356,46 +426,140 @@ smp_thresh_kernel(const u64 *__restrict__ gkeys, const double *__restrict__ part
     if (threadIdx.x == 0) {
         thresh[r] = T;
         count[r] = 0;
-        const double *p = part + (size_t)r * n_chunks * 4;
-        float mw = -INFINITY, mr = -INFINITY;
-        for (int b = 0; b < n_chunks; b++) {
-            mw = fmaxf(mw, (float)p[4 * b]);
-            mr = fmaxf(mr, (float)p[4 * b + 2]);
-        }
-        double sw = 0, sr = 0;
-        float it = inv_t[r];
-        for (int b = 0; b < n_chunks; b++) {
-            float bw = (float)p[4 * b], br = (float)p[4 * b + 2];
-            if (bw > -INFINITY) sw += p[4 * b + 1] * exp((double)((bw - mw) * it));
-            if (br > -INFINITY) sr += p[4 * b + 3] * exp((double)(br - mr));
-        }
-        float *row = out + (size_t)r * (SAMPLE_HDR + 3 * (size_t)k);
-        row[0] = mw;
-        memcpy(row + 1, &sw, sizeof sw);
-        row[3] = mr;
-        memcpy(row + 4, &sr, sizeof sr);
-        int kk = n_cols < k ? n_cols : k;
-        row[6] = __int_as_float(kk);
-        /* the race: the best block (rpart NULL: no race in the batch) */
-        double bs = -INFINITY;
-        int bi = -1;
-        for (int b = 0; rpart && b < n_chunks; b++) {
-            const double *rp = rpart + ((size_t)r * n_chunks + b) * 2;
-            if (smp_race_better(rp[0], (int)rp[1], bs, bi)) bs = rp[0], bi = (int)rp[1];
-        }
-        row[7] = __int_as_float(bi);
-        memcpy(row + 8, &bs, sizeof bs);
-        const float *raw = logits + (size_t)r * ld;
-        const float *w = adj_start[r + 1] > adj_start[r] ? proc + (size_t)r * ld : raw;
-        row[10] = bi >= 0 ? w[bi - vs] : -INFINITY;
-        row[11] = bi >= 0 ? raw[bi - vs] : -INFINITY;
-        if (k == 1) { /* the largest group maximum is the candidate: no gather / final */
-            int id = n_cols > 0 ? smp_key_id(T) : -1;
-            row[SAMPLE_HDR] = id >= 0 ? w[id - vs] : -INFINITY;
-            row[SAMPLE_HDR + 1] = id >= 0 ? raw[id - vs] : -INFINITY;
-            row[SAMPLE_HDR + 2] = __int_as_float(id);
+    }
+    smp_row_header(r, T, part, inv_t, out, n_chunks, k, n_cols, rpart, logits, proc, adj_start,
+                   ld, vs);
+}
+
+/* ------------------------------------------------------------------------ */
+/* 1+R+2 for k = 1, one kernel                                              */
+/* ------------------------------------------------------------------------ */
+
+/* scan (and the race where the row races) of one chunk of GS * SMP_THREADS
+ * columns as smp_scan_kernel / smp_race_kernel compute them, the block's
+ * best key instead of its group keys; the row's last block to arrive
+ * (arrive[r], reset to 0 by it) writes the row as smp_thresh_kernel does for
+ * k = 1. part / rpart / bkeys: [m, n_chunks] of this kernel's chunks. */
+template <int GS>
+static __global__ void __launch_bounds__(SMP_THREADS)
+smp_scan1_kernel(const float *__restrict__ logits, const float *__restrict__ proc,
+                 const int *__restrict__ adj_start, const float *__restrict__ inv_t,
+                 const int *__restrict__ race, double *__restrict__ part,
+                 double *__restrict__ rpart, u64 *__restrict__ bkeys, int *__restrict__ arrive,
+                 float *__restrict__ out, int ld, int n_cols, int vs, int n_chunks) {
+    __shared__ float shf[32];
+    __shared__ double shd[32];
+    __shared__ u64 shk[SMP_THREADS / 32];
+    __shared__ double shs[SMP_THREADS / 32];
+    __shared__ int shi[SMP_THREADS / 32];
+    __shared__ int last;
+    int r = blockIdx.y, b = blockIdx.x, t = threadIdx.x, lane = t & 31, wid = t >> 5;
+    const float *raw = logits + (size_t)r * ld;
+    const float *w = adj_start[r + 1] > adj_start[r] ? proc + (size_t)r * ld : raw;
+    const bool same = w == raw; /* no adjustments: one load per column */
+    int base = b * (GS * SMP_THREADS) + t;
+    float wv[GS], rv[GS];
+    float mw = -INFINITY, mr = -INFINITY;
+    u64 gk = 0;
+#pragma unroll
+    for (int j = 0; j < GS; j++) {
+        int c = base + j * SMP_THREADS;
+        if (c < n_cols) {
+            wv[j] = w[c];
+            rv[j] = same ? wv[j] : raw[c];
+            u64 key = smp_key(wv[j], vs + c);
+            gk = key > gk ? key : gk;
+            mw = fmaxf(mw, wv[j]);
+            mr = fmaxf(mr, rv[j]);
+        } else {
+            wv[j] = -INFINITY;
+            rv[j] = -INFINITY;
         }
     }
+    for (int o = 16; o > 0; o >>= 1) {
+        u64 ok = __shfl_xor_sync(0xffffffffu, gk, o);
+        gk = ok > gk ? ok : gk;
+    }
+    if (lane == 0) shk[wid] = gk;
+    float bw = smp_block_max(mw, shf); /* its __syncthreads publish shk */
+    float br = smp_block_max(mr, shf);
+    float it = inv_t[r];
+    float sw = 0.0f, sr = 0.0f;
+    if (bw > -INFINITY) {
+#pragma unroll
+        for (int j = 0; j < GS; j++) sw += expf((wv[j] - bw) * it);
+    }
+    if (br > -INFINITY) {
+#pragma unroll
+        for (int j = 0; j < GS; j++) sr += expf(rv[j] - br);
+    }
+    double dsw = smp_block_sum((double)sw, shd);
+    double dsr = smp_block_sum((double)sr, shd);
+    const bool races = rpart && race[3 * r + 2];
+    double bs = -INFINITY;
+    int bi = -1;
+    if (races) { /* smp_race_kernel's loop over the same columns, from registers */
+        u64 key = (u64)(unsigned)race[3 * r] | ((u64)(unsigned)race[3 * r + 1] << 32);
+#pragma unroll
+        for (int j = 0; j < GS; j++) {
+            int c = base + j * SMP_THREADS;
+            if (c < n_cols && isfinite(wv[j])) {
+                double sc = smp_race_score(key, vs + c, wv[j], it);
+                if (bi < 0 || sc > bs) bs = sc, bi = vs + c;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            double os = __shfl_xor_sync(0xffffffffu, bs, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (smp_race_better(os, oi, bs, bi)) bs = os, bi = oi;
+        }
+        if (lane == 0) {
+            shs[wid] = bs;
+            shi[wid] = bi;
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        u64 k = shk[0];
+        for (int i = 1; i < SMP_THREADS / 32; i++) k = shk[i] > k ? shk[i] : k;
+        bkeys[(size_t)r * n_chunks + b] = k;
+        double *p = part + ((size_t)r * n_chunks + b) * 4;
+        p[0] = bw;
+        p[1] = dsw;
+        p[2] = br;
+        p[3] = dsr;
+        if (rpart) {
+            double *rp = rpart + ((size_t)r * n_chunks + b) * 2;
+            if (races) {
+                for (int i = 1; i < SMP_THREADS / 32; i++)
+                    if (smp_race_better(shs[i], shi[i], bs, bi)) bs = shs[i], bi = shi[i];
+                rp[0] = bi >= 0 ? bs : -INFINITY;
+                rp[1] = (double)bi;
+            } else {
+                rp[0] = -INFINITY;
+                rp[1] = -1.0;
+            }
+        }
+        __threadfence();
+        last = atomicAdd(&arrive[r], 1) == n_chunks - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence(); /* the other blocks' partials, seen after their arrival */
+    u64 T = 0;
+    if (t < 32) {
+        for (int i = t; i < n_chunks; i += 32) {
+            u64 k = __ldcg(bkeys + (size_t)r * n_chunks + i);
+            T = k > T ? k : T;
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            u64 ok = __shfl_xor_sync(0xffffffffu, T, o);
+            T = ok > T ? ok : T;
+        }
+        if (t == 0) arrive[r] = 0;
+    }
+    smp_row_header(r, T, part, inv_t, out, n_chunks, 1, n_cols, rpart, logits, proc, adj_start,
+                   ld, vs);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -508,11 +672,47 @@ void ops_cuda__sample_topk(void *ctx, struct buf *out, const struct buf *logits,
     const float *it = (const float *)sb->inv_t->d;
     float *o = (float *)out->d;
     cudaStream_t st = c->stream;
+    const bool fused = k == 1 && c->smp_fuse;
+    if (fused && m > c->smp_arrive_cap) { /* arrival counters, zero between calls */
+        if (c->smp_arrive) {
+            cudaStreamSynchronize(st);
+            cudaFree(c->smp_arrive);
+            c->smp_arrive = NULL;
+            c->smp_arrive_cap = 0;
+        }
+        int cap = m < 64 ? 64 : m;
+        cudaError_t e = cudaMalloc((void **)&c->smp_arrive, sizeof(int) * (size_t)cap);
+        if (e == cudaSuccess) e = cudaMemsetAsync(c->smp_arrive, 0, sizeof(int) * (size_t)cap, st);
+        if (e != cudaSuccess) {
+            ops_cuda__fail(c, -ENOMEM, "sample_topk", cudaGetErrorString(e));
+            return;
+        }
+        c->smp_arrive_cap = cap;
+    }
     PROF_BEGIN(c, "sample_topk", m, nc);
     if (n_adj > 0)
         smp_adjust_kernel<<<m, 256, 0, st>>>(lg, proc, o + (size_t)m * SAMPLE_ROW_FLOATS(k), as,
                                              (const int *)sb->adj->d, ld, nc, vs);
     dim3 grid(n_chunks, m);
+    if (fused) {
+        /* its partials [m, n1] in the group keys' space (2 m G floats >= 14 m n1) */
+        const int gs = c->smp_gs == 32 ? 32 : SMP_GS1;
+        const int n1 = nc > 0 ? (nc + gs * SMP_THREADS - 1) / (gs * SMP_THREADS) : 1;
+        double *part1 = (double *)gkeys, *rpart1 = rpart ? part1 + 4 * (size_t)m * n1 : NULL;
+        u64 *bkeys = (u64 *)(part1 + 6 * (size_t)m * n1);
+        AWQD_ASSERT(14 * (size_t)m * n1 <= 2 * (size_t)m * G);
+        const int *rc3 = sb->race ? (const int *)sb->race->d : NULL;
+        dim3 g1(n1, m);
+        if (gs == 32)
+            smp_scan1_kernel<32><<<g1, SMP_THREADS, 0, st>>>(lg, proc, as, it, rc3, part1, rpart1,
+                                                             bkeys, c->smp_arrive, o, ld, nc, vs, n1);
+        else
+            smp_scan1_kernel<SMP_GS1><<<g1, SMP_THREADS, 0, st>>>(
+                lg, proc, as, it, rc3, part1, rpart1, bkeys, c->smp_arrive, o, ld, nc, vs, n1);
+        OPS_CUDA_LAUNCHED(c, "sample_topk");
+        PROF_END(c);
+        return;
+    }
     smp_scan_kernel<<<grid, SMP_THREADS, 0, st>>>(lg, proc, as, it, gkeys, part, ld, nc, vs, G,
                                                   n_chunks);
     if (rpart)

@@ -174,6 +174,59 @@ TEST(ops_cuda, buffers_roundtrip_and_copy) {
     pair_close(&p);
 }
 
+/* upload_group: parts packed into one copy + a scatter kernel (and one copy
+ * per part past the pinned ring's quarter); the rest of each buffer
+ * untouched, empty parts skipped (their buffer may be NULL), the batch
+ * description of a step in flight while the next is packed. */
+TEST(ops_cuda, upload_group) {
+    OPEN(p);
+    struct ops *g = p.gpu;
+    ASSERT(g->upload_group != NULL);
+    const size_t big = (size_t)3 << 20; /* 12 MB: past the ring's quarter */
+    size_t cap[5] = {1000, 7, 513, 1, big};
+    struct buf *b[5];
+    int32_t *h[5], *want[5], *back = malloc(big * sizeof(int32_t));
+    for (int i = 0; i < 5; i++) {
+        b[i] = g->alloc(g->ctx, i == 1 ? BUF_F32 : BUF_I32, cap[i]);
+        h[i] = malloc(cap[i] * sizeof(int32_t));
+        want[i] = malloc(cap[i] * sizeof(int32_t));
+        ASSERT(b[i] && h[i] && want[i]);
+        for (size_t j = 0; j < cap[i]; j++) want[i][j] = -1 - (int32_t)j; /* the old contents */
+        ASSERT_EQ_INT(g->upload(g->ctx, b[i], 0, want[i], cap[i]), 0);
+    }
+    for (int round = 0; round < 3 && !test_failed(); round++) {
+        size_t n[6] = {1 + (size_t)round * 300, 7, round == 1 ? 0 : 513, 1, round == 2 ? big : 0, 0};
+        for (int i = 0; i < 5; i++)
+            for (size_t j = 0; j < n[i]; j++) {
+                float f = (float)round + 0.25f * (float)j;
+                if (i == 1) memcpy(&h[i][j], &f, 4);
+                else h[i][j] = (int32_t)(rnd() & 0x7fffffff);
+                want[i][j] = h[i][j];
+            }
+        struct buf *dst[6] = {b[0], b[1], b[2], b[3], b[4], NULL};
+        const void *src[6] = {h[0], h[1], h[2], h[3], h[4], NULL};
+        ASSERT_EQ_INT(g->upload_group(g->ctx, dst, src, n, 6), 0);
+        for (int i = 0; i < 5; i++) /* the host arrays may be reused at once */
+            for (size_t j = 0; j < n[i]; j++) h[i][j] = 12345;
+        for (int i = 0; i < 5 && !test_failed(); i++) {
+            ASSERT_EQ_INT(g->download(g->ctx, back, b[i], 0, cap[i]), 0);
+            for (size_t j = 0; j < cap[i] && !test_failed(); j++)
+                ASSERT_MSG(back[j] == want[i][j], "round %d part %d [%zu]: %d != %d", round, i, j,
+                           back[j], want[i][j]);
+        }
+    }
+    size_t too[1] = {cap[0] + 1};
+    const void *s0[1] = {h[0]};
+    ASSERT_EQ_INT(g->upload_group(g->ctx, b, s0, too, 1), -ERANGE);
+    for (int i = 0; i < 5; i++) {
+        g->free(g->ctx, b[i]);
+        free(h[i]);
+        free(want[i]);
+    }
+    free(back);
+    pair_close(&p);
+}
+
 /* ---- embed, add_rmsnorm, silu_mul ----------------------------------------- */
 
 TEST(ops_cuda, embed_shapes) {
@@ -504,6 +557,11 @@ TEST(ops_cuda, lm_head_rows) {
         p.gpu->lm_head(p.gpu->ctx, L.g, X.g, R.g, m, T.g, dim, V);
         char what[64];
         snprintf(what, sizeof what, "lm_head V %d dim %d m %d", V, dim, m);
+        twin_check(&p, &L, 0, (size_t)m * V, 2e-3, 0, what);
+        /* rows NULL: x rows 0..m-1, read in place (no gather) */
+        p.cpu->lm_head(p.cpu->ctx, L.c, X.c, NULL, m, T.c, dim, V);
+        p.gpu->lm_head(p.gpu->ctx, L.g, X.g, NULL, m, T.g, dim, V);
+        snprintf(what, sizeof what, "lm_head V %d dim %d m %d rows 0..m-1", V, dim, m);
         twin_check(&p, &L, 0, (size_t)m * V, 2e-3, 0, what);
         twin_free(&p, &X);
         twin_free(&p, &T);

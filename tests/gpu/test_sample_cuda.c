@@ -241,6 +241,104 @@ TEST(sample_cuda, equals_cpu_odd_sizes) {
     ops_destroy(p.gpu);
 }
 
+/* k = 1 runs as one kernel whose last block per row finishes it (arrival
+ * counters that live in the backend and must be back at 0 after every call).
+ * With the separate kernels' 32 columns per thread (AWQD_CUDA_SAMPLE_GS=32)
+ * it is bit for bit their output (AWQD_CUDA_SAMPLE_FUSE=0); with its default
+ * 8 columns per thread everything but the two sums of exps (other fp32
+ * partials) is, and the sums agree to 1e-6. Over calls of varying rows,
+ * columns, races and adjustments on one backend. */
+static void same_rows(const float *a, const float *b, int m, int exact, const char *what) {
+    for (int r = 0; r < m && !test_failed(); r++) {
+        const float *x = a + (size_t)r * SAMPLE_ROW_FLOATS(1), *y = b + (size_t)r * SAMPLE_ROW_FLOATS(1);
+        for (int i = 0; i < (int)SAMPLE_ROW_FLOATS(1); i++) {
+            if (!exact && (i == 1 || i == 2 || i == 4 || i == 5)) continue;
+            ASSERT_MSG(bits_eq(x[i], y[i]), "%s row %d float %d: %.9g vs %.9g", what, r, i, x[i], y[i]);
+        }
+        for (int q = 1; q <= 4; q += 3) {
+            double s1, s2;
+            memcpy(&s1, x + q, 8);
+            memcpy(&s2, y + q, 8);
+            ASSERT_MSG(fabs(s1 - s2) <= 1e-6 * fabs(s1), "%s row %d sum %d: %.12g vs %.12g", what, r,
+                       q, s1, s2);
+        }
+    }
+}
+
+TEST(sample_cuda, k1_fused_equals_kernels) {
+    struct pair p;
+    int rc = pair_open(&p);
+    if (rc == 1) TEST_SKIP("no CUDA device");
+    ASSERT_OK_SO_FAR();
+    char err[256];
+    struct ops *un = NULL, *g32 = NULL;
+    setenv("AWQD_CUDA_SAMPLE_FUSE", "0", 1);
+    rc = ops_cuda_create(0, &un, err, sizeof err);
+    unsetenv("AWQD_CUDA_SAMPLE_FUSE");
+    ASSERT_MSG(rc == 0, "%s", err);
+    setenv("AWQD_CUDA_SAMPLE_GS", "32", 1);
+    rc = ops_cuda_create(0, &g32, err, sizeof err);
+    unsetenv("AWQD_CUDA_SAMPLE_GS");
+    ASSERT_MSG(rc == 0, "%s", err);
+    const int ms[] = {5, 1, 33, 2, 1, 70, 3};
+    const int ncs[] = {151936, 151936, 8193, 1, 262144, 75968, 257};
+    for (int i = 0; i < 7 && !test_failed(); i++) {
+        int m = ms[i], nc = ncs[i], ld = nc + i % 3, vs = (i % 2) * 75968, n_adj = 0;
+        float *rows = malloc(sizeof(float) * (size_t)m * ld), *inv_t = malloc(sizeof(float) * m);
+        int32_t *as = malloc(sizeof(int32_t) * (m + 1)), *adj = malloc(sizeof(int32_t) * 2 * m);
+        int32_t *race = malloc(sizeof(int32_t) * 3 * (size_t)m);
+        for (size_t j = 0; j < (size_t)m * ld; j++)
+            rows[j] = i == 4 ? (float)(floor(gauss() * 4) / 2) : (float)(gauss() * 3);
+        as[0] = 0;
+        for (int r = 0; r < m; r++) {
+            inv_t[r] = r % 2 ? 1.0f / 0.7f : 1.0f;
+            if (i % 2 == 0 && r % 3 == 0) { /* one adjustment: a banned token */
+                float v = -INFINITY;
+                adj[2 * n_adj] = (vs + (int32_t)(rnd() % (uint64_t)nc)) * 4 + SAMPLE_ADJ_ADD;
+                memcpy(&adj[2 * n_adj + 1], &v, 4);
+                n_adj++;
+            }
+            as[r + 1] = n_adj;
+            uint64_t key = rnd();
+            race[3 * r] = (int32_t)(uint32_t)key;
+            race[3 * r + 1] = (int32_t)(uint32_t)(key >> 32);
+            race[3 * r + 2] = i == 1 ? 0 : (int32_t)(rnd() % 3 != 0);
+        }
+        size_t nf = SAMPLE_OUT_FLOATS(m, 1, n_adj);
+        float *a = malloc(sizeof(float) * nf), *b = malloc(sizeof(float) * nf);
+        float *a32 = malloc(sizeof(float) * nf);
+        const int32_t *rc3 = i == 3 ? NULL : race; /* one call with no race at all */
+        ASSERT_EQ_INT(run_op(p.gpu, rows, m, ld, nc, vs, 1, inv_t, as, adj, rc3, a), 0);
+        ASSERT_EQ_INT(run_op(g32, rows, m, ld, nc, vs, 1, inv_t, as, adj, rc3, a32), 0);
+        ASSERT_EQ_INT(run_op(un, rows, m, ld, nc, vs, 1, inv_t, as, adj, rc3, b), 0);
+        char w1[64], w2[64];
+        snprintf(w1, sizeof w1, "call %d (m %d, n_cols %d) fused/32", i, m, nc);
+        snprintf(w2, sizeof w2, "call %d (m %d, n_cols %d) fused/8", i, m, nc);
+        same_rows(b, a32, m, 1, w1);
+        same_rows(b, a, m, 0, w2);
+        ASSERT_MSG(memcmp(a + (size_t)m * SAMPLE_ROW_FLOATS(1), b + (size_t)m * SAMPLE_ROW_FLOATS(1),
+                          sizeof(float) * (size_t)n_adj) == 0, "%s: adjusted raw logits", w2);
+        free(a32);
+        float *cref = malloc(sizeof(float) * SAMPLE_OUT_FLOATS(m, 1, n_adj));
+        ASSERT_EQ_INT(run_op(p.cpu, rows, m, ld, nc, vs, 1, inv_t, as, adj, rc3, cref), 0);
+        char what[64];
+        snprintf(what, sizeof what, "fused call %d", i);
+        compare(cref, a, m, 1, n_adj, what);
+        free(cref);
+        free(a);
+        free(b);
+        free(rows);
+        free(inv_t);
+        free(as);
+        free(adj);
+        free(race);
+    }
+    ops_destroy(un);
+    ops_destroy(g32);
+    ops_destroy(p.cpu);
+    ops_destroy(p.gpu);
+}
+
 /* ---- timing ------------------------------------------------------------- */
 
 static void bench_batch(struct pair *p, int m, const struct sampling_params *sp, const char *name,

@@ -77,6 +77,10 @@ struct model {
     struct buf *s_inv_t;                            /* F32 [LOGIT_CHUNK] */
     struct buf *s_adj_start;                        /* I32 [LOGIT_CHUNK + 1] */
     struct buf *s_race;                             /* I32 [3 * LOGIT_CHUNK] race triples */
+    struct buf *s_rows;                             /* I32 [LOGIT_CHUNK] x rows of a sample chunk */
+    int s_pre;                                      /* chunk 0's inputs went up with the batch */
+    int s_pre_mr, s_pre_race;                       /* ... its rows, whether any races */
+    size_t s_pre_na;                                /* ... its adjustments */
     struct buf *s_adj;                              /* I32 [2 * s_cap_adj] */
     struct buf *s_out;                              /* F32 [SAMPLE_OUT_FLOATS(LOGIT_CHUNK, SAMPLE_MAX_K, s_cap_adj)] */
     struct buf *s_work;                             /* F32 [sample_work_floats(LOGIT_CHUNK, vocab_rows, SAMPLE_MAX_K)] */
@@ -97,6 +101,9 @@ struct model {
 
 static int sample_rows(struct model *m, const struct batch *b, int cols, char *err,
                        size_t errlen);
+static int sample_inputs_ok(const struct model *m);
+static int sample_stage(struct model *m, int c0, struct buf **dst, const void **src, size_t *cnt,
+                        int *mr_out, size_t *na_out, int *race_out);
 
 void model_opts_default(struct model_opts *o) {
     memset(o, 0, sizeof *o);
@@ -175,7 +182,7 @@ void model_workspace(const struct model_config *cfg, int tp, const struct model_
     ws->logit_chunk = LOGIT_CHUNK;
     ws->logits = (size_t)LOGIT_CHUNK * V * sizeof(float);
     ws->sample = sample_work_floats(LOGIT_CHUNK, (int)V, SAMPLE_MAX_K) * sizeof(float) +
-                 (LOGIT_CHUNK + LOGIT_CHUNK + 1 + 3 * LOGIT_CHUNK) * 4 +
+                 (LOGIT_CHUNK + LOGIT_CHUNK + 1 + 3 * LOGIT_CHUNK + LOGIT_CHUNK) * 4 +
                  (2 * SAMPLE_ADJ_CAP0) * sizeof(int32_t) +
                  SAMPLE_OUT_FLOATS(LOGIT_CHUNK, SAMPLE_MAX_K, SAMPLE_ADJ_CAP0) * sizeof(float);
     ws->total = ws->act + ws->batch + ws->logits + ws->sample;
@@ -231,6 +238,7 @@ void model_free(struct model *m) {
     o->free(c, m->s_inv_t);
     o->free(c, m->s_adj_start);
     o->free(c, m->s_race);
+    o->free(c, m->s_rows);
     o->free(c, m->s_adj);
     o->free(c, m->s_out);
     o->free(c, m->s_work);
@@ -633,13 +641,19 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
         pad_decode_batch(m, S, ns);
     }
     {
-        struct buf *dst[] = {m->ids, m->positions, m->slots, m->q_start, m->past, m->block_table,
-                             m->logit_rows};
-        const void *src[] = {m->h_ids, m->h_pos, m->h_slots, m->h_q_start, m->h_past, m->h_bt,
-                             m->h_rows};
+        struct buf *dst[12] = {m->ids, m->positions, m->slots, m->q_start, m->past,
+                               m->block_table, m->logit_rows};
+        const void *src[12] = {m->h_ids, m->h_pos, m->h_slots, m->h_q_start, m->h_past, m->h_bt,
+                               m->h_rows};
         size_t cnt[] = {(size_t)nr, (size_t)nr, (size_t)nr, (size_t)ns + 1, (size_t)ns,
-                        (size_t)ns * m->opts.max_blocks_per_seq, nl > 0 ? (size_t)nl : 0};
-        if ((rc = upload_parts(O, dst, src, cnt, 7)))
+                        (size_t)ns * m->opts.max_blocks_per_seq, nl > 0 ? (size_t)nl : 0,
+                        0, 0, 0, 0, 0};
+        /* sample chunk 0's inputs go up with the batch: nothing to upload
+         * between the layers and the lm_head */
+        m->s_pre = m->n_srows > 0 && sample_inputs_ok(m) &&
+                   sample_stage(m, 0, dst + 7, src + 7, cnt + 7, &m->s_pre_mr, &m->s_pre_na,
+                                &m->s_pre_race) == 0;
+        if ((rc = upload_parts(O, dst, src, cnt, m->s_pre ? 12 : 7)))
             return util_err(err, errlen, rc, "model: upload of the batch failed");
     }
     if (tr) t[1] = util_now_s();
@@ -718,10 +732,11 @@ static int sample_reserve(struct model *m, size_t n_adj) {
         m->s_inv_t = O->alloc(c, BUF_F32, LOGIT_CHUNK);
         m->s_adj_start = O->alloc(c, BUF_I32, LOGIT_CHUNK + 1);
         m->s_race = O->alloc(c, BUF_I32, 3 * LOGIT_CHUNK);
+        m->s_rows = O->alloc(c, BUF_I32, LOGIT_CHUNK);
         m->h_inv_t = malloc(sizeof(float) * LOGIT_CHUNK);
         m->h_adj_start = malloc(sizeof(int32_t) * (LOGIT_CHUNK + 1));
-        if (!m->s_work || !m->s_inv_t || !m->s_adj_start || !m->s_race || !m->h_inv_t ||
-            !m->h_adj_start)
+        if (!m->s_work || !m->s_inv_t || !m->s_adj_start || !m->s_race || !m->s_rows ||
+            !m->h_inv_t || !m->h_adj_start)
             return -ENOMEM;
     }
     if (!m->s_out || n_adj > m->s_cap_adj) {
@@ -745,23 +760,66 @@ static int sample_reserve(struct model *m, size_t n_adj) {
 static int sample_chunk_logits(struct model *m, int ci, int rows_uploaded) {
     struct ops *O = m->ops;
     int c0 = ci * LOGIT_CHUNK, mr = m->n_srows - c0 < LOGIT_CHUNK ? m->n_srows - c0 : LOGIT_CHUNK;
-    int rc = rows_uploaded ? 0 : O->upload(O->ctx, m->logit_rows, 0, m->h_srows + c0, (size_t)mr);
+    int rc = rows_uploaded ? 0 : O->upload(O->ctx, m->s_rows, 0, m->h_srows + c0, (size_t)mr);
     if (rc) return rc;
-    O->lm_head(O->ctx, m->logits, m->x, rows_identity(m->h_srows + c0, mr) ? NULL : m->logit_rows,
+    O->lm_head(O->ctx, m->logits, m->x, rows_identity(m->h_srows + c0, mr) ? NULL : m->s_rows,
                mr, m->lm_head, m->hidden, m->vocab_rows);
     m->logits_chunk = ci;
     return 0;
 }
 
-/* Candidates of every SAMPLE row into m->sout (this rank's part). */
+/* The sampling inputs model_forward_out was given are usable. */
+static int sample_inputs_ok(const struct model *m) {
+    const struct model_out *o = m->sout;
+    int ns = m->n_srows;
+    return o && o->cands && o->inv_t && o->k >= 1 && o->k <= SAMPLE_MAX_K && m->ops->sample_topk &&
+           !(o->adj_start && o->adj_start[ns] > 0 && (!o->adj || !o->adj_raw));
+}
+
+/* Stages sample chunk c0's inputs (temperatures, adjustments, race triples,
+ * x rows) in the host arrays and lists their uploads as 5 parts; its rows,
+ * adjustments and whether any row races into *mr, *na, *race. */
+static int sample_stage(struct model *m, int c0, struct buf **dst, const void **src, size_t *cnt,
+                        int *mr_out, size_t *na_out, int *race_out) {
+    const struct model_out *o = m->sout;
+    int ns = m->n_srows;
+    int mr = ns - c0 < LOGIT_CHUNK ? ns - c0 : LOGIT_CHUNK;
+    int chunk_off = o->adj_start ? o->adj_start[c0] : 0;
+    size_t na = o->adj_start ? (size_t)(o->adj_start[c0 + mr] - chunk_off) : 0;
+    int rc = sample_reserve(m, na);
+    if (rc) return rc;
+    for (int r = 0; r < mr; r++) {
+        m->h_inv_t[r] = o->inv_t[c0 + r] > 0 ? o->inv_t[c0 + r] : 1.0f;
+        m->h_adj_start[r] = o->adj_start ? o->adj_start[c0 + r] - chunk_off : 0;
+    }
+    m->h_adj_start[mr] = (int32_t)na;
+    int race = 0; /* any row of the chunk races (greedy rows do not) */
+    for (int r = 0; o->race && r < mr; r++) race |= o->race[3 * (size_t)(c0 + r) + 2] != 0;
+    if (na) memcpy(m->h_adj, o->adj + 2 * (size_t)chunk_off, sizeof(int32_t) * 2 * na);
+    struct buf *d[5] = {m->s_inv_t, m->s_adj_start, m->s_adj, m->s_race, m->s_rows};
+    const void *sr[5] = {m->h_inv_t, m->h_adj_start, m->h_adj,
+                         o->race ? o->race + 3 * (size_t)c0 : NULL, m->h_srows + c0};
+    size_t n[5] = {(size_t)mr, (size_t)mr + 1, 2 * na, race ? 3 * (size_t)mr : 0, (size_t)mr};
+    for (int i = 0; i < 5; i++) {
+        dst[i] = d[i];
+        src[i] = sr[i];
+        cnt[i] = n[i];
+    }
+    *mr_out = mr;
+    *na_out = na;
+    *race_out = race;
+    return 0;
+}
+
+/* Candidates of every SAMPLE row into m->sout (this rank's part). Chunk 0's
+ * inputs may have gone up with the batch (m->s_pre). */
 static int sample_rows(struct model *m, const struct batch *b, int cols, char *err,
                        size_t errlen) {
     struct ops *O = m->ops;
     void *c = O->ctx;
     const struct model_out *o = m->sout;
     int ns = m->n_srows, rc;
-    if (!o || !o->cands || !o->inv_t || o->k < 1 || o->k > SAMPLE_MAX_K || !O->sample_topk ||
-        (o->adj_start && o->adj_start[ns] > 0 && (!o->adj || !o->adj_raw)))
+    if (!sample_inputs_ok(m))
         return util_err(err, errlen, -EINVAL,
                         "batch: sampling rows need model_forward_out (k 1..%d, inv_t, adjustment "
                         "outputs) on a backend with sample_topk", SAMPLE_MAX_K);
@@ -769,26 +827,23 @@ static int sample_rows(struct model *m, const struct batch *b, int cols, char *e
     size_t RF = SAMPLE_ROW_FLOATS(k);
     if (cols < 0) cols = 0;
     for (int c0 = 0; c0 < ns; c0 += LOGIT_CHUNK) {
-        int mr = ns - c0 < LOGIT_CHUNK ? ns - c0 : LOGIT_CHUNK;
-        /* this chunk's temperatures and adjustments */
+        int mr, race;
+        size_t na;
         int chunk_off = o->adj_start ? o->adj_start[c0] : 0;
-        size_t na = o->adj_start ? (size_t)(o->adj_start[c0 + mr] - chunk_off) : 0;
-        if ((rc = sample_reserve(m, na)))
-            return util_err(err, errlen, rc, "model: out of %s memory for sampling", O->name);
-        for (int r = 0; r < mr; r++) {
-            m->h_inv_t[r] = o->inv_t[c0 + r] > 0 ? o->inv_t[c0 + r] : 1.0f;
-            m->h_adj_start[r] = o->adj_start ? o->adj_start[c0 + r] - chunk_off : 0;
+        if (c0 == 0 && m->s_pre) {
+            mr = m->s_pre_mr;
+            na = m->s_pre_na;
+            race = m->s_pre_race;
+        } else {
+            struct buf *dst[5];
+            const void *src[5];
+            size_t cnt[5];
+            if ((rc = sample_stage(m, c0, dst, src, cnt, &mr, &na, &race)))
+                return util_err(err, errlen, rc, "model: out of %s memory for sampling", O->name);
+            if ((rc = upload_parts(O, dst, src, cnt, 5)))
+                return util_err(err, errlen, rc, "model: upload failed");
         }
-        m->h_adj_start[mr] = (int32_t)na;
-        int race = 0; /* any row of the chunk races (greedy rows do not) */
-        for (int r = 0; o->race && r < mr; r++) race |= o->race[3 * (size_t)(c0 + r) + 2] != 0;
-        if (na) memcpy(m->h_adj, o->adj + 2 * (size_t)chunk_off, sizeof(int32_t) * 2 * na);
-        struct buf *dst[] = {m->s_inv_t, m->s_adj_start, m->s_adj, m->s_race, m->logit_rows};
-        const void *src[] = {m->h_inv_t, m->h_adj_start, m->h_adj,
-                             o->race ? o->race + 3 * (size_t)c0 : NULL, m->h_srows + c0};
-        size_t cnt[] = {(size_t)mr, (size_t)mr + 1, 2 * na, race ? 3 * (size_t)mr : 0, (size_t)mr};
-        if ((rc = upload_parts(O, dst, src, cnt, 5)) ||
-            (rc = sample_chunk_logits(m, c0 / LOGIT_CHUNK, 1)))
+        if ((rc = sample_chunk_logits(m, c0 / LOGIT_CHUNK, 1)))
             return util_err(err, errlen, rc, "model: upload failed");
         struct sample_batch sb = {.m = mr, .k = k, .ld = m->vocab_rows, .n_cols = cols,
                                   .vocab_start = m->vocab_start, .inv_t = m->s_inv_t,

@@ -49,7 +49,7 @@ enum linear_kind {
 };
 
 struct buf;        /* backend memory; opaque to the model */
-#define OPS_UPLOAD_PARTS 8 /* most parts of one upload_group */
+#define OPS_UPLOAD_PARTS 16 /* most parts of one upload_group */
 struct op_linear;  /* one W4A16 linear layer uploaded to the backend */
 struct op_graph;   /* a recorded sequence of ops (graph_begin / graph_end) */
 

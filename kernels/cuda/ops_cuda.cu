@@ -342,19 +342,11 @@ static int cu_upload_group(void *ctx, struct buf *const *dst, const void *const 
         return 0;
     }
     CUDA_CHECK(cudaSetDevice(c->device), NULL, 0);
-    if (total > c->grp_elems) {
-        size_t cap = c->grp_elems ? c->grp_elems : 4096;
-        while (cap < total) cap *= 2;
-        if (c->d_grp) {
-            CUDA_CHECK(cudaStreamSynchronize(c->stream), NULL, 0); /* no scatter still reads it */
-            cudaFree(c->d_grp);
-        cudaFree(c->smp_arrive);
-            c->d_grp = NULL;
-            c->grp_elems = 0;
-        }
-        CUDA_CHECK(cudaMalloc((void **)&c->d_grp, cap * 4), NULL, 0);
-        c->grp_elems = cap;
+    if (!c->d_grp) { /* once, at the largest group this path takes */
+        CUDA_CHECK(cudaMalloc((void **)&c->d_grp, RING_BYTES / 4), NULL, 0);
+        c->grp_elems = RING_BYTES / 16;
     }
+    AWQD_ASSERT(total <= c->grp_elems);
     size_t bytes = total * 4;
     if (c->ring_off + bytes > RING_BYTES) {
         CUDA_CHECK(cudaStreamSynchronize(c->stream), NULL, 0);
@@ -1239,6 +1231,7 @@ static void cu_destroy(struct ops *ops) {
         cudaFree(c->lin_ws);
         cudaFree(c->d_gather);
         cudaFree(c->d_grp);
+        cudaFree(c->smp_arrive);
         if (c->h_stage) cudaFreeHost(c->h_stage);
         if (c->blas) cublasDestroy((cublasHandle_t)c->blas);
         gemm_lt_thread_free(); /* this thread's cuBLASLt plans (w4a16 column slabs) */

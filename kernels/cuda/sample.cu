@@ -22,6 +22,14 @@
  *   R. race     grid (chunks, rows), rows with race[3r + 2] only: per block
  *               the best (score, lowest id) of kernels/ops.h's exponential
  *               race over the finite w; thresh (2) combines the blocks
+ *   k = 1 (greedy, plain temperature; session 8) runs 1 + R + 2 as ONE
+ *   kernel, smp_scan1_kernel, over chunks of 8 columns per thread (75
+ *   blocks for 151936 columns): each block writes its partials and best key,
+ *   and the row's last block to arrive (a per-row counter in the backend,
+ *   zero between calls) writes the row (smp_row_header). With 32 columns per
+ *   thread it is bit for bit the separate kernels (AWQD_CUDA_SAMPLE_GS=32,
+ *   tested); at 8 the sums of exps differ in the last bits (other fp32
+ *   partials). AWQD_CUDA_SAMPLE_FUSE=0: the separate kernels.
  * Race scores: (double)w * inv_t (exact) + -log(-log(u)), u from a splitmix64
  * hash, with __dadd_rn / __dmul_rn (no contraction) — bit for bit the host's
  * sample_race_score except that CUDA's double log is within 1 ulp of glibc's.

@@ -139,23 +139,22 @@ static __device__ __forceinline__ double smp_block_sum(double v, double *sh) {
     return v;
 }
 
-static __global__ void __launch_bounds__(SMP_THREADS)
-smp_scan_kernel(const float *__restrict__ logits, const float *__restrict__ proc,
-                const int *__restrict__ adj_start, const float *__restrict__ inv_t,
-                u64 *__restrict__ gkeys, double *__restrict__ part, int ld, int n_cols, int vs,
-                int G, int n_chunks) {
-    __shared__ float shf[32];
-    __shared__ double shd[32];
-    int r = blockIdx.y, b = blockIdx.x, t = threadIdx.x;
-    const float *raw = logits + (size_t)r * ld;
-    const float *w = adj_start[r + 1] > adj_start[r] ? proc + (size_t)r * ld : raw;
+/* One chunk of GS * SMP_THREADS columns of row r from column `base` (this
+ * thread's: base + j * SMP_THREADS, j < GS): its w values (wv; -inf past
+ * n_cols), its best key (gk), and the block's max and sum of exps of w at
+ * 1/T (bw, dsw) and of raw (br, dsr). Every thread of the block calls it. */
+template <int GS>
+static __device__ __forceinline__ void smp_scan_chunk(const float *__restrict__ w,
+                                                      const float *__restrict__ raw, int base,
+                                                      int n_cols, int vs, float it, float *shf,
+                                                      double *shd, float *wv, u64 &gk, float &bw,
+                                                      double &dsw, float &br, double &dsr) {
     const bool same = w == raw; /* no adjustments: one load per column */
-    int base = b * SMP_CHUNK + t;
-    float wv[SMP_GS], rv[SMP_GS];
+    float rv[GS];
     float mw = -INFINITY, mr = -INFINITY;
-    u64 gk = 0;
+    gk = 0;
 #pragma unroll
-    for (int j = 0; j < SMP_GS; j++) {
+    for (int j = 0; j < GS; j++) {
         int c = base + j * SMP_THREADS;
         if (c < n_cols) {
             wv[j] = w[c];
@@ -169,21 +168,37 @@ smp_scan_kernel(const float *__restrict__ logits, const float *__restrict__ proc
             rv[j] = -INFINITY;
         }
     }
-    gkeys[(size_t)r * G + (size_t)b * SMP_THREADS + t] = gk;
-    float bw = smp_block_max(mw, shf);
-    float br = smp_block_max(mr, shf);
-    float it = inv_t[r];
+    bw = smp_block_max(mw, shf);
+    br = smp_block_max(mr, shf);
     float sw = 0.0f, sr = 0.0f;
     if (bw > -INFINITY) {
 #pragma unroll
-        for (int j = 0; j < SMP_GS; j++) sw += expf((wv[j] - bw) * it);
+        for (int j = 0; j < GS; j++) sw += expf((wv[j] - bw) * it);
     }
     if (br > -INFINITY) {
 #pragma unroll
-        for (int j = 0; j < SMP_GS; j++) sr += expf(rv[j] - br);
+        for (int j = 0; j < GS; j++) sr += expf(rv[j] - br);
     }
-    double dsw = smp_block_sum((double)sw, shd);
-    double dsr = smp_block_sum((double)sr, shd);
+    dsw = smp_block_sum((double)sw, shd);
+    dsr = smp_block_sum((double)sr, shd);
+}
+
+static __global__ void __launch_bounds__(SMP_THREADS)
+smp_scan_kernel(const float *__restrict__ logits, const float *__restrict__ proc,
+                const int *__restrict__ adj_start, const float *__restrict__ inv_t,
+                u64 *__restrict__ gkeys, double *__restrict__ part, int ld, int n_cols, int vs,
+                int G, int n_chunks) {
+    __shared__ float shf[32];
+    __shared__ double shd[32];
+    int r = blockIdx.y, b = blockIdx.x, t = threadIdx.x;
+    const float *raw = logits + (size_t)r * ld;
+    const float *w = adj_start[r + 1] > adj_start[r] ? proc + (size_t)r * ld : raw;
+    float wv[SMP_GS], bw, br;
+    double dsw, dsr;
+    u64 gk;
+    smp_scan_chunk<SMP_GS>(w, raw, b * SMP_CHUNK + t, n_cols, vs, inv_t[r], shf, shd, wv, gk, bw,
+                           dsw, br, dsr);
+    gkeys[(size_t)r * G + (size_t)b * SMP_THREADS + t] = gk;
     if (t == 0) {
         double *p = part + ((size_t)r * n_chunks + b) * 4;
         p[0] = bw;
@@ -464,45 +479,18 @@ smp_scan1_kernel(const float *__restrict__ logits, const float *__restrict__ pro
     int r = blockIdx.y, b = blockIdx.x, t = threadIdx.x, lane = t & 31, wid = t >> 5;
     const float *raw = logits + (size_t)r * ld;
     const float *w = adj_start[r + 1] > adj_start[r] ? proc + (size_t)r * ld : raw;
-    const bool same = w == raw; /* no adjustments: one load per column */
-    int base = b * (GS * SMP_THREADS) + t;
-    float wv[GS], rv[GS];
-    float mw = -INFINITY, mr = -INFINITY;
-    u64 gk = 0;
-#pragma unroll
-    for (int j = 0; j < GS; j++) {
-        int c = base + j * SMP_THREADS;
-        if (c < n_cols) {
-            wv[j] = w[c];
-            rv[j] = same ? wv[j] : raw[c];
-            u64 key = smp_key(wv[j], vs + c);
-            gk = key > gk ? key : gk;
-            mw = fmaxf(mw, wv[j]);
-            mr = fmaxf(mr, rv[j]);
-        } else {
-            wv[j] = -INFINITY;
-            rv[j] = -INFINITY;
-        }
-    }
+    const int base = b * (GS * SMP_THREADS) + t;
+    const float it = inv_t[r];
+    float wv[GS], bw, br;
+    double dsw, dsr;
+    u64 gk;
+    smp_scan_chunk<GS>(w, raw, base, n_cols, vs, it, shf, shd, wv, gk, bw, dsw, br, dsr);
     for (int o = 16; o > 0; o >>= 1) {
         u64 ok = __shfl_xor_sync(0xffffffffu, gk, o);
         gk = ok > gk ? ok : gk;
     }
     if (lane == 0) shk[wid] = gk;
-    float bw = smp_block_max(mw, shf); /* its __syncthreads publish shk */
-    float br = smp_block_max(mr, shf);
-    float it = inv_t[r];
-    float sw = 0.0f, sr = 0.0f;
-    if (bw > -INFINITY) {
-#pragma unroll
-        for (int j = 0; j < GS; j++) sw += expf((wv[j] - bw) * it);
-    }
-    if (br > -INFINITY) {
-#pragma unroll
-        for (int j = 0; j < GS; j++) sr += expf(rv[j] - br);
-    }
-    double dsw = smp_block_sum((double)sw, shd);
-    double dsr = smp_block_sum((double)sr, shd);
+    __syncthreads();
     const bool races = rpart && race[3 * r + 2];
     double bs = -INFINITY;
     int bi = -1;

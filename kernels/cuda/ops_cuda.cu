@@ -687,7 +687,7 @@ lm_head_gemv_kernel(float *logits, const __half *x, const int *rows, int m, cons
     for (int e = threadIdx.x; e < M * nc; e += blockDim.x) {
         int r = e / nc, c = e % nc;
         uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < m) v = ((const uint4 *)(x + (size_t)rows[r] * dim))[c];
+        if (r < m) v = ((const uint4 *)(x + (size_t)(rows ? rows[r] : r) * dim))[c];
         ((uint4 *)xs)[e] = v;
     }
     __syncthreads();
@@ -766,7 +766,7 @@ lm_head_tc_kernel(float *logits, const __half *x, const int *rows, int m, const 
             const __half *src = x;
             int bytes = 0;
             if (r < m && c8 < kn) {
-                src = x + (size_t)rows[r] * dim + k0 + c8;
+                src = x + (size_t)(rows ? rows[r] : r) * dim + k0 + c8;
                 bytes = 16;
             }
             cp_async16(&xs[buf][r][c8], src, bytes);
@@ -1034,13 +1034,14 @@ static void cu_lm_head(void *ctx, struct buf *logits, const struct buf *x, const
     AWQD_ASSERT(logits->n >= (size_t)m * vocab_rows && table->n >= (size_t)vocab_rows * dim);
     AWQD_ASSERT((rows ? rows->n >= (size_t)m : x->n >= (size_t)m * dim) && x->n >= (size_t)dim);
     if (m <= 0 || (c->skip & OPS_SKIP_LM_HEAD)) return;
-    const int mode = rows ? lm_head_mode() : 0; /* the comparison kernels gather rows */
+    const int mode = lm_head_mode();
+    const int *rw = rows ? I32(rows) : NULL; /* NULL: rows 0..m-1 */
     if (mode == 2 && dim % 32 == 0 && m <= 32) {
         PROF_BEGIN(c, "lm_head tc", m, 0);
         float *lg = (float *)logits->d;
-        if (m <= 8) lm_head_tc<1>(c, lg, CH(x), I32(rows), m, CH(table), dim, vocab_rows);
-        else if (m <= 16) lm_head_tc<2>(c, lg, CH(x), I32(rows), m, CH(table), dim, vocab_rows);
-        else lm_head_tc<4>(c, lg, CH(x), I32(rows), m, CH(table), dim, vocab_rows);
+        if (m <= 8) lm_head_tc<1>(c, lg, CH(x), rw, m, CH(table), dim, vocab_rows);
+        else if (m <= 16) lm_head_tc<2>(c, lg, CH(x), rw, m, CH(table), dim, vocab_rows);
+        else lm_head_tc<4>(c, lg, CH(x), rw, m, CH(table), dim, vocab_rows);
         OPS_CUDA_LAUNCHED(c, "lm_head");
         PROF_END(c);
         return;
@@ -1048,10 +1049,10 @@ static void cu_lm_head(void *ctx, struct buf *logits, const struct buf *x, const
     if (mode == 4 && m <= 8 && dim % 8 == 0 && (size_t)8 * dim * 2 <= 160 * 1024) {
         PROF_BEGIN(c, "lm_head gemv", m, 0);
         float *lg = (float *)logits->d;
-        if (m == 1) lm_head_gemv<1>(c, lg, CH(x), I32(rows), m, CH(table), dim, vocab_rows);
-        else if (m == 2) lm_head_gemv<2>(c, lg, CH(x), I32(rows), m, CH(table), dim, vocab_rows);
-        else if (m <= 4) lm_head_gemv<4>(c, lg, CH(x), I32(rows), m, CH(table), dim, vocab_rows);
-        else lm_head_gemv<8>(c, lg, CH(x), I32(rows), m, CH(table), dim, vocab_rows);
+        if (m == 1) lm_head_gemv<1>(c, lg, CH(x), rw, m, CH(table), dim, vocab_rows);
+        else if (m == 2) lm_head_gemv<2>(c, lg, CH(x), rw, m, CH(table), dim, vocab_rows);
+        else if (m <= 4) lm_head_gemv<4>(c, lg, CH(x), rw, m, CH(table), dim, vocab_rows);
+        else lm_head_gemv<8>(c, lg, CH(x), rw, m, CH(table), dim, vocab_rows);
         OPS_CUDA_LAUNCHED(c, "lm_head");
         PROF_END(c);
         return;

@@ -606,6 +606,12 @@ TEST(ops_cuda, lm_head_tc_rows) {
                 snprintf(what, sizeof what, "lm_head V %d dim %d m %d (%s)", V, dim, m,
                          modes[md] ? modes[md] : "default");
                 twin_check(&p, &L, 0, (size_t)m * V, 2e-3, 0, what);
+                /* rows NULL: x rows 0..m-1 in place */
+                p.cpu->lm_head(p.cpu->ctx, L.c, X.c, NULL, m, T.c, dim, V);
+                p.gpu->lm_head(p.gpu->ctx, L.g, X.g, NULL, m, T.g, dim, V);
+                snprintf(what, sizeof what, "lm_head V %d dim %d m %d (%s) rows 0..m-1", V, dim, m,
+                         modes[md] ? modes[md] : "default");
+                twin_check(&p, &L, 0, (size_t)m * V, 2e-3, 0, what);
                 twin_free(&p, &R);
                 twin_free(&p, &L);
             }

@@ -942,23 +942,15 @@ static inline void cpu_relax(void) {
 /* Before a thread sleeps on a condition variable it polls for up to
  * g->spin_s (AWQD_SPIN_US; CUDA backend only): a decode loop's next job
  * and a GPU step's end then cost no wake-up (futex + scheduler, 10-30 us
- * per handoff, two per step). 1 when *gen moved off `seen` (worker) or
- * *pending reached 0 (caller) while polling. */
-static int spin_gen(const struct model_group *g, unsigned long seen) {
+ * per handoff, two per step). 1 when gen moved off `seen` (a worker, for_done 0)
+ * or pending reached 0 (the caller, for_done 1) while polling. */
+static int spin(const struct model_group *g, int for_done, unsigned long seen) {
     if (g->spin_s <= 0) return 0;
     double t0 = util_now_s();
     for (unsigned i = 1;; i++) {
-        if (__atomic_load_n(&g->gen, __ATOMIC_ACQUIRE) != seen) return 1;
-        cpu_relax();
-        if (!(i & 255) && util_now_s() - t0 > g->spin_s) return 0;
-    }
-}
-
-static int spin_pending(const struct model_group *g) {
-    if (g->spin_s <= 0) return 0;
-    double t0 = util_now_s();
-    for (unsigned i = 1;; i++) {
-        if (__atomic_load_n(&g->pending, __ATOMIC_ACQUIRE) == 0) return 1;
+        if (for_done ? __atomic_load_n(&g->pending, __ATOMIC_ACQUIRE) == 0
+                     : __atomic_load_n(&g->gen, __ATOMIC_ACQUIRE) != seen)
+            return 1;
         cpu_relax();
         if (!(i & 255) && util_now_s() - t0 > g->spin_s) return 0;
     }
@@ -1011,7 +1003,7 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&g->mu);
     worker_done(g);
     for (;;) {
-        spin_gen(g, seen);
+        spin(g, 0, seen);
         pthread_mutex_lock(&g->mu);
         while (g->gen == seen) pthread_cond_wait(&g->start, &g->mu);
         seen = g->gen;
@@ -1037,7 +1029,7 @@ static void group_run(struct model_group *g, int job) {
     __atomic_add_fetch(&g->gen, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&g->start);
     pthread_mutex_unlock(&g->mu);
-    if (job == JOB_EXIT || spin_pending(g)) return;
+    if (job == JOB_EXIT || spin(g, 1, 0)) return;
     pthread_mutex_lock(&g->mu);
     while (g->pending > 0) pthread_cond_wait(&g->done, &g->mu);
     pthread_mutex_unlock(&g->mu);
@@ -1113,7 +1105,7 @@ int model_group_init(struct ckpt *ck, const struct model_group_opts *o, struct m
     oo.tp = tp;
     g->ck = ck;
     g->o = &oo;
-    /* polling before a handoff sleeps (spin_gen): on by default where the
+    /* polling before a handoff sleeps (spin): on by default where the
      * threads mostly wait for a GPU, off on the CPU backend (its compute
      * threads need the cores) */
     g->spin_s = !strcmp(backend, "cuda") ? 10e-3 : 0;

@@ -56,6 +56,7 @@ extern "C" {
 
 #define DEC_NT 128
 #define DEC_MAX_SPLITS 64
+static_assert(DEC_MAX_SPLITS <= DEC_NT, "the combine kernel loads one split per thread");
 
 /* One K or V tile of TK keys from key t0 (keys >= ke zero-filled) into dst,
  * as one cp.async commit group (an empty group past the split's end, so the
@@ -423,9 +424,15 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
 }
 
 /* grid (nh, S): merges the ns partials of query head blockIdx.x of row s in
- * split order. Splits with keys are a prefix (k < n_act); every thread loads
- * one split's (m, l) at once, then each output dim sums the active splits
- * (independent loads, unrolled). */
+ * split order. Splits with keys are a prefix (k < n_act). Threads < ns load
+ * one split's (m, l) into shared memory while every thread loads its dim of
+ * the first DEC_PV splits into registers: one dependent round trip where ns
+ * <= DEC_PV (batch 1 at contexts <= 512 on Qwen3-8B), the rest read after
+ * the barrier. Each thread then derives M, the active prefix, the weights
+ * 2^(m_k - M) and L itself, in split order (the same arithmetic in every
+ * thread). DEC_PV stays small: at 64 the registers (79 per thread) kept the
+ * next kernel's blocks off the SMs at batch 8 (o_proj 4 us later). */
+#define DEC_PV 16
 template <int HD>
 static __global__ void __launch_bounds__(DEC_NT)
 attn_dec_combine_kernel(__half *out, const float *part, int nh, int ns) {
@@ -433,53 +440,49 @@ attn_dec_combine_kernel(__half *out, const float *part, int nh, int ns) {
     ops_cuda_pdl_trigger();
     const int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
     const float *base = part + ((size_t)s * nh + h) * ns * (HD + 2);
-    __shared__ float wsh[DEC_MAX_SPLITS], lsh[DEC_MAX_SPLITS];
-    __shared__ float inv_l;
-    __shared__ int n_act;
-    if (tid < DEC_MAX_SPLITS) {
-        float m = tid < ns ? base[(size_t)tid * (HD + 2) + HD] : -INFINITY;
-        float l = tid < ns ? base[(size_t)tid * (HD + 2) + HD + 1] : 0.0f;
-        wsh[tid] = m;
-        lsh[tid] = l;
+    __shared__ float msh[DEC_MAX_SPLITS], lsh[DEC_MAX_SPLITS];
+    if (tid < ns) {
+        msh[tid] = base[(size_t)tid * (HD + 2) + HD];
+        lsh[tid] = base[(size_t)tid * (HD + 2) + HD + 1];
     }
-    __syncthreads();
-    if (tid < 32) {
-        float M = -INFINITY;
-        int na = 0;
-        for (int k = tid; k < ns; k += 32) {
-            M = fmaxf(M, wsh[k]);
-            if (wsh[k] != -INFINITY) na = k + 1;
-        }
+    float pv[DEC_PV];
+    const float *pd = base + (tid < HD ? tid : 0);
+    const int nl = tid < HD ? ns : 0;
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-            na = max(na, __shfl_xor_sync(0xffffffffu, na, off));
-        }
-        __syncwarp();
-        for (int k = tid; k < na; k += 32) wsh[k] = wsh[k] == -INFINITY ? 0.0f : exp2f(wsh[k] - M);
-        __syncwarp();
-        if (tid == 0) {
-            float L = 0.0f;
-            for (int k = 0; k < na; k++) L += wsh[k] * lsh[k]; /* split order */
-            inv_l = L > 0.0f ? 1.0f / L : 0.0f;
-            n_act = na;
-        }
-    }
+    for (int k = 0; k < DEC_PV; k++) pv[k] = k < nl ? pd[k * (HD + 2)] : 0.0f;
     __syncthreads();
-    const int na = n_act;
-    for (int d = tid; d < HD; d += DEC_NT) {
-        float acc = 0.0f;
-        int k = 0;
-        for (; k + 4 <= na; k += 4) {
-            float p0 = base[(size_t)k * (HD + 2) + d], p1 = base[(size_t)(k + 1) * (HD + 2) + d];
-            float p2 = base[(size_t)(k + 2) * (HD + 2) + d], p3 = base[(size_t)(k + 3) * (HD + 2) + d];
-            acc += wsh[k] * p0;
-            acc += wsh[k + 1] * p1;
-            acc += wsh[k + 2] * p2;
-            acc += wsh[k + 3] * p3;
+    float M = -INFINITY;
+    int na = 0;
+    for (int k = 0; k < ns; k++) {
+        const float m = msh[k];
+        M = fmaxf(M, m);
+        if (m != -INFINITY) na = k + 1;
+    }
+    float L = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < DEC_PV; k++)
+        if (k < na) {
+            const float m = msh[k];
+            const float w = m == -INFINITY ? 0.0f : exp2f(m - M);
+            L += w * lsh[k];
+            acc += w * pv[k];
         }
-        for (; k < na; k++) acc += wsh[k] * base[(size_t)k * (HD + 2) + d];
-        out[(size_t)s * nh * HD + (size_t)h * HD + d] = __float2half(acc * inv_l);
+    for (int k = DEC_PV; k < na; k++) {
+        const float m = msh[k];
+        const float w = m == -INFINITY ? 0.0f : exp2f(m - M);
+        L += w * lsh[k];
+        acc += w * pd[(size_t)k * (HD + 2)];
+    }
+    const float inv_l = L > 0.0f ? 1.0f / L : 0.0f;
+    __half *o = out + (size_t)s * nh * HD + (size_t)h * HD;
+    if (tid < HD) o[tid] = __float2half(acc * inv_l);
+    for (int d = tid + DEC_NT; d < HD; d += DEC_NT) {
+        float a2 = 0.0f;
+        for (int k = 0; k < na; k++) {
+            const float m = msh[k];
+            a2 += (m == -INFINITY ? 0.0f : exp2f(m - M)) * base[(size_t)k * (HD + 2) + d];
+        }
+        o[d] = __float2half(a2 * inv_l);
     }
 }
 

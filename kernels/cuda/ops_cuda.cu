@@ -606,21 +606,40 @@ add_rmsnorm_vec_kernel(__half *resid, const __half *delta, __half *out, const __
 /* Per-head RMSNorm (optional) + RoPE (rotate-half) of q and k, in place, and
  * the write of k, v into the paged cache. One warp per head: lane l holds
  * elements [l*E, (l+1)*E) (E = hd / 32), so element j's rotation partner
- * j +- hd/2 lives in lane l ^ 16. Block: 4 warps; grid (n, ceil((nh + nkv) / 4)). */
+ * j +- hd/2 lives in lane l ^ 16. Block: 4 warps; grid (n, ceil((nh + nkv) / 4)).
+ * Before the PDL wait: the norm weights, the row's position (its sines and
+ * cosines) and KV slot — all in memory before the step's first kernel — so
+ * that after it only q|k|v is read. */
 static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
                                          const __half *q_norm, const __half *k_norm, float eps,
                                          const float *inv_freq, const int *positions,
                                          const int *slots, __half *kc, __half *vc) {
+    const int r = blockIdx.x;
+    const int head = blockIdx.y * 4 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    const int E = hd >> 5, half = hd >> 1;
+    const bool live = head < nh + nkv, lo = lane < 16;
+    const __half *nw = head < nh ? q_norm : k_norm;
+    float sn[8], cs[8], g[8];
+    int slot = -1;
+    if (live) {
+        const float pos = (float)positions[r];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            sn[i] = 0.0f, cs[i] = 1.0f, g[i] = 1.0f;
+            if (i < E) {
+                const int j = lane * E + i - (lo ? 0 : half); /* frequency index */
+                sincosf(pos * inv_freq[j], &sn[i], &cs[i]);
+                if (nw) g[i] = __half2float(nw[lane * E + i]);
+            }
+        }
+        if (head >= nh) slot = slots[r];
+    }
     ops_cuda_pdl_wait();
     ops_cuda_pdl_trigger();
-    int r = blockIdx.x;
-    int head = blockIdx.y * 4 + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (head >= nh + nkv) return;
-    int E = hd >> 5, half = hd >> 1;
+    if (!live) return;
     size_t width = (size_t)(nh + 2 * nkv) * hd;
     __half *x = qkv + (size_t)r * width + (size_t)head * hd; /* q heads then k heads */
-    const __half *nw = head < nh ? q_norm : k_norm;
     float v[8];
     float ss = 0.0f;
 #pragma unroll
@@ -634,28 +653,21 @@ static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
         float rr = rsqrtf(ss / (float)hd + eps);
 #pragma unroll
         for (int i = 0; i < 8; i++)
-            if (i < E) v[i] = __half2float(nw[lane * E + i]) * (v[i] * rr);
+            if (i < E) v[i] = g[i] * (v[i] * rr);
     }
-    float pos = (float)positions[r];
-    bool lo = lane < 16;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         float other = __shfl_xor_sync(0xffffffffu, v[i], 16);
-        if (i < E) {
-            int j = lane * E + i - (lo ? 0 : half); /* frequency index */
-            float s, c;
-            sincosf(pos * inv_freq[j], &s, &c);
-            /* lo: x1 c - x2 s; hi: x2 c + x1 s */
-            v[i] = lo ? v[i] * c - other * s : v[i] * c + other * s;
-        }
+        /* lo: x1 c - x2 s; hi: x2 c + x1 s */
+        if (i < E) v[i] = lo ? v[i] * cs[i] - other * sn[i] : v[i] * cs[i] + other * sn[i];
     }
 #pragma unroll
     for (int i = 0; i < 8; i++)
         if (i < E) x[lane * E + i] = __float2half(v[i]);
-    if (head >= nh && slots[r] >= 0) { /* slot < 0: a padding row, no K/V */
-        int g = head - nh;
-        size_t dst = ((size_t)slots[r] * nkv + g) * hd;
-        const __half *vs = x + (size_t)nkv * hd; /* v head g */
+    if (slot >= 0) { /* a K head of a real row (slot < 0: a padding row, no K/V) */
+        int gk = head - nh;
+        size_t dst = ((size_t)slot * nkv + gk) * hd;
+        const __half *vs = x + (size_t)nkv * hd; /* v head gk */
 #pragma unroll
         for (int i = 0; i < 8; i++)
             if (i < E) {

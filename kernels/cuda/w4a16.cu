@@ -603,13 +603,46 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
     }
 }
 
+/* The norm weight is constant: each lane loads its first PRE 16-byte pieces
+ * of w (pieces lane + 32 j of the warp's K range) before the PDL wait, so
+ * that the prologue after the wait has one dependent round trip (rin +
+ * delta) instead of two. PRE = dc_norm_pre<TB>::n covers hidden sizes up to 32
+ * pieces * 8 halves * 8 warps * PRE (8192 at TB <= 2; none at TB = 4, where
+ * the registers would spill); pieces past that are loaded after the wait. */
+template <int TB> struct dc_norm_pre { static constexpr int n = TB >= 4 ? 0 : 4; };
+
+template <int PRE>
+static __device__ __forceinline__ void dc_norm_w_prefetch(const norm_args &na, int k0, int n8,
+                                                          int lane, uint4 *wpre) {
+#pragma unroll
+    for (int j = 0; j < PRE; j++) {
+        const int p = lane + 32 * j;
+        wpre[j] = p < n8 ? __ldg((const uint4 *)(na.w + k0 + p * 8)) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+/* x = fp16(w * (v * r)) of one 16-byte piece of sx (in place) */
+static __device__ __forceinline__ void dc_norm_scale(uint16_t *px, const uint4 &g, float r) {
+    uint4 a = *(const uint4 *)px;
+    __half2 *a2 = (__half2 *)&a;
+    const __half2 *g2 = (const __half2 *)&g;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const float2 fa = __half22float2(a2[u]), fg = __half22float2(g2[u]);
+        a2[u] = __floats2half2_rn(fg.x * (fa.x * r), fg.y * (fa.y * r));
+    }
+    *(uint4 *)px = a;
+}
+
 /* NORM prologue of k_decode: this warp's K range [k0, k0 + 8 n8) of rows
  * [0, m) into sx as v = fp16(rin + delta) (block 0 also writes v to rout),
  * the block's sum of v^2 per row (warps added in order), then x = fp16(w * (v
  * * rsqrt(mean + eps))) in place — add_rmsnorm's arithmetic (ops_cuda.cu),
- * its sum in another order. */
-static __device__ void dc_norm_prologue(const norm_args &na, uint16_t *sx, int xs, int K, int m,
-                                        int k0, int n8, int warp, int lane) {
+ * its sum in another order. wpre: dc_norm_w_prefetch's pieces of w. */
+template <int PRE>
+static __device__ void dc_norm_prologue(const norm_args &na, const uint4 *wpre,
+                                        uint16_t *sx, int xs, int K, int m, int k0, int n8,
+                                        int warp, int lane) {
     __shared__ float ssq[8][DC_WARPS]; /* [row][warp]: m <= 8 (MT = 1 only) */
     const bool first = blockIdx.x == 0;
     for (int row = 0; row < m; row++) {
@@ -643,18 +676,13 @@ static __device__ void dc_norm_prologue(const norm_args &na, uint16_t *sx, int x
         float tot = 0.0f;
         for (int w = 0; w < DC_WARPS; w++) tot += ssq[row][w];
         const float r = rsqrtf(tot / (float)K + na.eps);
-        for (int p = lane; p < n8; p += 32) {
-            uint4 a = *(const uint4 *)(sx + row * xs + k0 + p * 8);
-            const uint4 g = *(const uint4 *)(na.w + k0 + p * 8);
-            __half2 *a2 = (__half2 *)&a;
-            const __half2 *g2 = (const __half2 *)&g;
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const float2 fa = __half22float2(a2[u]), fg = __half22float2(g2[u]);
-                a2[u] = __floats2half2_rn(fg.x * (fa.x * r), fg.y * (fa.y * r));
-            }
-            *(uint4 *)(sx + row * xs + k0 + p * 8) = a;
+        for (int j = 0; j < PRE; j++) {
+            const int p = lane + 32 * j;
+            if (p < n8) dc_norm_scale(sx + row * xs + k0 + p * 8, wpre[j], r);
         }
+        for (int p = lane + 32 * PRE; p < n8; p += 32)
+            dc_norm_scale(sx + row * xs + k0 + p * 8, *(const uint4 *)(na.w + k0 + p * 8), r);
     }
 }
 
@@ -681,6 +709,9 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     /* the first turn: constant data, before the wait */
 #pragma unroll
     for (int gi = 0; gi < S::UG; gi++) dc_fetch_group(s, gi, 0, gi < ng);
+    constexpr int PRE = dc_norm_pre<TB>::n;
+    uint4 wpre[PRE > 0 ? PRE : 1];
+    if (NORM) dc_norm_w_prefetch<PRE>(na, gw0 * 128, ng * 16, lane, wpre);
     if (!late) pdl_launch();
     pdl_wait();
 
@@ -688,7 +719,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     uint16_t *sx = (uint16_t *)smem;
     const int xs = K + 8, k0 = gw0 * 128, n8 = ng * 16; /* 16-byte pieces per row */
     if (NORM) {
-        dc_norm_prologue(na, sx, xs, K, ep.m, k0, n8, warp, lane);
+        dc_norm_prologue<PRE>(na, wpre, sx, xs, K, ep.m, k0, n8, warp, lane);
     } else {
         for (int i = lane; i < ep.m * n8; i += 32) {
             const int row = i / n8, p = i - row * n8;

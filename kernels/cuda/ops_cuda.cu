@@ -546,15 +546,23 @@ static __global__ void add_rmsnorm_kernel(__half *resid, const __half *delta, __
 }
 
 /* The same for dim % 8 == 0: 256 threads, each keeps VPT 16-byte chunks of
- * the row in registers between the passes (dim <= 2048 * VPT). */
+ * the row in registers between the passes (dim <= 2048 * VPT). The norm
+ * weight (constant) is loaded before the PDL wait. */
 template <int VPT>
 static __global__ void __launch_bounds__(256)
 add_rmsnorm_vec_kernel(__half *resid, const __half *delta, __half *out, const __half *w, int dim,
                        float eps) {
+    const int nc = dim / 8;
+    const uint4 *w4 = (const uint4 *)w;
+    uint4 wv[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; i++) {
+        const int c = threadIdx.x + i * 256;
+        wv[i] = c < nc ? w4[c] : make_uint4(0, 0, 0, 0);
+    }
     ops_cuda_pdl_wait();
     ops_cuda_pdl_trigger();
     __shared__ float red[32];
-    const int nc = dim / 8;
     uint4 *r4 = (uint4 *)(resid + (size_t)blockIdx.x * dim);
     const uint4 *d4 = delta ? (const uint4 *)(delta + (size_t)blockIdx.x * dim) : NULL;
     float v[VPT][8];
@@ -586,13 +594,12 @@ add_rmsnorm_vec_kernel(__half *resid, const __half *delta, __half *out, const __
     float tot = block_sum(ss, red);
     float rr = rsqrtf(tot / (float)dim + eps);
     uint4 *o4 = (uint4 *)(out + (size_t)blockIdx.x * dim);
-    const uint4 *w4 = (const uint4 *)w;
 #pragma unroll
     for (int i = 0; i < VPT; i++) {
         int c = threadIdx.x + i * 256;
         if (c >= nc) break;
-        uint4 wv = w4[c], ov;
-        const __half2 *w2 = (const __half2 *)&wv;
+        uint4 ov;
+        const __half2 *w2 = (const __half2 *)&wv[i];
         __half2 *o2 = (__half2 *)&ov;
 #pragma unroll
         for (int u = 0; u < 4; u++) {

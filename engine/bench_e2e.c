@@ -4,7 +4,7 @@
  *   awqd bench e2e --model DIR [--batches 1,8,32,64] [--contexts 512,4096]
  *                  [--prompts 128,1024,4096] [--steps 16] [--fraction 0.9]
  *                  [--sampling greedy,t1[,full]] [--chunk N,..]
- *                  [--tp N [--devices a,b,..] [--comm-off]]
+ *                  [--tp N [--devices a,b,..] [--comm-off]] [--settle-ms 1000]
  *
  * Measures, through model_group_forward_out exactly as the scheduler
  * (engine/sched.c) calls it:
@@ -48,6 +48,7 @@ int bench_e2e(int argc, char **argv) { return cmd_not_built("bench e2e", "the CU
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/ckpt.h"
 #include "engine/kv.h"
@@ -110,7 +111,7 @@ static const char *usage =
     "usage: awqd bench e2e --model DIR [--batches 1,8,32,64] [--contexts 512,4096]\n"
     "                      [--prompts 128,1024,4096] [--steps 16] [--fraction 0.9]\n"
     "                      [--sampling greedy,t1[,full]] [--chunk N,..]\n"
-    "                      [--tp N [--devices a,b,..] [--comm-off]]\n"
+    "                      [--tp N [--devices a,b,..] [--comm-off]] [--settle-ms 1000]\n"
     "(a list may be `none`)\n"
     "Decode tokens/s per batch size and context, TTFT per prompt length and GPU\n"
     "memory of the model on GPU 0 (or sharded over --tp GPUs: --devices, default\n"
@@ -124,7 +125,9 @@ static const char *usage =
     "TTFT samples its last row in the first mode. --chunk: TTFT also with the\n"
     "prompt prefilled in chunks of N tokens (the scheduler's chunked prefill);\n"
     "the model's row workspace is sized for max(largest chunk or prompt, batch).\n"
-    "Make a model with `awqd mkmodel qwen3-8b DIR`.\n";
+    "Make a model with `awqd mkmodel qwen3-8b DIR`.\n"
+    "--settle-ms: pause between the TTFT runs and the decode table (the GPU's\n"
+    "power cap, engaged by long prefills, releases; 0: none)\n";
 
 static void samp_params(enum e2e_mode mode, int row, struct sampling_params *p) {
     sampling_params_default(p);
@@ -319,7 +322,7 @@ int bench_e2e(int argc, char **argv) {
     int prompts[E2E_MAX_LIST] = {128, 1024, 4096}, np = 3;
     int chunks[E2E_MAX_LIST] = {0}, nk = 0;
     int modes[MODE_COUNT] = {MODE_GREEDY, MODE_T1}, nm = 2;
-    int steps = 16;
+    int steps = 16, settle_ms = 1000;
     double fraction = 0.90;
     int tp = 1, devices[E2E_MAX_LIST] = {0}, nd = 0, comm_off = 0;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
@@ -333,6 +336,7 @@ int bench_e2e(int argc, char **argv) {
                                          {"tp", required_argument, 0, 't'},
                                          {"devices", required_argument, 0, 'd'},
                                          {"comm-off", no_argument, 0, 'o'},
+                                         {"settle-ms", required_argument, 0, 'P'},
                                          {0, 0, 0, 0}};
     optind = 1;
     opterr = 0;
@@ -350,6 +354,7 @@ int bench_e2e(int argc, char **argv) {
         case 't': tp = atoi(optarg); break;
         case 'd': nd = util_parse_int_list(optarg, devices, E2E_MAX_LIST); break;
         case 'o': comm_off = 1; break;
+        case 'P': settle_ms = atoi(optarg); break;
         default: fprintf(stderr, "%s", usage); return 2;
         }
     }
@@ -498,7 +503,12 @@ int bench_e2e(int argc, char **argv) {
             fflush(stdout);
         }
 
-    /* decode, one column per sampling mode */
+    /* decode, one column per sampling mode. After the prefills, a pause:
+     * a 4096-token prefill engages the GPU's power cap (H100: SM clock
+     * 1755 MHz, nvidia-smi reason sw_power_cap), which was still releasing
+     * during the next ~0.3 s of batch-1 decode (about 2% fewer tokens/s,
+     * docs/PERFORMANCE.md session 9); the decode table measures decode. */
+    if (nb && nc && np && settle_ms > 0) usleep((useconds_t)settle_ms * 1000);
     if (nb && nc) {
         printf("\n| batch | context |");
         for (int i = 0; i < nm; i++) printf(" %s tok/s (ms/step) |", mode_name[modes[i]]);

@@ -251,6 +251,13 @@ attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *
     }
 }
 
+/* The weight 2^(m - M) of a partial softmax state (a split's, or a warp's
+ * inside the tensor-core kernel) with running max m when the states merge
+ * under the overall max M; 0 for a state that saw no keys (m = -inf). */
+static __device__ __forceinline__ float dec_split_weight(float m, float M) {
+    return m == -INFINITY ? 0.0f : exp2f(m - M);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Tensor-core variant (HD <= 128): the G query heads of the group are the M
  * rows of mma.m16n8k16 (rows >= G are zero and never written). Each of the 4
@@ -405,7 +412,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
         float L = 0.0f, acc = 0.0f;
 #pragma unroll
         for (int w = 0; w < 4; w++) {
-            float f = wm[w][r] == -INFINITY ? 0.0f : exp2f(wm[w][r] - M);
+            float f = dec_split_weight(wm[w][r], M);
             L += f * wl[w][r];
             acc += f * wo[w][r][d];
         }
@@ -462,14 +469,12 @@ attn_dec_combine_kernel(__half *out, const float *part, int nh, int ns) {
 #pragma unroll
     for (int k = 0; k < DEC_PV; k++)
         if (k < na) {
-            const float m = msh[k];
-            const float w = m == -INFINITY ? 0.0f : exp2f(m - M);
+            const float w = dec_split_weight(msh[k], M);
             L += w * lsh[k];
             acc += w * pv[k];
         }
     for (int k = DEC_PV; k < na; k++) {
-        const float m = msh[k];
-        const float w = m == -INFINITY ? 0.0f : exp2f(m - M);
+        const float w = dec_split_weight(msh[k], M);
         L += w * lsh[k];
         acc += w * pd[(size_t)k * (HD + 2)];
     }
@@ -478,10 +483,7 @@ attn_dec_combine_kernel(__half *out, const float *part, int nh, int ns) {
     if (tid < HD) o[tid] = __float2half(acc * inv_l);
     for (int d = tid + DEC_NT; d < HD; d += DEC_NT) {
         float a2 = 0.0f;
-        for (int k = 0; k < na; k++) {
-            const float m = msh[k];
-            a2 += (m == -INFINITY ? 0.0f : exp2f(m - M)) * base[(size_t)k * (HD + 2) + d];
-        }
+        for (int k = 0; k < na; k++) a2 += dec_split_weight(msh[k], M) * base[(size_t)k * (HD + 2) + d];
         o[d] = __float2half(a2 * inv_l);
     }
 }

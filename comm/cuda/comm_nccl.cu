@@ -274,6 +274,16 @@ static __device__ __noinline__ int lp_give_up(volatile int *ctl, unsigned long l
 __global__ void __launch_bounds__(LP_THREADS)
 lp_allreduce_kernel(struct lp_args a, __half *buf, unsigned long long n, unsigned long long per) {
     __shared__ unsigned s_e;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    /* launched with programmatic dependent launch (cc_all_reduce): wait for
+     * the kernel before (buf, and through its own wait every earlier one:
+     * the previous call's receive areas and epochs) before touching
+     * anything, then let the next kernel start its constant prologue (a
+     * linear's weight loads) while this one waits for the peers. No-ops
+     * without the launch attribute. */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     const int b = blockIdx.x, t = threadIdx.x;
     const unsigned long long nvec = n / 8;
     unsigned long long lo = (unsigned long long)b * per, hi = lo + per;
@@ -446,6 +456,19 @@ static void cg_abort(struct cgroup *g, int rank, int rc, const char *what) {
     pthread_rwlock_unlock(&g->lock);
 }
 
+/* The push kernel with programmatic dependent launch: when the backend's
+ * kernels use it (sm_90+) and AWQD_COMM_PDL is not 0. Without it the kernel
+ * after every all-reduce is launched only when the all-reduce has ended. */
+static int lp_pdl_env(void) {
+    const char *e = getenv("AWQD_COMM_PDL");
+    return !(e && !strcmp(e, "0"));
+}
+
+static int lp_pdl(void *ctx) {
+    static const int env = lp_pdl_env(); /* thread-safe initialization (C++) */
+    return env && ops_cuda_pdl(ctx);
+}
+
 static int cc_all_reduce(struct comm *c, struct buf *b, size_t n) {
     struct crank *k = (struct crank *)c->priv;
     struct cgroup *g = k->g;
@@ -484,6 +507,7 @@ static int cc_all_reduce(struct comm *c, struct buf *b, size_t n) {
     /* above the threshold NCCL (measured faster there inside the model, in
      * graphs too: docs/TENSOR_PARALLEL.md) */
     if (p2p && algo == COMM_CUDA_AUTO && bytes > g->p2p_max) p2p = 0;
+    cudaError_t lerr = cudaSuccess;
     if (p2p && algo == COMM_CUDA_P2P_FLAGS) {
         unsigned long long per = ((n + P2P_BLOCKS - 1) / P2P_BLOCKS + 7) / 8 * 8;
         p2p_allreduce_kernel<<<P2P_BLOCKS, P2P_THREADS, 0, k->stream>>>(
@@ -491,11 +515,21 @@ static int cc_all_reduce(struct comm *c, struct buf *b, size_t n) {
     } else if (p2p) {
         unsigned long long nvec = (unsigned long long)n / 8;
         unsigned long long per = (nvec + LP_BLOCKS - 1) / LP_BLOCKS;
-        lp_allreduce_kernel<<<LP_BLOCKS, LP_THREADS, 0, k->stream>>>(
-            k->largs, (__half *)d, (unsigned long long)n, per);
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(LP_BLOCKS);
+        cfg.blockDim = dim3(LP_THREADS);
+        cfg.stream = k->stream;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = lp_pdl(k->ctx);
+        lerr = cudaLaunchKernelEx(&cfg, lp_allreduce_kernel, k->largs, (__half *)d,
+                                  (unsigned long long)n, per);
     }
     if (p2p) {
         cudaError_t e = cudaGetLastError();
+        if (e == cudaSuccess) e = lerr;
         if (e != cudaSuccess) {
             char what[160];
             snprintf(what, sizeof what, "p2p all-reduce launch: %s", cudaGetErrorString(e));

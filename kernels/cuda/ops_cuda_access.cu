@@ -11,3 +11,4 @@ extern "C" int ops_cuda_buf_kind(const struct buf *b) { return b ? (int)b->kind 
 extern "C" void *ops_cuda_stream(void *ctx) { return (void *)((struct cuda_ctx *)ctx)->stream; }
 extern "C" int ops_cuda_device(void *ctx) { return ((struct cuda_ctx *)ctx)->device; }
 extern "C" int ops_cuda_error(void *ctx) { return ((struct cuda_ctx *)ctx)->rc; }
+extern "C" int ops_cuda_pdl(void *ctx) { return ((struct cuda_ctx *)ctx)->pdl; }

@@ -26,6 +26,7 @@ int ops_cuda_buf_kind(const struct buf *b);
 void *ops_cuda_stream(void *ctx);   /* cudaStream_t every op of ctx runs on */
 int ops_cuda_device(void *ctx);     /* its CUDA device */
 int ops_cuda_error(void *ctx);      /* first asynchronous error recorded (negative errno), or 0 */
+int ops_cuda_pdl(void *ctx);        /* 1: its kernels use programmatic dependent launch (sm_90+) */
 
 #ifdef __cplusplus
 }

@@ -194,6 +194,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
     int maxm = 1;
     for (int i = 0; i < nbms; i++) maxm = std::max(maxm, bms[i]);
     for (int i = 0; i < nms && !b2b_only; i++) maxm = std::max(maxm, ms[i]);
+    if (sweep) maxm = std::max(maxm, 128); /* the sweep runs M up to 128 */
 
     int dev = 0, ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {

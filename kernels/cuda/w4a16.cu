@@ -780,6 +780,23 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 /* warps WN x WM, each 32 columns x 8*MW rows. STAGES-deep cp.async ring of  */
 /* (x tile, INT4 tile, scales, zeros) per 64-deep chunk; dequantization from */
 /* shared memory to registers right before the mma.                          */
+/*                                                                            */
+/* Instruction budget (session 11, ncu on H100): the tensor pipe takes ~8    */
+/* cycles per m16n8k16 per scheduler, so a warp has ~7 issue slots per mma   */
+/* for everything else. Every thread's copy addresses are therefore fixed at */
+/* the start (its x rows, its 16-byte pieces of the weight chunk, scales and */
+/* zeros by threads 0-19) and advanced by constants (the copy loops with     */
+/* their index arithmetic made 487 instructions per warp and chunk, now     */
+/* ~350, of which 64 mma).                                                   */
+/*                                                                            */
+/* Split-K (blockIdx.z = split) is reduced either inside a thread-block      */
+/* cluster of the ksplit blocks of one tile (CL, sm_90+): each block parks   */
+/* its accumulators in its own shared memory, and block q of the cluster     */
+/* sums the pairs (j, i) with (j * MW + i) % ksplit == q over the ranks in   */
+/* split order and stores them — no workspace, no atomics, the reduction     */
+/* spread over the cluster — or through the global workspace (splitk_reduce,*/
+/* the last-arriving block sums). Both add the splits' values in split      */
+/* order starting from zero: the results are bitwise the same.              */
 /* ------------------------------------------------------------------------ */
 
 #define TC_XS 72 /* x row stride in halves (64 + 8 padding: conflict-free LDS.128) */
@@ -796,14 +813,26 @@ struct tc_cfg {
     static constexpr int STAGE = X_BYTES + W_BYTES + S_BYTES + Z_BYTES;
     static constexpr int SMEM = STAGE * STAGES;
     static constexpr int NACC = 2 * MW * 4;
+    static constexpr int XPT = BM * 8 / NT;       /* x copies per thread and stage */
+    static constexpr int WPT = BN16 * 32 / NT;    /* weight copies per thread and stage */
+    static constexpr int SZ_THREADS = S_BYTES / 16 + Z_BYTES / 16;
+    static constexpr int RED_BYTES = NACC * NT * 4; /* the cluster reduction's area */
 };
 
-template <int WN, int WM, int MW, int STAGES, int MINB>
+static __device__ __forceinline__ void cp_async16_u(uint32_t dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
+template <int WN, int WM, int MW, int STAGES, int MINB, bool CL>
 static __global__ void __launch_bounds__(WN *WM * 32, MINB)
 k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
      const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
      int G, int cps, int ksplit, epi_args ep, float *__restrict__ part, int *__restrict__ cnt) {
     typedef tc_cfg<WN, WM, MW, STAGES> C;
+    static_assert(C::BN16 == 8, "a block's chunk is the 4 KB of its 8 tiles");
+    static_assert(C::XPT * C::NT == C::BM * 8 && C::WPT * C::NT == C::BN16 * 32, "copy split");
+    static_assert(C::SZ_THREADS <= C::NT, "scale/zero copies");
+    static_assert(!CL || C::RED_BYTES <= C::SMEM, "cluster reduction area");
     extern __shared__ __align__(16) unsigned char smem[];
     const int nb = blockIdx.x, mb = blockIdx.y, split = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -814,31 +843,55 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     const int cpg = G / 64;
     const int nt0 = nb * C::BN16; /* first n16 tile of the block */
     const int m0 = mb * C::BM;
+    const uint32_t sbase = smem_u32(smem);
 
-    auto stage_ptr = [&](int slot) { return smem + (size_t)slot * C::STAGE; };
+    /* This thread's copies, fixed for the whole K range. */
+    const uint4 *wsrc = qw + ((size_t)nb * KC + kc0) * 256 + tid; /* + i * NT, + 256 per chunk */
+    const uint32_t wdst = sbase + C::X_BYTES + tid * 16;
+    const int xrow = tid >> 3, xch = tid & 7;
+    const uint16_t *xsrc[C::XPT];
+    int xbytes[C::XPT];
+#pragma unroll
+    for (int i = 0; i < C::XPT; i++) {
+        const int gm = m0 + xrow + i * (C::NT / 8);
+        xbytes[i] = gm < ep.m ? 16 : 0; /* rows >= M: zero-filled */
+        xsrc[i] = x + (size_t)(gm < ep.m ? gm : 0) * K + kc0 * 64 + xch * 8;
+    }
+    const uint32_t xdst = sbase + (xrow * TC_XS + xch * 8) * 2;
+    /* threads [0, S_BYTES/16) copy scales, the next Z_BYTES/16 zeros */
+    const bool is_s = tid < C::S_BYTES / 16, is_z = !is_s && tid < C::SZ_THREADS;
+    const unsigned char *szsrc;
+    size_t szstride;
+    uint32_t szdst;
+    int g = kc0 / cpg, gc = kc0 - g * cpg;
+    if (is_s) {
+        szstride = (size_t)n16a * 8 * 4;
+        szsrc = (const unsigned char *)(sc + (size_t)nt0 * 8) + tid * 16 + g * szstride;
+        szdst = sbase + C::X_BYTES + C::W_BYTES + tid * 16;
+    } else {
+        const int zt = is_z ? tid - C::S_BYTES / 16 : 0;
+        szstride = (size_t)n16a * 8;
+        szsrc = zr + (size_t)nt0 * 8 + zt * 16 + g * szstride;
+        szdst = sbase + C::X_BYTES + C::W_BYTES + C::S_BYTES + zt * 16;
+    }
+    int koff = 0; /* halves of x consumed so far */
+
     pdl_wait(); /* every stage carries x: nothing to prefetch before the wait */
 
-    auto load_stage = [&](int slot, int kc) {
-        unsigned char *st = stage_ptr(slot);
-        uint16_t *sx = (uint16_t *)st;
-        /* x tile: BM rows x 8 chunks of 16 bytes; rows >= M zero-filled */
-        for (int i = tid; i < C::BM * 8; i += C::NT) {
-            int row = i >> 3, ch = i & 7;
-            int gm = m0 + row;
-            const uint16_t *src = x + (size_t)(gm < ep.m ? gm : 0) * K + kc * 64 + ch * 8;
-            cp_async16(sx + row * TC_XS + ch * 8, src, gm < ep.m ? 16 : 0);
+    auto load_stage = [&](int slot) {
+        const uint32_t so = (uint32_t)slot * C::STAGE;
+#pragma unroll
+        for (int i = 0; i < C::XPT; i++)
+            cp_async16_u(xdst + so + i * (C::NT / 8) * TC_XS * 2, xsrc[i] + koff, xbytes[i]);
+#pragma unroll
+        for (int i = 0; i < C::WPT; i++) cp_async16_u(wdst + so + i * C::NT * 16, wsrc + i * C::NT, 16);
+        if (is_s || is_z) cp_async16_u(szdst + so, szsrc, 16);
+        koff += 64;
+        wsrc += 256;
+        if (++gc == cpg) {
+            gc = 0;
+            szsrc += szstride;
         }
-        uint4 *sw = (uint4 *)(st + C::X_BYTES);
-        /* BN16 == 8: the block's 8 tiles at chunk kc are 4 KB contiguous */
-        for (int i = tid; i < C::BN16 * 32; i += C::NT)
-            cp_async16(sw + i, qw + ((size_t)nb * KC + kc) * 256 + i, 16);
-        int g = kc / cpg;
-        const unsigned char *gs = (const unsigned char *)(sc + ((size_t)g * n16a + nt0) * 8);
-        unsigned char *ss = st + C::X_BYTES + C::W_BYTES;
-        for (int i = tid; i < C::S_BYTES / 16; i += C::NT) cp_async16(ss + i * 16, gs + i * 16, 16);
-        const unsigned char *gz = zr + ((size_t)g * n16a + nt0) * 8;
-        unsigned char *sz = ss + C::S_BYTES;
-        for (int i = tid; i < C::Z_BYTES / 16; i += C::NT) cp_async16(sz + i * 16, gz + i * 16, 16);
     };
 
     float acc[2][MW][4];
@@ -849,33 +902,35 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < nk) load_stage(s, kc0 + s);
+        if (s < nk) load_stage(s);
         cp_async_commit();
     }
 
+    /* (a loop unrolled over the STAGES slots measured the same: H100, session 11) */
     for (int it = 0; it < nk; it++) {
+        const int st = it % STAGES;
         cp_async_wait<STAGES - 2>();
         __syncthreads();
-        if (it + STAGES - 1 < nk) load_stage((it + STAGES - 1) % STAGES, kc0 + it + STAGES - 1);
+        if (it + STAGES - 1 < nk) load_stage((it + STAGES - 1) % STAGES);
         cp_async_commit();
 
-        const unsigned char *st = stage_ptr(it % STAGES);
-        const uint16_t *sx = (const uint16_t *)st;
-        const uint4 *sw = (const uint4 *)(st + C::X_BYTES);
-        const uint32_t *ss = (const uint32_t *)(st + C::X_BYTES + C::W_BYTES);
-        const uint8_t *sz = (const uint8_t *)(st + C::X_BYTES + C::W_BYTES + C::S_BYTES);
+        const unsigned char *stp = smem + st * C::STAGE;
+        const uint16_t *sx = (const uint16_t *)stp;
+        const uint4 *sw = (const uint4 *)(stp + C::X_BYTES);
+        const uint32_t *ss = (const uint32_t *)(stp + C::X_BYTES + C::W_BYTES);
+        const uint8_t *sz = stp + C::X_BYTES + C::W_BYTES + C::S_BYTES;
 
         uint32_t a[2][4][4];
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            int tl = wn * 2 + j;
-            uint4 wv = sw[tl * 32 + lane];
-            uint32_t s2 = ss[tl * 8 + r];
-            uint32_t z = sz[tl * 8 + r];
-            uint32_t mlo = magic_lo(z & 15);
+            const int tl = wn * 2 + j;
+            const uint4 wv = sw[tl * 32 + lane];
+            const uint32_t s2 = ss[tl * 8 + r];
+            const uint32_t z = sz[tl * 8 + r];
+            const uint32_t mlo = magic_lo(z & 15);
             uint32_t nz = 0xd400u | ((z >> 4) << 4); /* -(64 + z_hi) */
             nz |= nz << 16;
-            uint32_t slo = (s2 & 0xffffu) | (s2 << 16), shi = (s2 >> 16) | (s2 & 0xffff0000u);
+            const uint32_t slo = (s2 & 0xffffu) | (s2 << 16), shi = (s2 >> 16) | (s2 & 0xffff0000u);
             const uint32_t *wt = &wv.x;
 #pragma unroll
             for (int t = 0; t < 4; t++) deq_scaled(wt[t], mlo, nz, slo, shi, a[j][t]);
@@ -883,7 +938,7 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 #pragma unroll
         for (int i = 0; i < MW; i++) {
             const uint16_t *xr = sx + (wm * MW * 8 + i * 8 + r) * TC_XS + 16 * c;
-            uint4 xa = *(const uint4 *)xr, xb = *(const uint4 *)(xr + 8);
+            const uint4 xa = *(const uint4 *)xr, xb = *(const uint4 *)(xr + 8);
 #pragma unroll
             for (int t = 0; t < 4; t++) {
                 const uint32_t *xs = t < 2 ? &xa.x : &xb.x;
@@ -895,23 +950,68 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     cp_async_wait<0>();
     pdl_launch();
 
+    /* pairs (j, i), bit j * MW + i: the ones this block stores */
+    uint32_t mine = (1u << (2 * MW)) - 1;
     if (ksplit > 1) {
-        int tile = mb * gridDim.x + nb;
-        if (!splitk_reduce<C::NACC, C::NT>(&acc[0][0][0], part, cnt, tile, split, ksplit, tid, true))
-            return;
+        if (CL) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            __syncthreads(); /* every warp is done with the stages the area reuses */
+            float *red = (float *)smem;
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int i = 0; i < MW; i++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) red[((j * MW + i) * 4 + e) * C::NT + tid] = acc[j][i][e];
+            asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+            uint32_t rank;
+            asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+            mine = 0;
+            for (int q = (int)rank; q < 2 * MW; q += ksplit) mine |= 1u << q;
+            const uint32_t base = smem_u32(red) + (uint32_t)tid * 4;
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int i = 0; i < MW; i++) {
+                    if (!((mine >> (j * MW + i)) & 1)) continue;
+                    float v[4] = {0.f, 0.f, 0.f, 0.f};
+                    for (int sp = 0; sp < ksplit; sp++) {
+                        uint32_t rb;
+                        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(base), "r"(sp));
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            float t;
+                            asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(t)
+                                         : "r"(rb + (uint32_t)(((j * MW + i) * 4 + e) * C::NT * 4)) : "memory");
+                            v[e] += t;
+                        }
+                    }
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[j][i][e] = v[e];
+                }
+            /* the other blocks' areas stay alive until every remote read is done */
+            asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+        } else {
+            int tile = mb * gridDim.x + nb;
+            if (!splitk_reduce<C::NACC, C::NT>(&acc[0][0][0], part, cnt, tile, split, ksplit, tid, true))
+                return;
+        }
     }
 #pragma unroll
     for (int j = 0; j < 2; j++)
 #pragma unroll
         for (int i = 0; i < MW; i++)
-            w4_epilogue(ep, nt0 + wn * 2 + j, r, m0 + wm * MW * 8 + i * 8 + 2 * c, acc[j][i][0],
-                        acc[j][i][1], acc[j][i][2], acc[j][i][3]);
+            if ((mine >> (j * MW + i)) & 1)
+                w4_epilogue(ep, nt0 + wn * 2 + j, r, m0 + wm * MW * 8 + i * 8 + 2 * c, acc[j][i][0],
+                            acc[j][i][1], acc[j][i][2], acc[j][i][3]);
 }
 
 /* The two GEMM configurations. */
 #define TC64_ARGS 4, 1, 8, 4, 1   /* 128 n x 64 m, 4 warps */
 #define TC64B_ARGS 4, 1, 8, 4, 4  /* same, registers capped for 4 blocks / SM */
 #define TC128_ARGS 4, 2, 8, 4, 1  /* 128 n x 128 m, 8 warps */
+#define TC_CLUSTER_MAX 8          /* largest split the GEMM reduces inside a cluster */
 
 /* ------------------------------------------------------------------------ */
 /* Large M: dequantize to a transient fp16 W^T in the caller's workspace and */
@@ -1212,7 +1312,10 @@ fail:
 #define DISPATCH_DECODE_MAX_M 4
 #define DISPATCH_DECODE_WIDE_K 8192 /* M = 3..4 only up to this K */
 #define DISPATCH_SKINNY_MAX_M 32
-#define DISPATCH_CUBLAS_MIN_M 256
+/* tc64 up to M = 256 (H100, session 11: at 256 10-30% faster than
+ * dequantize + cuBLAS on every Qwen3-8B shape, at 384 4-33% slower; its
+ * time steps with the 64-row blocks) */
+#define DISPATCH_CUBLAS_MIN_M 257
 
 static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
@@ -1246,8 +1349,8 @@ static int kernel_occupancy(enum w4a16_kernel k, int m) {
     if (cache[slot]) return cache[slot];
     int n = 1;
     switch (slot) {
-    case 0: n = occ_query(k_tc<TC64_ARGS>, tc_cfg<4, 1, 8, 4>::NT, tc_cfg<4, 1, 8, 4>::SMEM); break;
-    case 1: n = occ_query(k_tc<TC128_ARGS>, tc_cfg<4, 2, 8, 4>::NT, tc_cfg<4, 2, 8, 4>::SMEM); break;
+    case 0: n = occ_query(k_tc<TC64_ARGS, false>, tc_cfg<4, 1, 8, 4>::NT, tc_cfg<4, 1, 8, 4>::SMEM); break;
+    case 1: n = occ_query(k_tc<TC128_ARGS, false>, tc_cfg<4, 2, 8, 4>::NT, tc_cfg<4, 2, 8, 4>::SMEM); break;
     case 2: n = occ_query(k_skinny<1, SK_STAGES, false>, SK_WARPS * 32, sk_layout(8, 16, 128, sk_stages()).total); break;
     case 3: n = occ_query(k_skinny<2, SK_STAGES, false>, SK_WARPS * 32, sk_layout(16, 16, 128, sk_stages()).total); break;
     case 4: n = occ_query(k_skinny<4, SK_STAGES, false>, SK_WARPS * 32, sk_layout(32, 12, 128, sk_stages()).total); break;
@@ -1478,6 +1581,8 @@ extern "C" int w4a16_skinny_max_m(int m) {
     return g_skinny_max_m.load(std::memory_order_relaxed);
 }
 
+static int tc_use_cluster(const struct w4a16_weight *w, int mbk, int ksplit);
+
 static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern, int *ksplit) {
     enum w4a16_kernel k = *kern;
     if (gemm_pick(w, m, kern, ksplit)) return; /* gemm helper: large M on sm_90a */
@@ -1526,6 +1631,15 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
             if (ks > waves * slots / nb) ks = waves * slots / nb;
         } else {
             ks = slots / (nb * mbk);
+            if (mbk == 1 && tc_use_cluster(w, 1, 2)) {
+                /* reduced in a cluster: ~1.5 blocks per SM, at least 2 splits
+                 * (H100 sweep, session 11: M = 64 q|k|v 4 splits 23.0 us vs
+                 * 8 (one wave) 26.7; o 6: 18.9; down 6: 37.2; gate|up 2:
+                 * 50.9 vs 1: 63.7) */
+                const int want = (3 * w->sms + nb) / (2 * nb);
+                ks = std::min(std::max(want, 2), std::max(ks, 1));
+                if (ks > TC_CLUSTER_MAX) ks = TC_CLUSTER_MAX;
+            }
             if (ks > w->kc / 8) ks = w->kc / 8;
             if (ks > 16) ks = 16;
         }
@@ -1597,6 +1711,20 @@ static int sk_use_cluster(const struct w4a16_weight *w, int m, int ksplit) {
 
 extern "C" int w4a16_cluster_reduce(int mode) { return switch_set(&g_cluster, mode); }
 
+/* Where the tensor-core GEMM reduces its split inside a cluster (sm_90+,
+ * ksplit <= TC_CLUSTER_MAX, one row block): on with the cluster switch
+ * above, and AWQD_W4A16_TC_CLUSTER=0 turns it off for this kernel alone.
+ * Measured (H100, session 11, best split of each, Qwen3-8B): M = 64 q|k|v
+ * 22.2-23.0 us in a cluster vs 25.1-25.4 through the workspace, o 18.8 vs
+ * 20.4, gate|up and down within 3%; with two row blocks (M = 128) the
+ * workspace won by 7-12% (q|k|v 32.7 vs 35.9, down 52.5 vs 58.8). */
+static env_switch g_tc_cluster = {{-1}, "AWQD_W4A16_TC_CLUSTER"};
+
+static int tc_use_cluster(const struct w4a16_weight *w, int mbk, int ksplit) {
+    return cluster_on(w) && switch_get(&g_tc_cluster) && mbk == 1 && ksplit > 1 &&
+           ksplit <= TC_CLUSTER_MAX;
+}
+
 /* Workspace a call really needs: none for a skinny split reduced in a cluster
  * (skinny recomputes the split from the chunks per split; same here). */
 static size_t ws_call(const struct w4a16_weight *w, int m, enum w4a16_kernel k, int ks) {
@@ -1604,6 +1732,11 @@ static size_t ws_call(const struct w4a16_weight *w, int m, enum w4a16_kernel k, 
         int cps = ceil_div(w->kc, ks);
         if (cps > sk_max_cps(m)) cps = sk_max_cps(m);
         if (sk_use_cluster(w, m, ceil_div(w->kc, cps))) return 0;
+    }
+    if ((k == W4A16_KERNEL_TC64 || k == W4A16_KERNEL_TC128) && ks > 1) {
+        int nb, mbk, na;
+        grid_of(w, m, k, &nb, &mbk, &na);
+        if (tc_use_cluster(w, mbk, ceil_div(w->kc, ceil_div(w->kc, ks)))) return 0;
     }
     return ws_need(w, m, k, ks);
 }
@@ -1658,15 +1791,25 @@ template <int WN, int WM, int MW, int STAGES, int MINB>
 static int launch_tc(const struct w4a16_weight *w, const uint16_t *x, int m, epi_args ep,
                      int ksplit, float *part, cudaStream_t s, char *err, size_t errlen) {
     typedef tc_cfg<WN, WM, MW, STAGES> C;
-    static std::atomic<unsigned long long> smem_set{0};
-    int rc = cuda_smem_limit_once(&smem_set, (const void *)k_tc<WN, WM, MW, STAGES, MINB>, C::SMEM, err,
-                             errlen);
-    if (rc) return rc;
+    static std::atomic<unsigned long long> smem_set{0}, smem_set_cl{0};
     int cps = ceil_div(w->kc, ksplit);
     ksplit = ceil_div(w->kc, cps);
     dim3 grid(ceil_div(w->n16, C::BN16), ceil_div(m, C::BM), ksplit);
+    if (tc_use_cluster(w, (int)grid.y, ksplit)) {
+        int rc = cuda_smem_limit_once(&smem_set_cl, (const void *)k_tc<WN, WM, MW, STAGES, MINB, true>,
+                                      C::SMEM, err, errlen);
+        if (rc) return rc;
+        CUDA_CHECK(launch_pdl_cl(w, k_tc<WN, WM, MW, STAGES, MINB, true>, grid, dim3(C::NT), C::SMEM, s,
+                                 dim3(1, 1, ksplit), w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc,
+                                 w->group, cps, ksplit, ep, part, w->cnt),
+                   err, errlen);
+        return 0;
+    }
+    int rc = cuda_smem_limit_once(&smem_set, (const void *)k_tc<WN, WM, MW, STAGES, MINB, false>,
+                                  C::SMEM, err, errlen);
+    if (rc) return rc;
     if (ksplit > 1 && (int)(grid.x * grid.y) > w->cnt_len) return -ERANGE;
-    CUDA_CHECK(launch_pdl(w, k_tc<WN, WM, MW, STAGES, MINB>, grid, dim3(C::NT), C::SMEM, s, w->qw,
+    CUDA_CHECK(launch_pdl(w, k_tc<WN, WM, MW, STAGES, MINB, false>, grid, dim3(C::NT), C::SMEM, s, w->qw,
                           w->sc, w->zr, x, w->k, w->n16a, w->kc, w->group, cps, ksplit, ep, part,
                           w->cnt),
                err, errlen);

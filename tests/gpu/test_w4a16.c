@@ -564,7 +564,11 @@ TEST(w4a16, pdl_chain_and_graph) {
  * used for M <= 8 when the grid has more blocks than SMs: N = 20480 gives 160
  * column blocks) must be bitwise equal to the workspace + counter reduction
  * (same additions, same order), also when no workspace is passed at all (a
- * fallback to one split would round differently). */
+ * fallback to one split would round differently). The same for the
+ * tensor-core GEMM (tc64, tc128) with one row block (M <= 64, 128), whose
+ * cluster spreads the tile's pairs over its blocks (splits up to 8, partial
+ * row blocks; with more row blocks the workspace reduces, and
+ * forced_kernels_and_splits checks those against the reference). */
 TEST(w4a16, cluster_reduce_matches_workspace) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     struct ref_layer h;
@@ -572,7 +576,7 @@ TEST(w4a16, cluster_reduce_matches_workspace) {
     struct w4a16_weight *dw = NULL;
     char err[256];
     ASSERT_MSG(w4a16_upload(&h.l, W4A16_LAYOUT_PLAIN, &dw, err, sizeof err) == 0, "%s", err);
-    enum { MMAX = 8, K = 4096, N = 20480 };
+    enum { MMAX = 128, K = 4096, N = 20480 };
     uint16_t *hx = malloc((size_t)MMAX * K * 2), *ha = malloc((size_t)MMAX * N * 2),
              *hb = malloc((size_t)MMAX * N * 2), *hc = malloc((size_t)MMAX * N * 2);
     ASSERT(hx && ha && hb && hc);
@@ -585,31 +589,36 @@ TEST(w4a16, cluster_reduce_matches_workspace) {
     CK(cudaMalloc(&ws, wsb));
     CK(cudaMemcpy(dx, hx, (size_t)MMAX * K * 2, cudaMemcpyHostToDevice));
     const int cl0 = w4a16_cluster_reduce(-1);
-    static const int ms[] = {1, 3, 8};
-    static const int splits[] = {2, 3, 4}; /* clusters of up to 4 blocks */
-    for (int mi = 0; mi < NM(ms); mi++)
-        for (int si = 0; si < NM(splits); si++) {
-            int M = ms[mi];
-            size_t ny = (size_t)M * N * 2;
-            uint16_t *outs[3] = {ha, hb, hc};
-            for (int run = 0; run < 3; run++) { /* cluster, workspace, cluster without ws */
-                w4a16_cluster_reduce(run != 1);
-                CK(cudaMemset(dy, 0xff, ny));
-                int rc = w4a16_linear_ex(dw, dx, M, dy, W4A16_EPI_BIAS, W4A16_KERNEL_SKINNY,
-                                         splits[si], run == 2 ? NULL : ws, run == 2 ? 0 : wsb, 0,
-                                         err, sizeof err);
-                ASSERT_MSG(rc == 0, "M=%d split=%d: %s", M, splits[si], err);
-                CK(cudaDeviceSynchronize());
-                CK(cudaMemcpy(outs[run], dy, ny, cudaMemcpyDeviceToHost));
-            }
-            for (size_t i = 0; i < (size_t)M * N; i++)
-                ASSERT_MSG(!isnan(f_from_h(ha[i])), "M=%d split=%d: y[%zu] not written", M,
-                           splits[si], i);
-            ASSERT_MSG(memcmp(ha, hb, ny) == 0, "M=%d split=%d: cluster != workspace reduction", M,
-                       splits[si]);
-            ASSERT_MSG(memcmp(ha, hc, ny) == 0, "M=%d split=%d: no-workspace call differs", M,
-                       splits[si]);
+    static const struct {
+        int kern, m, split;
+    } cases[] = {
+        {W4A16_KERNEL_SKINNY, 1, 2}, {W4A16_KERNEL_SKINNY, 1, 3}, {W4A16_KERNEL_SKINNY, 1, 4},
+        {W4A16_KERNEL_SKINNY, 3, 2}, {W4A16_KERNEL_SKINNY, 3, 3}, {W4A16_KERNEL_SKINNY, 3, 4},
+        {W4A16_KERNEL_SKINNY, 8, 2}, {W4A16_KERNEL_SKINNY, 8, 3}, {W4A16_KERNEL_SKINNY, 8, 4},
+        {W4A16_KERNEL_TC64, 17, 2},  {W4A16_KERNEL_TC64, 33, 5},  {W4A16_KERNEL_TC64, 64, 8},
+        {W4A16_KERNEL_TC128, 64, 4}, {W4A16_KERNEL_TC128, 100, 3}, {W4A16_KERNEL_TC128, 128, 7},
+    };
+    for (int ci = 0; ci < NM(cases); ci++) {
+        const int M = cases[ci].m, split = cases[ci].split, kern = cases[ci].kern;
+        const size_t ny = (size_t)M * N * 2;
+        uint16_t *outs[3] = {ha, hb, hc};
+        for (int run = 0; run < 3; run++) { /* cluster, workspace, cluster without ws */
+            w4a16_cluster_reduce(run != 1);
+            CK(cudaMemset(dy, 0xff, ny));
+            int rc = w4a16_linear_ex(dw, dx, M, dy, W4A16_EPI_BIAS, (enum w4a16_kernel)kern, split,
+                                     run == 2 ? NULL : ws, run == 2 ? 0 : wsb, 0, err, sizeof err);
+            ASSERT_MSG(rc == 0, "kernel %d M=%d split=%d: %s", kern, M, split, err);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(outs[run], dy, ny, cudaMemcpyDeviceToHost));
         }
+        for (size_t i = 0; i < (size_t)M * N; i++)
+            ASSERT_MSG(!isnan(f_from_h(ha[i])), "kernel %d M=%d split=%d: y[%zu] not written", kern,
+                       M, split, i);
+        ASSERT_MSG(memcmp(ha, hb, ny) == 0, "kernel %d M=%d split=%d: cluster != workspace reduction",
+                   kern, M, split);
+        ASSERT_MSG(memcmp(ha, hc, ny) == 0, "kernel %d M=%d split=%d: no-workspace call differs", kern,
+                   M, split);
+    }
     w4a16_cluster_reduce(cl0);
     cudaFree(dx);
     cudaFree(dy);

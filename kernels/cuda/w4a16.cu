@@ -1009,7 +1009,6 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 
 /* The two GEMM configurations. */
 #define TC64_ARGS 4, 1, 8, 4, 1   /* 128 n x 64 m, 4 warps */
-#define TC64B_ARGS 4, 1, 8, 4, 4  /* same, registers capped for 4 blocks / SM */
 #define TC128_ARGS 4, 2, 8, 4, 1  /* 128 n x 128 m, 8 warps */
 #define TC_CLUSTER_MAX 8          /* largest split the GEMM reduces inside a cluster */
 
@@ -2123,14 +2122,8 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
     } else if (k == W4A16_KERNEL_CUBLAS) {
         rc = launch_cublas(w, x, m, ep, workspace, ws_bytes, s, err, errlen);
     } else if (k == W4A16_KERNEL_TC64) {
-        static const int occ = getenv("AWQD_W4A16_TC64_OCC") != NULL; /* experiment knob */
-        if (occ) {
-            rc = launch_tc<TC64B_ARGS>(w, x, m, ep, ks, part, s, err, errlen);
-            if (rc == -ERANGE) rc = launch_tc<TC64B_ARGS>(w, x, m, ep, 1, part, s, err, errlen);
-        } else {
-            rc = launch_tc<TC64_ARGS>(w, x, m, ep, ks, part, s, err, errlen);
-            if (rc == -ERANGE) rc = launch_tc<TC64_ARGS>(w, x, m, ep, 1, part, s, err, errlen);
-        }
+        rc = launch_tc<TC64_ARGS>(w, x, m, ep, ks, part, s, err, errlen);
+        if (rc == -ERANGE) rc = launch_tc<TC64_ARGS>(w, x, m, ep, 1, part, s, err, errlen);
     } else {
         rc = launch_tc<TC128_ARGS>(w, x, m, ep, ks, part, s, err, errlen);
         if (rc == -ERANGE) rc = launch_tc<TC128_ARGS>(w, x, m, ep, 1, part, s, err, errlen);

@@ -241,6 +241,9 @@ static __device__ __forceinline__ int cluster_reduce(float *acc, float *red, int
     return rank == 0;
 #else
     (void)acc, (void)red, (void)ksplit, (void)tid;
+#if defined(__CUDA_ARCH__)
+    __trap(); /* launched as a cluster only on sm_90+: code built for less cannot reduce */
+#endif
     return 1;
 #endif
 }
@@ -991,6 +994,8 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
                 }
             /* the other blocks' areas stay alive until every remote read is done */
             asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+            __trap(); /* launched as a cluster only on sm_90+: code built for less cannot reduce */
 #endif
         } else {
             int tile = mb * gridDim.x + nb;

@@ -265,8 +265,7 @@ int cmd_generate(int argc, char **argv) {
     if (!logits) goto oom;
     /* sampling from candidates (engine/sampler.h) unless disabled or the
      * prompt logits are written (those need every row in full) */
-    const char *ce = getenv("AWQD_SAMPLE_CANDIDATES");
-    int use_cands = !(ce && !strcmp(ce, "0")) && !a.logits_out;
+    int use_cands = !util_env_is_zero("AWQD_SAMPLE_CANDIDATES") && !a.logits_out;
     int tp = model_group_tp(g), n_from_cands = 0, n_full = 0;
     cands = malloc(sizeof(float) * (size_t)tp * SAMPLE_ROW_FLOATS(SAMPLE_MAX_K));
     row = malloc(sizeof(float) * (size_t)V);

@@ -315,8 +315,8 @@ int engine_init(struct engine **out, const struct engine_opts *o, char *err, siz
         goto fail;
     }
     {
-        const char *ev = getenv("AWQD_SAMPLE_CANDIDATES"), *kv = getenv("AWQD_SAMPLE_K");
-        e->use_cands = !(ev && !strcmp(ev, "0"));
+        const char *kv = getenv("AWQD_SAMPLE_K");
+        e->use_cands = !util_env_is_zero("AWQD_SAMPLE_CANDIDATES");
         e->cand_k = kv ? atoi(kv) : SAMPLE_MAX_K;
         if (e->cand_k < 1 || e->cand_k > SAMPLE_MAX_K) e->cand_k = SAMPLE_MAX_K;
         e->tp = model_group_tp(e->mg);

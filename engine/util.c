@@ -122,6 +122,11 @@ void util_assert_fail(const char *expr, const char *file, int line) {
     abort();
 }
 
+int util_env_is_zero(const char *name) {
+    const char *e = getenv(name);
+    return e && !strcmp(e, "0");
+}
+
 int util_parse_int_list(const char *s, int *out, int max) {
     int n = 0;
     const char *p = s;

@@ -46,6 +46,10 @@ double util_now_s(void);
 #define AWQD_ASSERT(c) do { if (!(c)) util_assert_fail(#c, __FILE__, __LINE__); } while (0)
 void util_assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
 
+/* 1 when environment variable `name` is "0": the switches that are on
+ * unless set to 0 (AWQD_CUDA_GRAPHS=0, AWQD_COMM_PDL=0, ...). */
+int util_env_is_zero(const char *name);
+
 /* Parses "1,2,3" into ints; returns the count or -EINVAL / -E2BIG. */
 int util_parse_int_list(const char *s, int *out, int max);
 

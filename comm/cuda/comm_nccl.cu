@@ -459,13 +459,8 @@ static void cg_abort(struct cgroup *g, int rank, int rc, const char *what) {
 /* The push kernel with programmatic dependent launch: when the backend's
  * kernels use it (sm_90+) and AWQD_COMM_PDL is not 0. Without it the kernel
  * after every all-reduce is launched only when the all-reduce has ended. */
-static int lp_pdl_env(void) {
-    const char *e = getenv("AWQD_COMM_PDL");
-    return !(e && !strcmp(e, "0"));
-}
-
 static int lp_pdl(void *ctx) {
-    static const int env = lp_pdl_env(); /* thread-safe initialization (C++) */
+    static const int env = !util_env_is_zero("AWQD_COMM_PDL"); /* thread-safe initialization (C++) */
     return env && ops_cuda_pdl(ctx);
 }
 

@@ -858,12 +858,6 @@ static void lm_head_tc(struct cuda_ctx *c, float *logits, const __half *x, const
  * tensor-core kernel 322-332). AWQD_CUDA_LM_HEAD (read per call: tests
  * switch it) for comparisons: gemv = the previous default (GEMV <= 8 rows,
  * cuBLAS above); tc = the tensor-core kernel for every m <= 32. */
-/* The switches that are on unless set to "0" (AWQD_CUDA_GRAPHS=0, ...). */
-static int env_is_zero(const char *name) {
-    const char *e = getenv(name);
-    return e && !strcmp(e, "0");
-}
-
 static int lm_head_mode(void) {
     const char *e = getenv("AWQD_CUDA_LM_HEAD");
     return !e ? 0 : !strcmp(e, "tc") ? 2 : !strcmp(e, "gemv") ? 4 : 0;
@@ -1318,12 +1312,12 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     const char *skip_env = getenv("AWQD_CUDA_SKIP");
     if (skip_env && *skip_env) parse_skip(c, skip_env);
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-    c->dec_prewait = !env_is_zero("AWQD_CUDA_DEC_PREWAIT");
-    c->grp_on = !env_is_zero("AWQD_CUDA_UPLOAD_GROUP");
-    c->smp_fuse = !env_is_zero("AWQD_CUDA_SAMPLE_FUSE");
+    c->dec_prewait = !util_env_is_zero("AWQD_CUDA_DEC_PREWAIT");
+    c->grp_on = !util_env_is_zero("AWQD_CUDA_UPLOAD_GROUP");
+    c->smp_fuse = !util_env_is_zero("AWQD_CUDA_SAMPLE_FUSE");
     const char *sg_env = getenv("AWQD_CUDA_SAMPLE_GS");
     c->smp_gs = sg_env && !strcmp(sg_env, "32") ? 32 : 8;
-    c->dl_bounce = !env_is_zero("AWQD_CUDA_DL_BOUNCE");
+    c->dl_bounce = !util_env_is_zero("AWQD_CUDA_DL_BOUNCE");
     TRY(cudaEventCreateWithFlags(&c->attn.uploaded, cudaEventDisableTiming));
     TRY(cudaMallocHost((void **)&c->h_ring, RING_BYTES));
     const char *pe = getenv("AWQD_CUDA_PROFILE");
@@ -1355,7 +1349,7 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     o->free_linear = cu_free_linear;
     o->embed = cu_embed;
     o->add_rmsnorm = cu_add_rmsnorm;
-    if (!env_is_zero("AWQD_CUDA_NORM_FUSE"))
+    if (!util_env_is_zero("AWQD_CUDA_NORM_FUSE"))
         o->add_rmsnorm_linear = cu_add_rmsnorm_linear; /* AWQD_CUDA_NORM_FUSE=0: separate ops */
     o->linear = cu_linear;
     o->qk_norm_rope_kv = cu_qk_norm_rope_kv;
@@ -1364,7 +1358,7 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     o->lm_head = cu_lm_head;
     o->sample_topk = ops_cuda__sample_topk;
     o->sync = cu_sync;
-    if (!env_is_zero("AWQD_CUDA_GRAPHS")) {
+    if (!util_env_is_zero("AWQD_CUDA_GRAPHS")) {
         o->graph_begin = cu_graph_begin;
         o->graph_end = cu_graph_end;
         o->graph_run = cu_graph_run;

@@ -1479,9 +1479,8 @@ struct env_switch {
 static int switch_get(env_switch *sw) {
     int v = sw->v.load(std::memory_order_relaxed);
     if (v < 0) {
-        const char *e = getenv(sw->env);
         int expect = -1;
-        sw->v.compare_exchange_strong(expect, e && !strcmp(e, "0") ? 0 : 1);
+        sw->v.compare_exchange_strong(expect, util_env_is_zero(sw->env) ? 0 : 1);
         v = sw->v.load(std::memory_order_relaxed);
     }
     return v;

@@ -43,6 +43,18 @@ struct comm {
      * step's sums are garbage). Host-only and cheap: call it before a graph
      * replay and after the step's sync. NULL: nothing to check (CPU comms). */
     int (*status)(struct comm *c);
+    /* Optional (NULL: not offered; CUDA groups with peer access): the
+     * all-reduce after a row-parallel linear made in the linear's own
+     * epilogue (ops->linear_sum). For the all-reduce of `n` elements at call
+     * site `site` (the model numbers them 2 l for o_proj and 2 l + 1 for
+     * down_proj: consecutive sites alternate the exchange area): *desc = the
+     * descriptor to pass to ops->linear_sum, and the call counts as this
+     * rank's all-reduce (aborts, faults and errors as all_reduce_sum: a
+     * negative errno); or *desc = NULL and 0 when this group does not fuse
+     * (forced algorithm, AWQD_COMM_FUSED=0, no peer access): then nothing is
+     * counted — run the linear and all_reduce_sum. The same answer on every
+     * rank for the same call. */
+    int (*sum_desc)(struct comm *c, int site, size_t n, const void **desc);
 };
 
 /* One rank, no-op collectives. */

@@ -474,6 +474,28 @@ static int stage_batch(struct model *m, const struct batch *b, int *n_rows, int 
     return 0;
 }
 
+/* y = x @ W of a row-parallel linear (o_proj, down_proj), summed over the
+ * ranks: in the linear's own epilogue where the backend and the
+ * communicator offer it (ops->linear_sum, comm->sum_desc; the same choice on
+ * every rank), else the linear and then all_reduce_sum. site: the call's
+ * number in the forward (2 l for o_proj, 2 l + 1 for down_proj). */
+static int linear_summed(struct model *m, struct buf *y, const struct buf *x, int n,
+                         const struct op_linear *l, int site) {
+    struct ops *O = m->ops;
+    struct comm *cm = m->comm;
+    int rc;
+    if (cm->size > 1 && O->linear_sum && cm->sum_desc && O->linear_sum_ok(O->ctx, n, l)) {
+        const void *d = NULL;
+        if ((rc = cm->sum_desc(cm, site, (size_t)n * m->hidden, &d))) return rc;
+        if (d) {
+            O->linear_sum(O->ctx, y, x, n, l, d);
+            return 0;
+        }
+    }
+    O->linear(O->ctx, y, x, n, l);
+    return cm->size > 1 ? cm->all_reduce_sum(cm, y, (size_t)n * m->hidden) : 0;
+}
+
 /* embed .. layers .. final norm for the ab->n_rows rows staged on the
  * device: m->x holds the normed rows. */
 static int forward_layers(struct model *m, const struct attn_batch *ab, char *err, size_t errlen) {
@@ -506,8 +528,7 @@ static int forward_layers(struct model *m, const struct attn_batch *ab, char *er
         O->attention(c, m->att, m->qkv, m->nh, m->nkv, m->hd, m->attn_scale, ab, L->k_cache,
                      L->v_cache);
         /* proj = att @ Wo, summed over ranks */
-        O->linear(c, m->proj, m->att, n, L->o);
-        if (m->comm->size > 1 && (rc = m->comm->all_reduce_sum(m->comm, m->proj, (size_t)n * H)))
+        if ((rc = linear_summed(m, m->proj, m->att, n, L->o, 2 * l)))
             return util_err(err, errlen, rc, "model: all-reduce failed");
         /* x = rmsnorm(h += proj); mlp = silu(x @ Wg) * (x @ Wu) (one fused op) */
         if (fuse && O->add_rmsnorm_linear(c, hc, m->proj, hn, L->mlp_norm, n, H, m->eps, m->mlp,
@@ -518,8 +539,7 @@ static int forward_layers(struct model *m, const struct attn_batch *ab, char *er
             O->linear_silu_mul(c, m->mlp, m->x, n, L->gate_up);
         }
         /* proj = mlp @ Wd, summed over ranks */
-        O->linear(c, m->proj, m->mlp, n, L->down);
-        if (m->comm->size > 1 && (rc = m->comm->all_reduce_sum(m->comm, m->proj, (size_t)n * H)))
+        if ((rc = linear_summed(m, m->proj, m->mlp, n, L->down, 2 * l + 1)))
             return util_err(err, errlen, rc, "model: all-reduce failed");
     }
     /* x = final_norm(h += last mlp output) */

@@ -215,6 +215,17 @@ struct ops {
      * nothing there), as are those of out past n * N / 2 in linear_silu_mul. */
     void (*linear)(void *ctx, struct buf *y, const struct buf *x, int n, const struct op_linear *l);
 
+    /* Optional (NULL: not offered): linear followed by the sum of y over the
+     * tensor-parallel ranks, made in the linear's own epilogue (desc: from
+     * comm->sum_desc for this call). linear_sum_ok says, without side
+     * effects, whether this backend fuses (l, n) — from the shapes alone, so
+     * every rank answers alike; when it does, the caller asks comm->sum_desc
+     * and, given a descriptor, calls linear_sum (which must then run: the
+     * peers wait for its tiles). */
+    int (*linear_sum_ok)(void *ctx, int n, const struct op_linear *l);
+    void (*linear_sum)(void *ctx, struct buf *y, const struct buf *x, int n,
+                       const struct op_linear *l, const void *desc);
+
     /* In place on qkv (ACT [n, (nh + 2 * nkv) * hd], q | k | v per row):
      * optional per-head RMSNorm of q and k (q_norm, k_norm: W16 [hd], or NULL),
      * RoPE (rotate-half layout) of q and k with angle positions[i] * inv_freq[j]

@@ -99,6 +99,12 @@ size_t comm_cuda_p2p_cap(const struct comm *c);
  * when no collective is in flight; graphs captured before keep the path they
  * recorded. */
 void comm_cuda_force_algo(int algo);
+/* The all-reduce fused into the decode linear's epilogue (comm->sum_desc,
+ * ops->linear_sum; on by default where the p2p path exists and the devices
+ * are of one kind, AWQD_COMM_FUSED=0 turns it off). on 1 / 0 sets it for the
+ * whole group (between forwards; graphs captured before keep what they
+ * recorded), < 0 only queries. Returns the setting in effect. */
+int comm_cuda_set_fused(struct comm *c, int on);
 /* 1 when peer access works between every pair (the p2p path exists). */
 int comm_cuda_p2p_available(const struct comm *c);
 

@@ -23,6 +23,8 @@ extern "C" {
 #include "kernels/ops.h"
 }
 #include "kernels/cuda/ops_cuda_access.h"
+#include "kernels/cuda/w4a16.h"
+#include "kernels/cuda/xchg.cuh"
 
 #define P2P_THREADS 256
 #define P2P_BLOCKS 32                     /* every call uses all of them (see the kernel) */
@@ -31,8 +33,6 @@ extern "C" {
 
 #define LP_THREADS 256
 #define LP_BLOCKS 64                      /* every call uses all of them (epochs) */
-#define LP_NEG0 0x8000u                   /* fp16 -0.0: "not yet written" */
-#define LP_EMPTY2 0x80008000u             /* two of them */
 
 /* ------------------------------------------------------------------------ */
 /* The one-shot kernel                                                      */
@@ -49,12 +49,6 @@ struct p2p_args {
     unsigned long long cap_elems;
     unsigned long long timeout_ns;        /* 0: wait forever (still leaves on abort) */
 };
-
-static __device__ __forceinline__ unsigned long long p2p_now(void) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 
 /* Block b of every rank owns elements [b * per, (b + 1) * per) (per: a
  * multiple of 8). Call e (the block's epoch, the same on every rank because
@@ -109,7 +103,7 @@ p2p_allreduce_kernel(struct p2p_args a, __half *buf, unsigned long long n, unsig
                     break;
                 }
                 if (a.timeout_ns) {
-                    unsigned long long now = p2p_now();
+                    unsigned long long now = xchg_now();
                     if (!t0) {
                         t0 = now;
                     } else if (now - t0 > a.timeout_ns) {
@@ -175,48 +169,12 @@ struct lp_args {
     unsigned long long timeout_ns;
 };
 
-static __device__ __forceinline__ uint4 lp_ld(const void *p) {
-    uint4 v;
-    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p)
-                 : "memory");
-    return v;
-}
-
-static __device__ __forceinline__ void lp_st(void *p, uint4 v) {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y),
-                 "r"(v.z), "r"(v.w)
-                 : "memory");
-}
-
-static __device__ __forceinline__ unsigned short lp_ld16(const void *p) {
-    unsigned short v;
-    asm volatile("ld.volatile.global.u16 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
-    return v;
-}
-
-static __device__ __forceinline__ void lp_st16(void *p, unsigned short v) {
-    asm volatile("st.volatile.global.u16 [%0], %1;" ::"l"(p), "h"(v) : "memory");
-}
-
-/* -0.0 -> +0.0 in both halves of a word: -0.0 marks "not written". */
-static __device__ __forceinline__ unsigned lp_fix(unsigned w) {
-    if ((w & 0xffffu) == LP_NEG0) w &= 0xffff0000u;
-    if ((w >> 16) == LP_NEG0) w &= 0x0000ffffu;
-    return w;
-}
-
 static __device__ __forceinline__ uint4 lp_fix4(uint4 v) {
-    v.x = lp_fix(v.x);
-    v.y = lp_fix(v.y);
-    v.z = lp_fix(v.z);
-    v.w = lp_fix(v.w);
+    v.x = xchg_fix(v.x);
+    v.y = xchg_fix(v.y);
+    v.z = xchg_fix(v.z);
+    v.w = xchg_fix(v.w);
     return v;
-}
-
-static __device__ __forceinline__ int lp_empty(unsigned w) {
-    return (w & 0xffffu) == LP_NEG0 || (w >> 16) == LP_NEG0;
 }
 
 static __device__ __forceinline__ void lp_acc(float *acc, uint4 v) {
@@ -227,24 +185,6 @@ static __device__ __forceinline__ void lp_acc(float *acc, uint4 v) {
         acc[2 * j] += f.x;
         acc[2 * j + 1] += f.y;
     }
-}
-
-/* Called while a wait goes on: 1 when it must give up (the group was
- * aborted, or this wait passed the timeout, which aborts the group). */
-static __device__ __noinline__ int lp_give_up(volatile int *ctl, unsigned long long timeout_ns,
-                                               int rank, unsigned long long *t0) {
-    if (ctl[0]) return 1;
-    if (!timeout_ns) return 0;
-    unsigned long long now = p2p_now();
-    if (!*t0) {
-        *t0 = now;
-    } else if (now - *t0 > timeout_ns) {
-        ctl[1] = rank + 1;
-        __threadfence_system();
-        ctl[0] = 1;
-        return 1;
-    }
-    return 0;
 }
 
 /* One-shot all-reduce, push style, with no flags and no fences: the data is
@@ -313,19 +253,19 @@ lp_allreduce_kernel(struct lp_args a, __half *buf, unsigned long long n, unsigne
         uint4 x = lp_fix4(v == v0 ? first : *(const uint4 *)(buf + v * 8));
 #pragma unroll
         for (int q = 0; q < COMM_CUDA_MAX_RANKS; q++)
-            if (q < size && q != rank) lp_st(a.recv[q] + my_slot + v * 8, x);
+            if (q < size && q != rank) xchg_st4(a.recv[q] + my_slot + v * 8, x);
     }
     unsigned short tv = 0;
     if (tail) {
         tv = __half_as_ushort(buf[ti]);
-        if (tv == LP_NEG0) tv = 0;
+        if (tv == XCHG_NEG0) tv = 0;
 #pragma unroll
         for (int q = 0; q < COMM_CUDA_MAX_RANKS; q++)
-            if (q < size && q != rank) lp_st16(a.recv[q] + my_slot + ti, tv);
+            if (q < size && q != rank) xchg_st1(a.recv[q] + my_slot + ti, tv);
     }
 
     /* 2. receive, sum in rank order */
-    const uint4 empty = make_uint4(LP_EMPTY2, LP_EMPTY2, LP_EMPTY2, LP_EMPTY2);
+    const uint4 empty = make_uint4(XCHG_EMPTY2, XCHG_EMPTY2, XCHG_EMPTY2, XCHG_EMPTY2);
     for (unsigned long long v = v0; v < hi; v += LP_THREADS) {
         /* every peer's load in flight at once, then re-poll the ones not
          * there yet (q unrolled: y stays in registers) */
@@ -333,15 +273,15 @@ lp_allreduce_kernel(struct lp_args a, __half *buf, unsigned long long n, unsigne
         __half *const area = mine + par * size * cap + v * 8; /* + q * cap: from rank q */
 #pragma unroll
         for (int q = 0; q < COMM_CUDA_MAX_RANKS; q++)
-            if (q < size && q != rank) y[q] = lp_ld(area + q * cap);
+            if (q < size && q != rank) y[q] = xchg_ld4(area + q * cap);
 #pragma unroll
         for (int q = 0; q < COMM_CUDA_MAX_RANKS; q++) {
             if (q >= size || q == rank) continue;
             unsigned spins = 0;
             unsigned long long t0 = 0;
-            while (lp_empty(y[q].x) | lp_empty(y[q].y) | lp_empty(y[q].z) | lp_empty(y[q].w)) {
-                if ((++spins & 511) == 0 && lp_give_up(a.ctl, a.timeout_ns, rank, &t0)) return;
-                y[q] = lp_ld(area + q * cap);
+            while (xchg_empty(y[q].x) | xchg_empty(y[q].y) | xchg_empty(y[q].z) | xchg_empty(y[q].w)) {
+                if ((++spins & 511) == 0 && xchg_give_up(a.ctl, a.timeout_ns, rank, &t0)) return;
+                y[q] = xchg_ld4(area + q * cap);
             }
         }
         float acc[8];
@@ -353,7 +293,7 @@ lp_allreduce_kernel(struct lp_args a, __half *buf, unsigned long long n, unsigne
             if (q == rank) {
                 lp_acc(acc, lp_fix4(v == v0 ? first : *(const uint4 *)(buf + v * 8)));
             } else {
-                lp_st(area + q * cap, empty); /* the slot is idle again */
+                xchg_st4(area + q * cap, empty); /* the slot is idle again */
                 lp_acc(acc, y[q]);
             }
         }
@@ -374,12 +314,12 @@ lp_allreduce_kernel(struct lp_args a, __half *buf, unsigned long long n, unsigne
                 unsigned spins = 0;
                 unsigned long long t0 = 0;
                 for (;;) {
-                    y = lp_ld16(src);
-                    if (y != LP_NEG0) break;
-                    if ((++spins & 511) == 0 && lp_give_up(a.ctl, a.timeout_ns, rank, &t0))
+                    y = xchg_ld1(src);
+                    if (y != XCHG_NEG0) break;
+                    if ((++spins & 511) == 0 && xchg_give_up(a.ctl, a.timeout_ns, rank, &t0))
                         return;
                 }
-                lp_st16(src, (unsigned short)LP_NEG0);
+                xchg_st1(src, (unsigned short)XCHG_NEG0);
             }
             acc += __half2float(__ushort_as_half(y));
         }
@@ -421,6 +361,9 @@ struct cgroup {
     /* "push" kernel */
     __half *recv[COMM_CUDA_MAX_RANKS];    /* fp16 [2][size][cap] on device r */
     unsigned *lepoch[COMM_CUDA_MAX_RANKS];/* u32 [LP_BLOCKS] on device r */
+    /* the all-reduce fused into the decode kernel (w4a16_linear_sum) */
+    uint16_t *xarea[COMM_CUDA_MAX_RANKS]; /* fp16 [2][size][W4A16_SUM_CAP] on device r, -0.0 idle */
+    int fused;                    /* 1: sum_desc hands out descriptors */
     unsigned long long timeout_ns;
     int fault_rank;
     long fault_call;
@@ -433,6 +376,7 @@ struct crank {
     long calls;
     struct p2p_args args;         /* "flags" kernel */
     struct lp_args largs;         /* "push" kernel */
+    struct w4a16_sum xs[2];       /* the fused all-reduce, per parity */
 };
 
 /* comm_cuda_force_algo: -1, or the algorithm every group uses */
@@ -464,11 +408,12 @@ static int lp_pdl(void *ctx) {
     return env && ops_cuda_pdl(ctx);
 }
 
-static int cc_all_reduce(struct comm *c, struct buf *b, size_t n) {
+/* The bookkeeping of one all-reduce call of rank c (plain or fused): its
+ * number, the group's abort state, a timeout a kernel recorded, this rank's
+ * backend error, the injected fault. 0 or the negative errno to return. */
+static int cc_begin(struct comm *c) {
     struct crank *k = (struct crank *)c->priv;
     struct cgroup *g = k->g;
-    if (!k->ctx) return -EINVAL;  /* not attached */
-    if (ops_cuda_buf_kind(b) != BUF_ACT || n > ops_cuda_buf_len(b)) return -EINVAL;
     long call = k->calls++;
     if (__atomic_load_n(&g->aborted, __ATOMIC_ACQUIRE)) return -ECANCELED;
     if (g->ctl[1]) {
@@ -488,9 +433,24 @@ static int cc_all_reduce(struct comm *c, struct buf *b, size_t n) {
         cg_abort(g, c->rank, -EIO, what);
         return -EIO;
     }
-    if (n == 0 || g->size == 1) return 0;
+    return 0;
+}
+
+/* The algorithm in effect (comm_cuda_force_algo over the group's own). */
+static int cc_algo(const struct cgroup *g) {
     int algo = __atomic_load_n(&g_force_algo, __ATOMIC_RELAXED);
-    if (algo < 0) algo = g->algo;
+    return algo < 0 ? g->algo : algo;
+}
+
+static int cc_all_reduce(struct comm *c, struct buf *b, size_t n) {
+    struct crank *k = (struct crank *)c->priv;
+    struct cgroup *g = k->g;
+    if (!k->ctx) return -EINVAL;  /* not attached */
+    if (ops_cuda_buf_kind(b) != BUF_ACT || n > ops_cuda_buf_len(b)) return -EINVAL;
+    int rc = cc_begin(c);
+    if (rc) return rc;
+    if (n == 0 || g->size == 1) return 0;
+    const int algo = cc_algo(g);
     if (algo == COMM_CUDA_OFF) return 0; /* benchmarks only: the sum is not made */
     cudaSetDevice(g->devices[c->rank]);
     size_t bytes = n * 2;
@@ -549,6 +509,24 @@ static int cc_all_reduce(struct comm *c, struct buf *b, size_t n) {
     return 0;
 }
 
+/* comm->sum_desc: the fused all-reduce's descriptor for call site `site`
+ * (parity site & 1), when the group has the exchange areas and the
+ * algorithm in effect is auto or p2p (every rank decides alike: the areas
+ * exist on all ranks or none, the algorithm is group-wide). */
+static int cc_sum_desc(struct comm *c, int site, size_t n, const void **desc) {
+    struct crank *k = (struct crank *)c->priv;
+    struct cgroup *g = k->g;
+    *desc = NULL;
+    const int algo = cc_algo(g);
+    if (!k->ctx || !__atomic_load_n(&g->fused, __ATOMIC_RELAXED) || g->size == 1 || n == 0 || site < 0 ||
+        (algo != COMM_CUDA_AUTO && algo != COMM_CUDA_P2P))
+        return 0;
+    int rc = cc_begin(c);
+    if (rc) return rc;
+    *desc = &k->xs[site & 1];
+    return 0;
+}
+
 /* comm->status: the group's first failure; a p2p timeout recorded by a
  * kernel (perhaps of a replayed graph) aborts the group here. */
 static int cc_status(struct comm *c) {
@@ -581,7 +559,8 @@ static void cg_free(struct cgroup *g) {
         for (int r = 0; r < g->size; r++)
             if (g->nccl[r]) ncclCommDestroy(g->nccl[r]);
     for (int r = 0; r < g->size && r < COMM_CUDA_MAX_RANKS; r++) {
-        if (!g->stage[r] && !g->flags[r] && !g->epoch[r] && !g->recv[r] && !g->lepoch[r])
+        if (!g->stage[r] && !g->flags[r] && !g->epoch[r] && !g->recv[r] && !g->lepoch[r] &&
+            !g->xarea[r])
             continue;
         cudaSetDevice(g->devices[r]);
         cudaDeviceSynchronize();
@@ -590,6 +569,7 @@ static void cg_free(struct cgroup *g) {
         cudaFree(g->epoch[r]);
         cudaFree(g->recv[r]);
         cudaFree(g->lepoch[r]);
+        cudaFree(g->xarea[r]);
     }
     if (g->ctl) cudaFreeHost((void *)g->ctl);
     cudaSetDevice(prev);
@@ -798,9 +778,28 @@ extern "C" int comm_cuda_group(int size, const int *devices, struct comm **out, 
         CG_CUDA(cudaMalloc((void **)&g->recv[r], recv_elems * 2));
         CG_CUDA(cudaMalloc((void **)&g->lepoch[r], sizeof(unsigned) * LP_BLOCKS));
         CG_CUDA(cudaMemset(g->lepoch[r], 0, sizeof(unsigned) * LP_BLOCKS));
-        lp_fill_kernel<<<256, 256>>>((unsigned *)g->recv[r], recv_elems / 2, LP_EMPTY2);
+        lp_fill_kernel<<<256, 256>>>((unsigned *)g->recv[r], recv_elems / 2, XCHG_EMPTY2);
+        CG_CUDA(cudaGetLastError());
+        const size_t xelems = 2 * (size_t)size * W4A16_SUM_CAP;
+        CG_CUDA(cudaMalloc((void **)&g->xarea[r], xelems * 2));
+        lp_fill_kernel<<<256, 256>>>((unsigned *)g->xarea[r], xelems / 2, XCHG_EMPTY2);
         CG_CUDA(cudaGetLastError());
         CG_CUDA(cudaDeviceSynchronize());
+    }
+    /* the fused all-reduce: every rank must take the same kernel plan for a
+     * call, which depends on the device (SM count, shared memory): only
+     * between devices of one kind. AWQD_COMM_FUSED=0 turns it off. */
+    g->fused = g->p2p_ok && size <= W4A16_SUM_MAX_RANKS && !util_env_is_zero("AWQD_COMM_FUSED");
+    for (int r = 1; r < size && g->fused; r++) {
+        int a0 = 0, a1 = 0, b0 = 0, b1 = 0;
+        if (cudaDeviceGetAttribute(&a0, cudaDevAttrMultiProcessorCount, g->devices[0]) ||
+            cudaDeviceGetAttribute(&a1, cudaDevAttrMultiProcessorCount, g->devices[r]) ||
+            cudaDeviceGetAttribute(&b0, cudaDevAttrMaxSharedMemoryPerMultiprocessor, g->devices[0]) ||
+            cudaDeviceGetAttribute(&b1, cudaDevAttrMaxSharedMemoryPerMultiprocessor, g->devices[r]) ||
+            a0 != a1 || b0 != b1) {
+            cudaGetLastError();
+            g->fused = 0;
+        }
     }
     cudaSetDevice(prev);
     for (int r = 0; r < size; r++) {
@@ -823,6 +822,7 @@ extern "C" int comm_cuda_group(int size, const int *devices, struct comm **out, 
         c->all_reduce_sum = cc_all_reduce;
         c->barrier = cc_barrier;
         c->status = cc_status;
+        c->sum_desc = cc_sum_desc;
         c->destroy = cc_destroy;
         c->priv = k;
         /* captured all-reduces replay: the p2p kernels keep their epochs on
@@ -872,6 +872,16 @@ extern "C" int comm_cuda_attach(struct comm *c, struct ops *ops, char *err, size
     k->largs.size = g->size;
     k->largs.cap_elems = g->cap_bytes / 2;
     k->largs.timeout_ns = g->timeout_ns;
+    memset(k->xs, 0, sizeof k->xs);
+    for (int p = 0; p < 2; p++) {
+        for (int r = 0; r < g->size && r < COMM_CUDA_MAX_RANKS; r++)
+            k->xs[p].area[r] = g->xarea[r] ? g->xarea[r] + (size_t)p * g->size * W4A16_SUM_CAP : NULL;
+        k->xs[p].mine = c->rank < COMM_CUDA_MAX_RANKS ? k->xs[p].area[c->rank] : NULL;
+        k->xs[p].ctl = g->ctl;
+        k->xs[p].timeout_ns = g->timeout_ns;
+        k->xs[p].rank = c->rank;
+        k->xs[p].size = g->size;
+    }
     return 0;
 }
 
@@ -889,6 +899,12 @@ extern "C" void comm_cuda_set_p2p_max(struct comm *c, size_t bytes) {
 extern "C" size_t comm_cuda_p2p_max(const struct comm *c) { return group_of(c)->p2p_max; }
 
 extern "C" size_t comm_cuda_p2p_cap(const struct comm *c) { return group_of(c)->cap_bytes; }
+
+extern "C" int comm_cuda_set_fused(struct comm *c, int on) {
+    struct cgroup *g = group_of(c);
+    if (on >= 0) __atomic_store_n(&g->fused, on && g->xarea[0] && g->size <= W4A16_SUM_MAX_RANKS, __ATOMIC_RELAXED);
+    return __atomic_load_n(&g->fused, __ATOMIC_RELAXED);
+}
 
 extern "C" void comm_cuda_force_algo(int algo) {
     __atomic_store_n(&g_force_algo, algo, __ATOMIC_RELAXED);

@@ -977,6 +977,26 @@ static void cu_linear(void *ctx, struct buf *y, const struct buf *x, int n,
     if (rc) ops_cuda__fail(c, rc, "linear", err);
 }
 
+static int cu_linear_sum_ok(void *ctx, int n, const struct op_linear *l) {
+    (void)ctx;
+    return l->kind == LINEAR_PLAIN && w4a16_linear_sum_ok(l->w, n);
+}
+
+static void cu_linear_sum(void *ctx, struct buf *y, const struct buf *x, int n,
+                          const struct op_linear *l, const void *desc) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    AWQD_ASSERT(l->kind == LINEAR_PLAIN && desc);
+    AWQD_ASSERT(x->n >= (size_t)n * l->k && y->n >= (size_t)n * l->n);
+    if (n <= 0 || skip_linear(c, l->k, l->n)) return; /* skipped alike on every rank */
+    char err[256];
+    PROF_BEGIN(c, "linear+all_reduce", l->k, l->n);
+    int rc = w4a16_linear_sum(l->w, (const uint16_t *)x->d, n, (uint16_t *)y->d,
+                              l->has_bias ? W4A16_EPI_BIAS : W4A16_EPI_NONE,
+                              (const struct w4a16_sum *)desc, c->stream, err, sizeof err);
+    PROF_END(c);
+    if (rc) ops_cuda__fail(c, rc, "linear_sum", err);
+}
+
 static void cu_qk_norm_rope_kv(void *ctx, struct buf *qkv, int n, int nh, int nkv, int hd,
                                const struct buf *q_norm, const struct buf *k_norm, float eps,
                                const struct buf *inv_freq, const struct attn_batch *ab,
@@ -1352,6 +1372,8 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     if (!util_env_is_zero("AWQD_CUDA_NORM_FUSE"))
         o->add_rmsnorm_linear = cu_add_rmsnorm_linear; /* AWQD_CUDA_NORM_FUSE=0: separate ops */
     o->linear = cu_linear;
+    o->linear_sum_ok = cu_linear_sum_ok;
+    o->linear_sum = cu_linear_sum;
     o->qk_norm_rope_kv = cu_qk_norm_rope_kv;
     o->attention = cu_attention;
     o->linear_silu_mul = cu_linear_silu_mul;

@@ -57,6 +57,7 @@
 #include "kernels/cuda/smem_limit.cuh"
 #include "kernels/cuda/w4a16.h"
 #include "kernels/cuda/w4a16_common.cuh"
+#include "kernels/cuda/xchg.cuh"
 #include "kernels/cuda/w4a16_gemm.h" /* gemm helper (Session 3): sm_90a large-M GEMM */
 
 extern "C" {
@@ -83,6 +84,7 @@ struct w4a16_weight {
     int sms;                  /* multiprocessors of the device */
     int cc_major;             /* compute capability major (PDL needs >= 9) */
     int smem_optin;           /* largest dynamic shared memory per block (opt-in), bytes */
+    int smem_sm;              /* shared memory per multiprocessor, bytes */
 };
 
 #define CNT_LEN_MIN 4096
@@ -689,11 +691,71 @@ static __device__ void dc_norm_prologue(const norm_args &na, const uint4 *wpre,
     }
 }
 
-template <int MT, int TB, bool NORM>
+/* SUM epilogue of k_decode (w4a16_linear_sum, MT = 1): the warp's output
+ * tile nt, v = its fp32 sums (rows 2c, 2c + 1 x columns r, r + 8), is
+ * rounded to fp16 as w4_epilogue would store it, sent to every peer's slot
+ * (rank, nt, lane) over NVLink (8-byte volatile stores, -0.0 made +0.0),
+ * then the peers' slots of the same tile in this rank's area are polled
+ * until none of their halves is -0.0, added in rank order in fp32 (this
+ * rank's own values at q = rank) and made idle again; the sums are stored
+ * as w4_epilogue stores. The push all-reduce adds the same fp16 values in
+ * the same order: bitwise its result. Lanes whose rows are all >= m, and
+ * tiles with no column < n, take no part (the same on every rank). */
+static __device__ __forceinline__ void dc_sum_epilogue(const epi_args &ep, const w4a16_sum &xs,
+                                                       int nt, int lane, float v[4]) {
+    const int r = lane >> 2, c = lane & 3;
+    if (2 * c >= ep.m || nt * 16 >= ep.n) return;
+    if (ep.bias) {
+        const float blo = __half2float(__ushort_as_half(ep.bias[nt * 16 + r]));
+        const float bhi = __half2float(__ushort_as_half(ep.bias[nt * 16 + r + 8]));
+        v[0] += blo, v[1] += blo, v[2] += bhi, v[3] += bhi;
+    }
+    uint2 own;
+    own.x = xchg_fix(__half_as_ushort(__float2half_rn(v[0])) | ((unsigned)__half_as_ushort(__float2half_rn(v[1])) << 16));
+    own.y = xchg_fix(__half_as_ushort(__float2half_rn(v[2])) | ((unsigned)__half_as_ushort(__float2half_rn(v[3])) << 16));
+    const size_t off = (size_t)nt * 128 + lane * 4;
+    const size_t mine = (size_t)xs.rank * W4A16_SUM_CAP + off;
+#pragma unroll
+    for (int q = 0; q < W4A16_SUM_MAX_RANKS; q++)
+        if (q < xs.size && q != xs.rank) xchg_st2(xs.area[q] + mine, own);
+    uint16_t *const area = xs.mine + off; /* + q * W4A16_SUM_CAP: from rank q */
+    uint2 in[W4A16_SUM_MAX_RANKS];
+#pragma unroll
+    for (int q = 0; q < W4A16_SUM_MAX_RANKS; q++)
+        if (q < xs.size && q != xs.rank) in[q] = xchg_ld2(area + (size_t)q * W4A16_SUM_CAP);
+#pragma unroll
+    for (int q = 0; q < W4A16_SUM_MAX_RANKS; q++) {
+        if (q >= xs.size || q == xs.rank) continue;
+        unsigned spins = 0;
+        unsigned long long t0 = 0;
+        while (xchg_empty(in[q].x) | xchg_empty(in[q].y)) {
+            if ((++spins & 511) == 0 && xchg_give_up(xs.ctl, xs.timeout_ns, xs.rank, &t0)) return;
+            in[q] = xchg_ld2(area + (size_t)q * W4A16_SUM_CAP);
+        }
+    }
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int q = 0; q < W4A16_SUM_MAX_RANKS; q++) {
+        if (q >= xs.size) continue;
+        uint2 h = own;
+        if (q != xs.rank) {
+            h = in[q];
+            xchg_st2(area + (size_t)q * W4A16_SUM_CAP, make_uint2(XCHG_EMPTY2, XCHG_EMPTY2));
+        }
+        const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&h.x));
+        const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&h.y));
+        acc[0] += a.x, acc[1] += a.y, acc[2] += b.x, acc[3] += b.y;
+    }
+    epi_args e = ep;
+    e.bias = NULL; /* added before the exchange */
+    w4_epilogue(e, nt, r, 2 * c, acc[0], acc[1], acc[2], acc[3]);
+}
+
+template <int MT, int TB, bool NORM, bool SUM>
 static __global__ void __launch_bounds__(DC_WARPS * 32, 2)
 k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
-         int late, epi_args ep, norm_args na) {
+         int late, epi_args ep, norm_args na, w4a16_sum xsum) {
     typedef dc_state<MT, TB> S;
     extern __shared__ __align__(16) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -774,7 +836,8 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         for (int w = 0; w < DC_WARPS; w++)
 #pragma unroll
             for (int j = 0; j < 4; j++) v[j] += red[((warp * MT * 4 + i * 4 + j) * DC_WARPS + w) * 32 + lane];
-        w4_epilogue(ep, t0 + warp, r, i * 8 + 2 * c, v[0], v[1], v[2], v[3]);
+        if (SUM) dc_sum_epilogue(ep, xsum, t0 + warp, lane, v); /* MT = 1 (w4a16_linear_sum) */
+        else w4_epilogue(ep, t0 + warp, r, i * 8 + 2 * c, v[0], v[1], v[2], v[3]);
     }
 }
 
@@ -1206,6 +1269,8 @@ extern "C" int w4a16_upload(const struct awq_linear *l, enum w4a16_layout layout
             e = cudaDeviceGetAttribute(&w->cc_major, cudaDevAttrComputeCapabilityMajor, dev);
         if (e == cudaSuccess)
             e = cudaDeviceGetAttribute(&w->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetAttribute(&w->smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
         if (e != cudaSuccess) {
             rc = util_err(err, errlen, -EIO, "w4a16_upload: no CUDA device: %s", cudaGetErrorString(e));
             goto done;
@@ -1987,32 +2052,48 @@ static int dc_late(void) {
 
 template <int MT, int TB>
 static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
-                           const norm_args *na, const struct dc_plan *pl, cudaStream_t s, char *err,
-                           size_t errlen) {
-    static std::atomic<unsigned long long> smem_set{0}, smem_set_n{0};
+                           const norm_args *na, const w4a16_sum *xs, const struct dc_plan *pl,
+                           cudaStream_t s, char *err, size_t errlen) {
+    static std::atomic<unsigned long long> smem_set{0}, smem_set_n{0}, smem_set_s{0};
     const norm_args none = {NULL, NULL, NULL, NULL, 0.0f};
+    w4a16_sum nosum;
+    memset(&nosum, 0, sizeof nosum);
     int rc;
     if (na) {
-        rc = cuda_smem_limit_once(&smem_set_n, (const void *)k_decode<MT, TB, true>, DC_SMEM_MAX,
-                                  err, errlen);
+        rc = cuda_smem_limit_once(&smem_set_n, (const void *)k_decode<MT, TB, true, false>,
+                                  DC_SMEM_MAX, err, errlen);
         if (rc) return rc;
-        CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, true>, dim3(pl->blocks), dim3(DC_WARPS * 32),
-                              pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, dc_late(),
-                              ep, *na),
+        CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, true, false>, dim3(pl->blocks),
+                              dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
+                              w->n16a, w->kc, dc_late(), ep, *na, nosum),
                    err, errlen);
         return 0;
     }
-    rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false>, DC_SMEM_MAX, err, errlen);
+    if (xs) {
+        if (MT != 1) return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: m=%d > 8", ep.m);
+        rc = cuda_smem_limit_once(&smem_set_s, (const void *)k_decode<1, TB, false, true>,
+                                  DC_SMEM_MAX, err, errlen);
+        if (rc) return rc;
+        CUDA_CHECK(launch_pdl(w, k_decode<1, TB, false, true>, dim3(pl->blocks),
+                              dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
+                              w->n16a, w->kc, dc_late(), ep, none, *xs),
+                   err, errlen);
+        return 0;
+    }
+    rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false>, DC_SMEM_MAX,
+                              err, errlen);
     if (rc) return rc;
-    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false>, dim3(pl->blocks), dim3(DC_WARPS * 32), pl->smem,
-                          s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, dc_late(), ep, none),
+    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false>, dim3(pl->blocks), dim3(DC_WARPS * 32),
+                          pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, dc_late(), ep,
+                          none, nosum),
                err, errlen);
     return 0;
 }
 
-/* na: the NORM prologue (x unused), or NULL */
+/* na: the NORM prologue (x unused), or NULL; xs: the SUM epilogue, or NULL */
 static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
-                         const norm_args *na, cudaStream_t s, char *err, size_t errlen) {
+                         const norm_args *na, const w4a16_sum *xs, cudaStream_t s, char *err,
+                         size_t errlen) {
     struct dc_plan pl;
     if (!decode_plan(w, ep.m, &pl))
         return util_err(err, errlen, -EINVAL, "w4a16_linear: decode kernel does not fit m=%d K=%d G=%d",
@@ -2020,10 +2101,10 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     if (na && pl.mt != 1) /* the prologue's row sums hold 8 rows */
         return util_err(err, errlen, -ENOTSUP, "w4a16_linear_norm: m=%d > 8", ep.m);
     switch (pl.mt * 10 + pl.tb) {
-    case 11: return launch_decode_t<1, 1>(w, x, ep, na, &pl, s, err, errlen);
-    case 12: return launch_decode_t<1, 2>(w, x, ep, na, &pl, s, err, errlen);
-    case 14: return launch_decode_t<1, 4>(w, x, ep, na, &pl, s, err, errlen);
-    case 22: return launch_decode_t<2, 2>(w, x, ep, na, &pl, s, err, errlen);
+    case 11: return launch_decode_t<1, 1>(w, x, ep, na, xs, &pl, s, err, errlen);
+    case 12: return launch_decode_t<1, 2>(w, x, ep, na, xs, &pl, s, err, errlen);
+    case 14: return launch_decode_t<1, 4>(w, x, ep, na, xs, &pl, s, err, errlen);
+    case 22: return launch_decode_t<2, 2>(w, x, ep, na, xs, &pl, s, err, errlen);
     }
     return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan mt=%d tb=%d", pl.mt, pl.tb);
 }
@@ -2109,7 +2190,7 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
     float *part = (float *)workspace;
     int rc;
     if (k == W4A16_KERNEL_DECODE) {
-        rc = launch_decode(w, x, ep, NULL, s, err, errlen);
+        rc = launch_decode(w, x, ep, NULL, NULL, s, err, errlen);
     } else if (k == W4A16_KERNEL_SKINNY) {
         int mt = ceil_div(m, 8);
         switch (mt) {
@@ -2171,5 +2252,42 @@ extern "C" int w4a16_linear_norm(const struct w4a16_weight *w, const uint16_t *r
         return util_err(err, errlen, -ENOTSUP, "w4a16_linear_norm: m=%d does not take the decode kernel", m);
     const epi_args ep = epi_of(w, y, m, bias, silu);
     const norm_args na = {rin, delta, norm_w, rout, eps};
-    return launch_decode(w, rin, ep, &na, s, err, errlen);
+    return launch_decode(w, rin, ep, &na, NULL, s, err, errlen);
+}
+
+extern "C" int w4a16_linear_sum_ok(const struct w4a16_weight *w, int m) {
+    if (!w || m < 1 || m > 8 || w->layout != W4A16_LAYOUT_PLAIN || (size_t)w->n16a * 128 > W4A16_SUM_CAP)
+        return 0;
+    enum w4a16_kernel k = W4A16_KERNEL_AUTO;
+    int ks = 0;
+    choose(w, m, &k, &ks);
+    struct dc_plan pl;
+    if (k != W4A16_KERNEL_DECODE || !decode_plan(w, m, &pl) || pl.mt != 1) return 0;
+    /* every block resident at once (2 per SM by __launch_bounds__, if the
+     * shared memory allows): a block waiting for its peers never keeps a
+     * block of this grid from starting, on any rank */
+    const int per_sm = w->smem_sm > 0 ? (int)((size_t)w->smem_sm / (pl.smem + 1024)) : 1;
+    return pl.blocks <= (per_sm < 2 ? per_sm : 2) * w->sms;
+}
+
+extern "C" int w4a16_linear_sum(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_t *y,
+                                int epilogue_flags, const struct w4a16_sum *xs, cudaStream_t s,
+                                char *err, size_t errlen) {
+    if (!w || !x || !y || !xs || xs->size < 1 || xs->size > W4A16_SUM_MAX_RANKS || xs->rank < 0 ||
+        xs->rank >= xs->size || !xs->ctl)
+        return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: bad arguments");
+    for (int q = 0; q < xs->size; q++)
+        if (!xs->area[q]) return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: no area for rank %d", q);
+    if (xs->mine != xs->area[xs->rank])
+        return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: mine is not area[rank]");
+    if (epilogue_flags & ~W4A16_EPI_BIAS)
+        return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: bad epilogue flags 0x%x", epilogue_flags);
+    const int bias = (epilogue_flags & W4A16_EPI_BIAS) != 0;
+    if (bias && !w->bias)
+        return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: bias epilogue on a weight without bias");
+    if (((uintptr_t)x | (uintptr_t)y) & 15)
+        return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: x and y must be 16-byte aligned");
+    if (!w4a16_linear_sum_ok(w, m))
+        return util_err(err, errlen, -ENOTSUP, "w4a16_linear_sum: m=%d does not take the decode kernel", m);
+    return launch_decode(w, x, epi_of(w, y, m, bias, 0), NULL, xs, s, err, errlen);
 }

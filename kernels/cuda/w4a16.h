@@ -145,6 +145,44 @@ int w4a16_linear_norm(const struct w4a16_weight *w, const uint16_t *rin, const u
                       uint16_t *rout, const uint16_t *norm_w, float eps, int m, uint16_t *y,
                       int epilogue_flags, cudaStream_t s, char *err, size_t errlen);
 
+/* A row-parallel linear followed by the tensor-parallel all-reduce of its
+ * output, in one kernel (comm/cuda fills the descriptor; docs/
+ * TENSOR_PARALLEL.md "The all-reduce fused into the linear"): the decode
+ * kernel's epilogue stores each of its output tiles (fp16, as w4a16_linear
+ * would write them) into every peer's exchange area over NVLink, waits for
+ * the peers' same tiles in its own area (the data is its own flag, as in the
+ * push all-reduce), adds the ranks' tiles in rank order in fp32 and writes
+ * the sum to y: bitwise what w4a16_linear followed by the push all-reduce
+ * gives, on every rank, without the all-reduce kernel.
+ *
+ * Exchange area of rank q and one parity: fp16 [size][W4A16_SUM_CAP], rows
+ * = source rank; source r's slot of output tile t (16 columns) is the 128
+ * halves at r * W4A16_SUM_CAP + t * 128, 4 per lane of the warp that made
+ * it (its rows 2c, 2c + 1 x columns r, r + 8 of the tile), -0.0 while idle.
+ * Consecutive calls must alternate the parity, and two calls on the same
+ * parity need an exchange of every rank (any all-reduce) between them; the
+ * model alternates by call site (o_proj even, down_proj odd). Every rank
+ * must make the same calls with the same shapes and m (the decision below
+ * depends on them only). A wait leaves on ctl[0] (the group's abort word)
+ * or after timeout_ns, recording rank + 1 in ctl[1] (as the push kernel). */
+#define W4A16_SUM_MAX_RANKS 8
+#define W4A16_SUM_CAP 131072 /* halves per source and parity: N <= 16384 */
+struct w4a16_sum {
+    uint16_t *area[W4A16_SUM_MAX_RANKS]; /* rank q's exchange area of this parity (device q) */
+    uint16_t *mine;                      /* area[rank] (read where the index is not constant) */
+    volatile int *ctl;                   /* mapped host [2]: abort, timed-out rank + 1 */
+    unsigned long long timeout_ns;       /* 0: no limit */
+    int rank, size;
+};
+/* 1 when w4a16_linear_sum takes (w, m): the decode kernel with one mma column
+ * block (m <= 8) and at most 2 blocks per SM (all of the grid resident at
+ * once: a waiting block never holds back a peer's block), a plain layout, N
+ * <= 16384, the decode kernel on. */
+int w4a16_linear_sum_ok(const struct w4a16_weight *w, int m);
+int w4a16_linear_sum(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_t *y,
+                     int epilogue_flags, const struct w4a16_sum *xs, cudaStream_t s, char *err,
+                     size_t errlen);
+
 /* Same with a forced kernel and split count (ksplit <= 0: automatic). */
 int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_t *y,
                     int epilogue, enum w4a16_kernel kernel, int ksplit, void *workspace,

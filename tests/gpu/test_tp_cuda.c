@@ -59,6 +59,7 @@
 #include "kernels/cuda/w4a16.h"
 #include "kernels/ops.h"
 #include "tests/harness/test.h"
+#include "tests/gpu/w4a16_ref.h"
 
 #define TPC_TOL 2e-2
 #define TPC_MAXR 8
@@ -355,6 +356,221 @@ static void many_calls(int tp) {
 TEST(tp_cuda, allreduce_p2p_many_calls) { many_calls(2); }
 TEST(tp_cuda, allreduce_p2p_many_calls_tp4) { many_calls(4); }
 
+/* ======================================================================== */
+/* the all-reduce fused into the decode linear (ops->linear_sum)            */
+/* ======================================================================== */
+
+/* Row-parallel shapes (K = this rank's rows, N = hidden): every rank's
+ * linear_sum must give bitwise what linear + all_reduce_sum gives (the push
+ * kernel adds the same fp16 tiles in the same order), for m = 1, 2, 3, 8,
+ * over calls that cycle both exchange areas back to back (sites 0, 1, 2,
+ * ...) with no other all-reduce between, eager and replayed from a graph.
+ * Rank 0's weight has a bias (added once, as the model's row-parallel
+ * linears do). N = 2056 leaves a half tile; N = 16384 fills the area. */
+#define LS_NSHAPE 6
+static const int ls_shape[LS_NSHAPE][2] = {{1024, 4096}, {2048, 5120}, {4096, 8192},
+                                           {1536, 2056}, {512, 16384}, {256, 24}};
+static const int ls_m[] = {1, 2, 3, 8};
+
+struct ls_ctx {
+    int tp;
+    struct comm *comm[TPC_MAXR];
+    struct ref_layer lay[TPC_MAXR][LS_NSHAPE];
+    pthread_barrier_t bar;
+    int rc[TPC_MAXR];
+    char err[TPC_MAXR][256];
+    long fused_calls[TPC_MAXR];
+};
+
+struct ls_arg {
+    struct ls_ctx *x;
+    int rank;
+};
+
+static uint64_t ls_rs = 0x9e3779b97f4a7c15ull;
+static uint32_t ls_rnd(void) {
+    ls_rs ^= ls_rs << 13;
+    ls_rs ^= ls_rs >> 7;
+    ls_rs ^= ls_rs << 17;
+    return (uint32_t)(ls_rs >> 16);
+}
+
+/* One rank; fails (x->rc, x->err) but keeps taking part in every exchange. */
+static void *ls_rank(void *p) {
+    struct ls_arg *a = p;
+    struct ls_ctx *x = a->x;
+    const int r = a->rank;
+    struct comm *c = x->comm[r];
+    struct ops *ops = NULL;
+    struct buf *bx = NULL, *bref = NULL, *bout = NULL;
+    float *hx = NULL, *ref = NULL, *got = NULL;
+    const size_t maxk = 4096, maxn = 16384, maxm = 8;
+    char *err = x->err[r];
+    const size_t el = sizeof x->err[r];
+    int rc = ops_cuda_create(r, &ops, err, el);
+    if (!rc) rc = comm_cuda_attach(c, ops, err, el);
+    if (!rc) {
+        bx = ops->alloc(ops->ctx, BUF_ACT, maxm * maxk);
+        bref = ops->alloc(ops->ctx, BUF_ACT, maxm * maxn);
+        bout = ops->alloc(ops->ctx, BUF_ACT, maxm * maxn);
+        hx = malloc(maxm * maxk * sizeof *hx);
+        ref = malloc(maxm * maxn * sizeof *ref);
+        got = malloc(maxm * maxn * sizeof *got);
+        if (!bx || !bref || !bout || !hx || !ref || !got) rc = -ENOMEM;
+    }
+    x->rc[r] = rc;
+    pthread_barrier_wait(&x->bar);
+    for (int q = 0; q < x->tp; q++)
+        if (x->rc[q]) goto out;
+    cudaStream_t st = (cudaStream_t)ops_cuda_stream(ops->ctx);
+    int site = 0;
+    /* every rank runs every step (the barriers), a failed one without its
+     * exchanges: the others' waits then time out, recorded, never hang */
+    for (int si = 0; si < LS_NSHAPE; si++) {
+        const int K = ls_shape[si][0], N = ls_shape[si][1];
+        struct op_linear *l = ops->upload_linear(ops->ctx, &x->lay[r][si].l, LINEAR_PLAIN);
+        if (!l && !rc) {
+            snprintf(err, el, "upload_linear K=%d N=%d failed", K, N);
+            rc = -ENOMEM;
+        }
+        for (int mi = 0; mi < (int)(sizeof ls_m / sizeof ls_m[0]); mi++) {
+            const int m = ls_m[mi];
+            /* the decision must not depend on the rank: all ranks or none */
+            const int fuse = l && ops->linear_sum_ok(ops->ctx, m, l);
+            x->rc[r] = fuse;
+            pthread_barrier_wait(&x->bar);
+            int agree = 1;
+            for (int q = 0; q < x->tp; q++) agree &= x->rc[q] == x->rc[0];
+            pthread_barrier_wait(&x->bar);
+            if (!agree && !rc) {
+                snprintf(err, el, "K=%d N=%d m=%d: linear_sum_ok differs between ranks", K, N, m);
+                rc = -EPROTO;
+            }
+            if (!fuse || !agree) {
+                if (!rc && N <= 8192 && m <= 2) { /* the decode kernel's shapes must fuse */
+                    snprintf(err, el, "K=%d N=%d m=%d: not fused", K, N, m);
+                    rc = -ENOTSUP;
+                }
+                continue;
+            }
+            for (int rep = 0; rep < 3 && !rc; rep++) {
+                for (size_t i = 0; i < (size_t)m * K; i++)
+                    hx[i] = (float)((int)((i * 2654435761u + (size_t)r * 977u + (size_t)rep * 131u) % 255u) - 127) / 64.0f;
+                rc = ops->upload(ops->ctx, bx, 0, hx, (size_t)m * K);
+                /* reference: the linear, then the push all-reduce */
+                if (!rc) ops->linear(ops->ctx, bref, bx, m, l);
+                if (!rc) rc = c->all_reduce_sum(c, bref, (size_t)m * N);
+                /* fused, twice in a row (both areas), the second kept;
+                 * rep 2 captures the two calls and replays the graph 3 times */
+                cudaGraph_t graph = NULL;
+                cudaGraphExec_t exec = NULL;
+                if (!rc && rep == 2 &&
+                    cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+                    rc = -EIO;
+                for (int t = 0; t < 2 && !rc; t++) {
+                    const void *d = NULL;
+                    rc = c->sum_desc(c, site++, (size_t)m * N, &d);
+                    if (!rc && !d) {
+                        snprintf(err, el, "sum_desc gave no descriptor");
+                        rc = -ENOTSUP;
+                    }
+                    if (!rc) {
+                        ops->linear_sum(ops->ctx, bout, bx, m, l, d);
+                        x->fused_calls[r]++;
+                    }
+                }
+                if (rep == 2) {
+                    if (cudaStreamEndCapture(st, &graph) != cudaSuccess && !rc) rc = -EIO;
+                    if (!rc && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) rc = -EIO;
+                    for (int t = 0; t < 3 && !rc; t++)
+                        if (cudaGraphLaunch(exec, st) != cudaSuccess) rc = -EIO;
+                    if (graph) cudaGraphDestroy(graph);
+                    if (exec) cudaGraphExecDestroy(exec);
+                }
+                if (!rc) rc = ops->sync(ops->ctx);
+                if (!rc && c->status) rc = c->status(c);
+                if (!rc) rc = ops->download(ops->ctx, ref, bref, 0, (size_t)m * N);
+                if (!rc) rc = ops->download(ops->ctx, got, bout, 0, (size_t)m * N);
+                if (rc && !*err) snprintf(err, el, "K=%d N=%d m=%d rep %d: %d", K, N, m, rep, rc);
+                for (size_t i = 0; i < (size_t)m * N && !rc; i++)
+                    if (memcmp(&ref[i], &got[i], sizeof(float)) != 0) {
+                        snprintf(err, el, "K=%d N=%d m=%d rep %d: y[%zu] fused %.6g, linear + all-reduce %.6g",
+                                 K, N, m, rep, i, got[i], ref[i]);
+                        rc = -EDOM;
+                    }
+            }
+        }
+        if (l) ops->free_linear(ops->ctx, l);
+    }
+    x->rc[r] = rc;
+out:
+    if (ops) {
+        ops->free(ops->ctx, bx);
+        ops->free(ops->ctx, bref);
+        ops->free(ops->ctx, bout);
+        ops_destroy(ops);
+    }
+    free(hx);
+    free(ref);
+    free(got);
+    return NULL;
+}
+
+static void linear_sum_check(int tp) {
+    if (n_gpus() < tp) TEST_SKIP("fewer GPUs than ranks");
+    alarm(120);
+    setenv("AWQD_COMM_TIMEOUT_MS", "5000", 1);
+    struct ls_ctx *x = calloc(1, sizeof *x);
+    ASSERT(x != NULL);
+    x->tp = tp;
+    char err[512];
+    int rc = comm_cuda_group(tp, NULL, x->comm, err, sizeof err);
+    unsetenv("AWQD_COMM_TIMEOUT_MS");
+    if (rc) {
+        free(x);
+        ASSERT_MSG(0, "comm_cuda_group(%d): %s", tp, err);
+    }
+    if (!comm_cuda_p2p_available(x->comm[0]) || !comm_cuda_set_fused(x->comm[0], -1)) {
+        for (int r = 0; r < tp; r++) comm_free(x->comm[r]);
+        free(x);
+        TEST_SKIP("no peer access between the GPUs (or AWQD_COMM_FUSED=0)");
+    }
+    for (int r = 0; r < tp; r++)
+        for (int si = 0; si < LS_NSHAPE; si++)
+            ASSERT(ref_layer_make(&x->lay[r][si], ls_shape[si][0], ls_shape[si][1], 128, r == 0,
+                                  ls_rnd) == 0);
+    pthread_barrier_init(&x->bar, NULL, (unsigned)tp);
+    pthread_t th[TPC_MAXR];
+    struct ls_arg args[TPC_MAXR];
+    for (int r = 0; r < tp; r++) {
+        args[r] = (struct ls_arg){x, r};
+        pthread_create(&th[r], NULL, ls_rank, &args[r]);
+    }
+    for (int r = 0; r < tp; r++) pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&x->bar);
+    char st[256];
+    int status = comm_cuda_status(x->comm[0], st, sizeof st);
+    for (int r = 0; r < tp; r++) comm_free(x->comm[r]);
+    for (int r = 0; r < tp; r++)
+        for (int si = 0; si < LS_NSHAPE; si++) ref_layer_free(&x->lay[r][si]);
+    int bad = -1;
+    for (int r = 0; r < tp && bad < 0; r++)
+        if (x->rc[r]) bad = r;
+    fprintf(stderr, "  tp=%d: %ld fused calls per rank\n", tp, x->fused_calls[0]);
+    if (bad >= 0) {
+        test_fail(__FILE__, __LINE__, "tp=%d rank %d: %s (%d)", tp, bad, x->err[bad], x->rc[bad]);
+    } else if (status) {
+        test_fail(__FILE__, __LINE__, "group aborted: %s", st);
+    } else if (x->fused_calls[0] < 20) {
+        test_fail(__FILE__, __LINE__, "tp=%d: only %ld fused calls", tp, x->fused_calls[0]);
+    }
+    free(x);
+}
+
+TEST(tp_cuda, linear_sum_tp2) { linear_sum_check(2); }
+TEST(tp_cuda, linear_sum_tp3) { linear_sum_check(3); }
+TEST(tp_cuda, linear_sum_tp4) { linear_sum_check(4); }
+
 /* A captured p2p all-reduce replayed on rank 0 only: its wait must end at
  * AWQD_COMM_TIMEOUT_MS (no hang), and comm->status must then report the
  * timeout, which the replayed graph itself cannot. */
@@ -638,6 +854,53 @@ static void check_fixture(const char *name, int tp) {
     for (int i = 0; i < np; i++) free(p[i]);
     ckpt_close(ck);
 }
+
+/* The whole model with the all-reduce fused into o_proj / down_proj
+ * (default) and without it (AWQD_COMM_FUSED=0): decode logits bitwise the
+ * same, greedy tokens the same. */
+static void check_fused_model(const char *name, int tp) {
+    if (n_gpus() < tp) TEST_SKIP("fewer GPUs than ranks");
+    char err[512];
+    struct ckpt *ck = NULL;
+    if (ckpt_open(test_fixture(name), &ck, err, sizeof err)) TEST_SKIP("fixture not installed");
+    const int V = ckpt_config(ck)->vocab;
+    int32_t ids[13];
+    for (int i = 0; i < 13; i++) ids[i] = (int32_t)((i * 7919 + 11) % V);
+    alarm(120);
+    struct run_out a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    struct model_group *g = NULL;
+    int ok = 0;
+    if (!tp_group(ck, tp, 64, &g)) {
+        ok = !run_greedy(g, ids, 13, V, 64, 16, &a);
+        model_group_free(g);
+        g = NULL;
+    }
+    setenv("AWQD_COMM_FUSED", "0", 1);
+    if (ok && !tp_group(ck, tp, 64, &g)) {
+        ok = !run_greedy(g, ids, 13, V, 64, 16, &b);
+        model_group_free(g);
+    } else {
+        ok = 0;
+    }
+    unsetenv("AWQD_COMM_FUSED");
+    ckpt_close(ck);
+    if (ok) {
+        ASSERT(a.n_greedy == b.n_greedy && a.n_greedy == 16);
+        for (int t = 0; t < a.n_greedy && !test_failed(); t++) {
+            ASSERT_MSG(a.tok[t] == b.tok[t], "%s tp=%d: greedy token %d fused %d, unfused %d", name,
+                       tp, t, a.tok[t], b.tok[t]);
+            ASSERT_MSG(memcmp(a.step + (size_t)t * V, b.step + (size_t)t * V, (size_t)V * 4) == 0,
+                       "%s tp=%d: decode step %d logits differ (fused vs unfused)", name, tp, t);
+        }
+    }
+    run_out_free(&a);
+    run_out_free(&b);
+    ASSERT_MSG(ok, "%s tp=%d: a run failed", name, tp);
+}
+
+TEST(tp_cuda, fused_sum_model_tp2) { check_fused_model("qwen3-tiny-awq", 2); }
 
 TEST(tp_cuda, fixture_qwen3_tp2) { check_fixture("qwen3-tiny-awq", 2); }
 TEST(tp_cuda, fixture_qwen2_tp2) { check_fixture("qwen2-tiny-awq", 2); }

@@ -4,7 +4,10 @@
  * all_reduce_sum (struct comm, comm/comm.h) sums a BUF_ACT (fp16) buffer of
  * the CUDA backend in place, asynchronously on the rank's backend stream, with
  * no host synchronisation, so it may be captured in a CUDA graph and
- * replayed (comm->graph_safe is 1). Paths:
+ * replayed (comm->graph_safe is 1). comm->sum_desc hands out the exchange
+ * areas of the all-reduce fused into the decode linear's epilogue
+ * (w4a16_linear_sum, kernels/cuda/w4a16.h), used after o_proj / down_proj of
+ * decode batches instead of all_reduce_sum. Paths of all_reduce_sum:
  *   p2p   one-shot "push" kernel for messages <= p2p_max_bytes: each rank
  *         stores its input straight into every peer's receive area over
  *         NVLink; the receive areas hold -0.0 while idle, so the data is its
@@ -48,6 +51,8 @@
  *   AWQD_P2P_CAP_BYTES=N           largest p2p message (buffer size; default
  *                                  2 MiB, at least the threshold)
  *   AWQD_COMM_TIMEOUT_MS=N         p2p wait limit (default 60000; 0: none)
+ *   AWQD_COMM_FUSED=0              no all-reduce fused into the decode linear
+ *                                  (comm->sum_desc declines; comm_cuda_set_fused)
  *   AWQD_FAULT_RANK=r              testing: rank r's all-reduce number
  *   AWQD_FAULT_CALL=k              k (0-based, default 1) fails with -EIO
  *                                  instead of running, and aborts the group */

@@ -591,6 +591,12 @@ static int forward_graph(struct model *m, int gi, const struct attn_batch *ab, c
             if (frc) {
                 if (!rc) O->graph_free(c, g);
                 g = NULL;
+                /* the tensor-parallel group failed during the recording (a
+                 * rank's fault at a collective): that is the step's error;
+                 * running it again op by op would only report the
+                 * cancellation that followed */
+                if (m->comm->status && m->comm->status(m->comm))
+                    return util_err(err, errlen, frc, "%s", e2);
                 log_warn("model: decode batches of %d run without a graph: %s", m->bucket[gi], e2);
                 rc = frc;
             }
@@ -935,6 +941,7 @@ struct model_group {
     float *row;
     int cp_dst, cp_src;
     double spin_s;                /* poll this long before sleeping on start / done */
+    int cuda_comm;                /* the ranks talk through comm/cuda (comm_cuda_status) */
     /* init only */
     struct ckpt *ck;
     const struct model_group_opts *o;
@@ -1109,9 +1116,10 @@ int model_group_init(struct ckpt *ck, const struct model_group_opts *o, struct m
     }
     char ce[256] = "";
 #ifdef AWQD_CUDA
-    if (cuda_tp) /* NCCL + peer-to-peer all-reduce (comm/cuda/comm_cuda.h) */
+    if (cuda_tp) { /* NCCL + peer-to-peer all-reduce (comm/cuda/comm_cuda.h) */
         rc = comm_cuda_group(tp, o->devices, comms, ce, sizeof ce);
-    else
+        g->cuda_comm = rc == 0;
+    } else
 #endif
         rc = tp == 1 ? comm_cpu_single(&comms[0]) : comm_cpu_group(tp, comms);
     if (rc) {
@@ -1170,15 +1178,23 @@ int model_group_forward(struct model_group *g, const struct batch *b, float *log
     return model_group_forward_out(g, b, &o, err, errlen);
 }
 
-/* The first failing rank's error (others' collectives are cancelled). */
+/* The first failing rank's error (others' collectives are cancelled). When
+ * the tensor-parallel group itself failed (a rank's fault at a collective, a
+ * peer that never arrived), the communicator knows which rank failed first
+ * and why: that leads the message (a rank that only saw the group fail, e.g.
+ * before a graph replay, reports the group's state, not the cause). */
 static int group_error(struct model_group *g, char *err, size_t errlen) {
     int bad = -1;
     for (int r = 0; r < g->tp; r++)
         if (g->w[r].rc && (bad < 0 || (g->w[bad].rc == -ECANCELED && g->w[r].rc != -ECANCELED)))
             bad = r;
-    if (bad >= 0)
-        return util_err(err, errlen, g->w[bad].rc, "rank %d: %s", bad, g->w[bad].err);
-    return 0;
+    if (bad < 0) return 0;
+#ifdef AWQD_CUDA
+    char cm[256];
+    if (g->cuda_comm && comm_cuda_status(g->w[0].comm, cm, sizeof cm))
+        return util_err(err, errlen, g->w[bad].rc, "%s (rank %d: %s)", cm, bad, g->w[bad].err);
+#endif
+    return util_err(err, errlen, g->w[bad].rc, "rank %d: %s", bad, g->w[bad].err);
 }
 
 int model_group_sample_row_logits(struct model_group *g, int i, float *row, char *err,
@@ -1195,14 +1211,7 @@ int model_group_forward_out(struct model_group *g, const struct batch *b,
     g->logits = o->logits;
     g->out = o;
     group_run(g, JOB_FORWARD);
-    /* report the rank that failed first: others' collectives are cancelled */
-    int bad = -1;
-    for (int r = 0; r < g->tp; r++)
-        if (g->w[r].rc && (bad < 0 || (g->w[bad].rc == -ECANCELED && g->w[r].rc != -ECANCELED)))
-            bad = r;
-    if (bad >= 0)
-        return util_err(err, errlen, g->w[bad].rc, "rank %d: %s", bad, g->w[bad].err);
-    return 0;
+    return group_error(g, err, errlen);
 }
 
 void model_group_copy_block(struct model_group *g, int dst, int src) {

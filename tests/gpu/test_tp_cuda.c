@@ -12,6 +12,13 @@
  *                              inputs, and a whole rank of it in repetition 1;
  *   tp_cuda.allreduce_graph_*  the same inside a captured CUDA graph, replayed
  *                              (comm->graph_safe must be 1);
+ *   tp_cuda.linear_sum_tp*     the all-reduce fused into the decode linear
+ *                              (ops->linear_sum, comm->sum_desc) against the
+ *                              linear + push all-reduce, bitwise, m = 1-8,
+ *                              six shapes, both exchange areas back to back,
+ *                              eager and replayed from a graph;
+ *   tp_cuda.fused_sum_model_tp2  decode logits with the fused path vs
+ *                              AWQD_COMM_FUSED=0: bitwise the same;
  *   tp_cuda.fixture_*          qwen3/qwen2 fixtures at tp=2 vs tp=1 on CUDA:
  *                              prefill logits within 2e-2 x max|logit|, same
  *                              greedy tokens while tp=1's top-2 margin is clear;
@@ -29,6 +36,8 @@
  *                              return (no hang, SIGALRM guards), the next
  *                              forward fails at once, and the group frees; at
  *                              tp=4 (mkmodel qwen3-32b --layers 2) rank 2;
+ *                              fault_rank1_fused: at a decode step's fused
+ *                              down_proj (rank 0's kernel must be released);
  *   tp_cuda.generate_cli       `awqd generate --backend cuda --tp 2 --devices`;
  *   tp_cuda.bench_allreduce    AWQD_TP_BENCH=1 only: a table of NCCL vs P2P
  *                              (push and flags) time per message
@@ -1062,6 +1071,50 @@ static void check_fault(const char *algo, int tp, int bad, const char *dir) {
     ckpt_close(ck);
 }
 
+/* A fault at the all-reduce fused into a decode step's down_proj (call 9:
+ * the 40-token prefill makes calls 0-6 of the 3-layer fixture, the decode
+ * step's embedding 7, layer 0's o_proj 8): rank 0's decode kernel waits for
+ * rank 1's tiles, which never come; the abort must release it, the error
+ * name rank 1, the next forward fail at once and the workers join. */
+static void check_fault_fused(void) {
+    if (n_gpus() < 2) TEST_SKIP("needs 2 GPUs");
+    char err[512];
+    struct ckpt *ck = NULL;
+    if (ckpt_open(test_fixture("qwen3-tiny-awq"), &ck, err, sizeof err)) TEST_SKIP("fixture not installed");
+    setenv("AWQD_FAULT_RANK", "1", 1);
+    setenv("AWQD_FAULT_CALL", "9", 1);
+    alarm(90); /* a hang is a failure */
+    struct model_group *g = NULL;
+    int rc = tp_group(ck, 2, 64, &g);
+    unsetenv("AWQD_FAULT_RANK");
+    unsetenv("AWQD_FAULT_CALL");
+    if (rc) {
+        ckpt_close(ck);
+        return;
+    }
+    int V = ckpt_config(ck)->vocab;
+    int32_t ids[41];
+    for (int i = 0; i < 41; i++) ids[i] = (i * 37 + 11) % V;
+    int32_t blocks[4] = {0, 1, 2, 3};
+    float *logits = malloc((size_t)40 * V * sizeof(float));
+    struct batch_seq s = {ids, 40, 0, blocks, 4, MODEL_LOGITS_LAST};
+    struct batch b = {&s, 1};
+    rc = model_group_forward(g, &b, logits, err, sizeof err);
+    ASSERT_MSG(rc == 0, "the prefill failed: %s", err);
+    struct batch_seq d = {ids + 40, 1, 40, blocks, 4, MODEL_LOGITS_LAST};
+    struct batch bd = {&d, 1};
+    rc = model_group_forward(g, &bd, logits, err, sizeof err);
+    ASSERT_MSG(rc < 0, "the injected fault was not reported");
+    fprintf(stderr, "  reported: %s (%d)\n", err, rc);
+    ASSERT_CONTAINS(err, "rank 1");
+    rc = model_group_forward(g, &bd, logits, err, sizeof err);
+    ASSERT_MSG(rc < 0, "a forward after the fault succeeded");
+    model_group_free(g); /* every worker must join */
+    free(logits);
+    ckpt_close(ck);
+}
+
+TEST(tp_cuda, fault_rank1_fused) { check_fault_fused(); }
 TEST(tp_cuda, fault_rank1_p2p) { check_fault("p2p", 2, 1, NULL); }
 TEST(tp_cuda, fault_rank1_p2pflags) { check_fault("p2p_flags", 2, 1, NULL); }
 TEST(tp_cuda, fault_rank1_nccl) { check_fault("nccl", 2, 1, NULL); }

@@ -97,23 +97,9 @@ p2p_allreduce_kernel(struct p2p_args a, __half *buf, unsigned long long n, unsig
         unsigned spins = 0;
         unsigned long long t0 = 0;
         while ((int)(*from - e) < 0) {
-            if ((++spins & 1023) == 0) {
-                if (a.ctl[0]) {
-                    s_bad = 1;
-                    break;
-                }
-                if (a.timeout_ns) {
-                    unsigned long long now = xchg_now();
-                    if (!t0) {
-                        t0 = now;
-                    } else if (now - t0 > a.timeout_ns) {
-                        a.ctl[1] = a.rank + 1;
-                        __threadfence_system();
-                        a.ctl[0] = 1;
-                        s_bad = 1;
-                        break;
-                    }
-                }
+            if ((++spins & 1023) == 0 && xchg_give_up(a.ctl, a.timeout_ns, a.rank, &t0)) {
+                s_bad = 1;
+                break;
             }
         }
         __threadfence_system();
@@ -363,7 +349,8 @@ struct cgroup {
     unsigned *lepoch[COMM_CUDA_MAX_RANKS];/* u32 [LP_BLOCKS] on device r */
     /* the all-reduce fused into the decode kernel (w4a16_linear_sum) */
     uint16_t *xarea[COMM_CUDA_MAX_RANKS]; /* fp16 [2][size][W4A16_SUM_CAP] on device r, -0.0 idle */
-    int fused;                    /* 1: sum_desc hands out descriptors */
+    int fused_ok;                 /* the fused path is possible (areas, one device kind) */
+    int fused;                    /* 1: sum_desc hands out descriptors (fused_ok && switched on) */
     unsigned long long timeout_ns;
     int fault_rank;
     long fault_call;
@@ -789,8 +776,8 @@ extern "C" int comm_cuda_group(int size, const int *devices, struct comm **out, 
     /* the fused all-reduce: every rank must take the same kernel plan for a
      * call, which depends on the device (SM count, shared memory): only
      * between devices of one kind. AWQD_COMM_FUSED=0 turns it off. */
-    g->fused = g->p2p_ok && size <= W4A16_SUM_MAX_RANKS && !util_env_is_zero("AWQD_COMM_FUSED");
-    for (int r = 1; r < size && g->fused; r++) {
+    g->fused_ok = g->p2p_ok && size <= W4A16_SUM_MAX_RANKS;
+    for (int r = 1; r < size && g->fused_ok; r++) {
         int a0 = 0, a1 = 0, b0 = 0, b1 = 0;
         if (cudaDeviceGetAttribute(&a0, cudaDevAttrMultiProcessorCount, g->devices[0]) ||
             cudaDeviceGetAttribute(&a1, cudaDevAttrMultiProcessorCount, g->devices[r]) ||
@@ -798,9 +785,10 @@ extern "C" int comm_cuda_group(int size, const int *devices, struct comm **out, 
             cudaDeviceGetAttribute(&b1, cudaDevAttrMaxSharedMemoryPerMultiprocessor, g->devices[r]) ||
             a0 != a1 || b0 != b1) {
             cudaGetLastError();
-            g->fused = 0;
+            g->fused_ok = 0;
         }
     }
+    g->fused = g->fused_ok && !util_env_is_zero("AWQD_COMM_FUSED");
     cudaSetDevice(prev);
     for (int r = 0; r < size; r++) {
         struct comm *c = (struct comm *)calloc(1, sizeof *c);
@@ -902,7 +890,7 @@ extern "C" size_t comm_cuda_p2p_cap(const struct comm *c) { return group_of(c)->
 
 extern "C" int comm_cuda_set_fused(struct comm *c, int on) {
     struct cgroup *g = group_of(c);
-    if (on >= 0) __atomic_store_n(&g->fused, on && g->xarea[0] && g->size <= W4A16_SUM_MAX_RANKS, __ATOMIC_RELAXED);
+    if (on >= 0) __atomic_store_n(&g->fused, on && g->fused_ok, __ATOMIC_RELAXED);
     return __atomic_load_n(&g->fused, __ATOMIC_RELAXED);
 }
 

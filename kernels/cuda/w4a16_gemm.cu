@@ -194,6 +194,7 @@ struct gk_args {
     float *part;
     int *cnt;
     int K, KC, G, n16a, m, n, ldy, gate_up, cps, ksplit;
+    int ntn, ntiles; /* k_w4gemm_ws: column tiles, column tiles x token tiles */
     int dbg; /* timing experiments only (AWQD_W4A16_GEMM_DBG): 1 no MMA, 2 no x copy, 8 no proxy
                 fence (results may be wrong with any of them) */
 };
@@ -452,6 +453,292 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
 }
 
 /* ------------------------------------------------------------------------ */
+/* The warp-specialized kernel (mode 3, session 13)                          */
+/* ------------------------------------------------------------------------ */
+/*
+ * Same tiles, shared-memory stage layout, dequantization, wgmma operands and
+ * epilogue as k_w4gemm above, with the roles split:
+ *
+ *   warpgroups 0, 1 (consumers): warpgroup g owns MT m64 tiles of the block's
+ *       128 MT weight rows (warp q the n16 tiles (g MT + mt) 4 + q), exactly as
+ *       in k_w4gemm. Per chunk: wait for the stage's "full" barrier, proxy
+ *       fence, read the INT4 words and the scales/zeros from the stage,
+ *       then 4 k16 steps of (dequantize into A registers, wgmma, commit, wait
+ *       until at most one group is pending). After step 0 of chunk i the group
+ *       of chunk i - 1's last step has completed: each warp then arrives on
+ *       that stage's "empty" barrier (8 arrivals free it). A registers are
+ *       double-buffered across steps (the pending group still reads them).
+ *   warpgroup 2 (producer, registers lowered with setmaxnreg): fills the ST
+ *       ring: waits on a stage's "empty" barrier, issues the cp.async copies
+ *       of the chunk (INT4 tile, scales, zeros as 16-byte copies; x as 4-byte
+ *       copies into the permuted, swizzled rows), then
+ *       cp.async.mbarrier.arrive.noinc on the stage's "full" barrier (128
+ *       arrivals, each fires when that thread's copies have landed). It never
+ *       waits for its own copies, so up to ST chunks are in flight.
+ *
+ * No block-wide barrier in the main loop. The grid is persistent (one block
+ * per SM, tiles blockIdx.x, + gridDim.x, ...; column tile fastest), so the
+ * producer runs ahead into the next tile while the consumers store the
+ * previous one. A K split (2..8) is reduced inside a thread-block cluster as
+ * in k_w4gemm (one tile per block then). PDL: the INT4 tiles, scales and
+ * zeros of the first ring are requested before griddepcontrol.wait, x after.
+ */
+#define WS_THREADS 384
+/* Registers per thread: 168 at launch (65536 / 384, rounded down to 8); the
+ * producer gives back (168 - 40) x 128 and the consumers take exactly that,
+ * (232 - 168) x 256. setmaxnreg.inc waits until the registers are free, so a
+ * consumer count the producer's release does not cover would hang. */
+#define WS_REGS_LAUNCH 168
+#define WS_REGS_PRODUCER 40
+#define WS_REGS_CONSUMER 232
+static_assert((WS_REGS_LAUNCH - WS_REGS_PRODUCER) * 128 >= (WS_REGS_CONSUMER - WS_REGS_LAUNCH) * 256,
+              "the consumers' registers must come from the producer's");
+
+static __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nWS_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WS_WAIT;\n}\n" ::"r"(bar), "r"(parity)
+                 : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+/* arrives on bar when every cp.async this thread issued before has landed */
+static __device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+template <bool INC, int N>
+static __device__ __forceinline__ void ws_setmaxnreg(void) {
+#if WG_ENABLED
+    if (INC) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+    else asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+#endif
+}
+
+template <int MT, int BN, int ST, bool CL>
+static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_args a) {
+    typedef gk_cfg<MT, BN, ST> C;
+    extern __shared__ unsigned char g_smem_raw[];
+    __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST], empty[ST] */
+    const uint32_t sraw = smem_u32(g_smem_raw);
+    unsigned char *smem = g_smem_raw + (((sraw + 1023u) & ~1023u) - sraw);
+    const uint32_t sbase = smem_u32(smem);
+    const uint32_t full0 = smem_u32(bars), empty0 = full0 + 8 * ST;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int split = blockIdx.z;
+    const int kc0 = split * a.cps, nk = min(a.KC, kc0 + a.cps) - kc0;
+    const int cpg = a.G / 64, ncb = a.n16a / 8;
+
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            mbar_init(full0 + 8 * s, 128);
+            mbar_init(empty0 + 8 * s, 8);
+        }
+    }
+    __syncthreads();
+
+    if (warp >= 8) {
+        /* ---------------- producer warpgroup ---------------- */
+        ws_setmaxnreg<false, WS_REGS_PRODUCER>();
+        const int pt = tid - 256, pw = warp - 8;
+        /* x: warp pw copies the rows n with n & 7 in {2 pw, 2 pw + 1}; lane
+         * copies source word `lane` of each row (k = 2 lane, 2 lane + 1) to
+         * its permuted, swizzled word (header of k_w4gemm) */
+        const int dw = ((lane >> 1) & 3) * 8 + (lane & 1) * 4 + (lane >> 3);
+        const uint32_t xo0 = (2 * pw) * 128 + (((dw >> 2) ^ (2 * pw)) << 4) + (dw & 3) * 4;
+        const uint32_t xo1 = (2 * pw + 1) * 128 + (((dw >> 2) ^ (2 * pw + 1)) << 4) + (dw & 3) * 4;
+        int it = 0;
+        bool waited = false;
+        for (int tile = blockIdx.x; tile < a.ntiles; tile += gridDim.x) {
+            const int nb = tile % a.ntn, mb = tile / a.ntn;
+            const int nt0 = nb * C::BT, tok0 = mb * BN;
+            const int xrows = min(BN, a.m - tok0);
+            /* row 2 pw of the tile, word `lane`; rows advance by K halves */
+            const uint16_t *xrow = a.x + (size_t)(tok0 + 2 * pw) * a.K + 2 * lane;
+            /* register-lean (the producer has 40 registers): 32-bit offsets,
+             * rolled x loop */
+            auto load_w = [&](uint32_t st, int kc) {
+#pragma unroll
+                for (int j = 0; j < C::BT / 4; j++) {
+                    const int nt = nt0 + pw + 4 * j, cb = nt >> 3;
+                    const bool ok = cb < ncb;
+                    const uint32_t off = ((uint32_t)(ok ? cb : 0) * (uint32_t)a.KC + (uint32_t)kc) * 256u +
+                                         (uint32_t)(nt & 7) * 32u + (uint32_t)lane;
+                    g_cp16(st + C::X_BYTES + (pt + 128 * j) * 16, a.qw + off, ok ? 16 : 0);
+                }
+                const uint32_t g = (uint32_t)(kc / cpg);
+                if (pt < 2 * C::BT) {
+                    const int nt = nt0 + (pt >> 1);
+                    const bool ok = nt < a.n16a;
+                    const uint32_t off = (g * (uint32_t)a.n16a + (uint32_t)(ok ? nt : 0)) * 32u + (pt & 1) * 16u;
+                    g_cp16(st + C::X_BYTES + C::W_BYTES + pt * 16, (const unsigned char *)a.sc + off, ok ? 16 : 0);
+                }
+                if (pt < C::BT / 2) {
+                    const int nt = nt0 + 2 * pt;
+                    const bool ok = nt < a.n16a;
+                    const uint32_t off = (g * (uint32_t)a.n16a + (uint32_t)(ok ? nt : 0)) * 8u;
+                    g_cp16(st + C::X_BYTES + C::W_BYTES + C::S_BYTES + pt * 16, a.zr + off, ok ? 16 : 0);
+                }
+            };
+            auto load_x = [&](uint32_t st, int kc) {
+                const uint16_t *src = xrow + kc * 64;
+                const size_t k8 = (size_t)8 * a.K;
+                if (xrows >= BN) {
+#pragma unroll 2
+                    for (int i = 0; i < BN / 8; i++, src += k8) {
+                        g_cp4(st + i * 1024 + xo0, src, 4);
+                        g_cp4(st + i * 1024 + xo1, src + a.K, 4);
+                    }
+                } else {
+#pragma unroll 1
+                    for (int i = 0; i < BN / 8; i++, src += k8) {
+                        const int n = 8 * i + 2 * pw;
+                        g_cp4(st + i * 1024 + xo0, n < xrows ? src : a.x, n < xrows ? 4 : 0);
+                        g_cp4(st + i * 1024 + xo1, n + 1 < xrows ? src + a.K : a.x, n + 1 < xrows ? 4 : 0);
+                    }
+                }
+            };
+            int k0 = 0;
+            if (!waited) {
+                /* first tile: constant data of the first ring before the wait */
+                const int n0 = min(ST, nk);
+                for (int s = 0; s < n0; s++) load_w(sbase + s * C::STAGE, kc0 + s);
+                pdl_wait();
+                waited = true;
+                for (int s = 0; s < n0; s++) {
+                    load_x(sbase + s * C::STAGE, kc0 + s);
+                    mbar_arrive_cp_async(full0 + 8 * s);
+                }
+                k0 = n0;
+                it = n0;
+            }
+#pragma unroll 1
+            for (int kk = k0; kk < nk; kk++, it++) {
+                const int slot = it % ST;
+                mbar_wait(empty0 + 8 * slot, ((it / ST) & 1) ^ 1);
+                load_w(sbase + slot * C::STAGE, kc0 + kk);
+                load_x(sbase + slot * C::STAGE, kc0 + kk);
+                mbar_arrive_cp_async(full0 + 8 * slot);
+            }
+        }
+        if (!waited) pdl_wait();
+        if (CL) { /* the cluster barriers count every thread of the cluster */
+            g_cluster_sync();
+            g_cluster_sync();
+        }
+        return;
+    }
+
+    /* ---------------- consumer warpgroups ---------------- */
+    ws_setmaxnreg<true, WS_REGS_CONSUMER>();
+    const int wg = warp >> 2, wq = warp & 3;
+    const int r = lane >> 2, c = lane & 3;
+    float acc[MT][BN / 2];
+    int it = 0;
+    for (int tile = blockIdx.x; tile < a.ntiles; tile += gridDim.x) {
+        const int nb = tile % a.ntn, mb = tile / a.ntn;
+        const int nt0 = nb * C::BT, tok0 = mb * BN;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) acc[mt][i] = 0.f;
+        for (int kk = 0; kk < nk; kk++, it++) {
+            const int slot = it % ST;
+            mbar_wait(full0 + 8 * slot, (it / ST) & 1);
+            g_fence_async(); /* the copies (generic proxy) -> wgmma's reads (async proxy) */
+            const unsigned char *stp = smem + slot * C::STAGE;
+            const uint4 *sw = (const uint4 *)(stp + C::X_BYTES);
+            const uint32_t *ss = (const uint32_t *)(stp + C::X_BYTES + C::W_BYTES);
+            const uint8_t *sz = stp + C::X_BYTES + C::W_BYTES + C::S_BYTES;
+            uint4 wv[MT];
+            g_deq dq[MT];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                const int T = (wg * MT + mt) * 4 + wq;
+                wv[mt] = sw[T * 32 + lane];
+                dq[mt] = g_deq_make(ss[T * 8 + r], sz[T * 8 + r]);
+            }
+            const uint32_t xb = sbase + slot * C::STAGE;
+            uint32_t af[2][MT][4]; /* the pending group still reads the other half */
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) g_deq_word((&wv[mt].x)[t], dq[mt], af[t & 1][mt]);
+                wg_fence();
+                const uint64_t desc = wg_desc(xb + t * 32);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    if (BN == 64) wgmma_n64(acc[mt], af[t & 1][mt], desc);
+                    else wgmma_n128(acc[mt], af[t & 1][mt], desc);
+                }
+                wg_commit();
+                wg_wait<1>();
+                /* the previous chunk's last group has completed: free its stage */
+                if (t == 0 && kk > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
+            }
+        }
+        wg_wait<0>();
+        if (nk > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
+#if !WG_ENABLED
+        __trap(); /* never launched: w4a16_gemm_available() is 0 without sm_90a code */
+#endif
+        if (CL) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            /* as in k_w4gemm: partials parked in the (idle) ring, rank rho
+             * reduces the n8 blocks q % ksplit == rho in rank order; the
+             * producer takes part in both cluster barriers */
+            asm volatile("bar.sync 1, 256;" ::: "memory"); /* every consumer is done with the ring */
+            float *red = (float *)smem;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int i = 0; i < BN / 2; i++) red[(mt * (BN / 2) + i) * GK_THREADS + tid] = acc[mt][i];
+            g_cluster_sync();
+            uint32_t rank;
+            asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+            const uint32_t base = smem_u32(red) + (uint32_t)tid * 4;
+#pragma unroll
+            for (int q = 0; q < MT * BN / 8; q++) {
+                if (q % a.ksplit != (int)rank) continue;
+                float v[4] = {0.f, 0.f, 0.f, 0.f};
+                for (int sp = 0; sp < a.ksplit; sp++) {
+                    uint32_t rb;
+                    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                                 : "=r"(rb)
+                                 : "r"(base + (uint32_t)(4 * q * GK_THREADS * 4)), "r"(sp));
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float t;
+                        asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(t) : "r"(rb + (uint32_t)(e * GK_THREADS * 4)) : "memory");
+                        v[e] += t;
+                    }
+                }
+                const int mt = q / (BN / 8), j = q % (BN / 8);
+                const int nt = nt0 + (wg * MT + mt) * 4 + wq;
+                if (nt < a.n16a) w4_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, v[0], v[1], v[2], v[3]);
+            }
+            g_cluster_sync();
+#endif
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                const int nt = nt0 + (wg * MT + mt) * 4 + wq;
+                if (nt >= a.n16a) continue;
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++)
+                    w4_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, acc[mt][4 * j], acc[mt][4 * j + 1],
+                                acc[mt][4 * j + 2], acc[mt][4 * j + 3]);
+            }
+        }
+    }
+    pdl_launch();
+}
+
+/* ------------------------------------------------------------------------ */
 /* Host: configurations, choice, launch                                      */
 /* ------------------------------------------------------------------------ */
 
@@ -462,6 +749,7 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
 #define GK_ST_2_128 7
 
 #define GK_KSPLIT_MAX 16
+#define GK_CLUSTER_MAX 8
 
 struct gk_choice {
     int mt, bn, ks, mode;
@@ -479,7 +767,8 @@ extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
         g_force_set.store(0);
         return 0;
     }
-    if (!cfg_valid(mt, bn) || ksplit < 1 || ksplit > 64 || mode < 0 || mode > 2) return -EINVAL;
+    if (!cfg_valid(mt, bn) || ksplit < 1 || ksplit > 64 || mode < 0 || mode > 3) return -EINVAL;
+    if (mode == 3 && ksplit > GK_CLUSTER_MAX) return -EINVAL; /* its split is reduced in a cluster only */
     g_force.mt = mt;
     g_force.bn = bn;
     g_force.ks = ksplit;
@@ -530,6 +819,13 @@ static double gk_cost(const struct w4a16_gemm_args *a, int mt, int bn, int ks) {
 
 static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a);
 
+/* The automatic choice runs the warp-specialized kernel (mode 3) unless
+ * AWQD_W4A16_GEMM_WS=0 (then mode 0, the session-3 kernel). */
+static int ws_default(void) {
+    static const int v = getenv("AWQD_W4A16_GEMM_WS") ? atoi(getenv("AWQD_W4A16_GEMM_WS")) : 1;
+    return v != 0;
+}
+
 static gk_choice gk_choose(const struct w4a16_gemm_args *a) {
     gk_choice ch = gk_choose_cfg(a);
     if (a->ksplit > 0) ch.ks = a->ksplit < a->kc ? a->ksplit : a->kc;
@@ -544,11 +840,12 @@ static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a) {
     ch.mt = 1;
     ch.bn = 64;
     ch.ks = 1;
-    ch.mode = 0;
+    ch.mode = ws_default() ? 3 : 0;
+    const int ksmax = ch.mode == 3 ? GK_CLUSTER_MAX : GK_KSPLIT_MAX;
     for (int ci = 0; ci < 4; ci++) {
         const int mt = cands[ci][0], bn = cands[ci][1];
         const int tiles = tiles_of(a, mt, bn);
-        for (int ks = 1; ks <= GK_KSPLIT_MAX && ks <= a->kc / 4 + 1; ks++) {
+        for (int ks = 1; ks <= ksmax && ks <= a->kc / 4 + 1; ks++) {
             if (ks > 1 && tiles > a->cnt_len) break;
             const int kse = cdiv(a->kc, cdiv(a->kc, ks));
             if (kse != ks) continue;
@@ -564,10 +861,10 @@ static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a) {
     return ch;
 }
 
-/* Split-K reduced in a cluster (no workspace): wgmma mode 0, 2..8 splits. */
-#define GK_CLUSTER_MAX 8
+/* Split-K reduced in a cluster (no workspace): wgmma modes 0 and 3, 2..8
+ * splits (mode 3 never splits more). */
 static int use_cluster(const gk_choice &ch, int kse) {
-    return ch.mode == 0 && kse > 1 && kse <= GK_CLUSTER_MAX;
+    return (ch.mode == 0 || ch.mode == 3) && kse > 1 && kse <= GK_CLUSTER_MAX;
 }
 
 static size_t ws_of(const struct w4a16_gemm_args *a, const gk_choice &ch) {
@@ -654,6 +951,54 @@ static int gk_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char
     return 0;
 }
 
+template <int MT, int BN, int ST, bool CL>
+static int ws_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err, size_t errlen) {
+    typedef gk_cfg<MT, BN, ST> C;
+    static std::atomic<unsigned long long> smem_set{0};
+    int rc = cuda_smem_limit_once(&smem_set, (const void *)k_w4gemm_ws<MT, BN, ST, CL>, C::SMEM, err, errlen);
+    if (rc) return rc;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(WS_THREADS);
+    cfg.dynamicSmemBytes = C::SMEM;
+    cfg.stream = s;
+    cudaLaunchAttribute at[2] = {};
+    int na = 0;
+    if (CL) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = 1;
+        at[na].val.clusterDim.y = 1;
+        at[na].val.clusterDim.z = grid.z;
+        na++;
+    }
+    if (pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
+    cfg.attrs = at;
+    cfg.numAttrs = na;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k_w4gemm_ws<MT, BN, ST, CL>, ka);
+    if (e != cudaSuccess && pdl && e != cudaErrorStreamCaptureInvalidated &&
+        e != cudaErrorStreamCaptureUnsupported) {
+        cudaGetLastError();
+        cfg.numAttrs = na - 1;
+        e = cudaLaunchKernelEx(&cfg, k_w4gemm_ws<MT, BN, ST, CL>, ka);
+    }
+    CUDA_CHECK(e, err, errlen);
+    return 0;
+}
+
+template <bool CL>
+static int ws_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
+                       char *err, size_t errlen) {
+    if (ch.mt == 1 && ch.bn == 64) return ws_launch<1, 64, GK_ST_1_64, CL>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 2 && ch.bn == 64) return ws_launch<2, 64, GK_ST_2_64, CL>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 1 && ch.bn == 128) return ws_launch<1, 128, GK_ST_1_128, CL>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 2 && ch.bn == 128) return ws_launch<2, 128, GK_ST_2_128, CL>(ka, grid, pdl, s, err, errlen);
+    return util_err(err, errlen, -EINVAL, "w4a16_gemm: bad tile configuration %d x %d", ch.mt, ch.bn);
+}
+
 template <bool WG, bool CL>
 static int gk_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
                        char *err, size_t errlen) {
@@ -676,7 +1021,9 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
         return util_err(err, errlen, -ENOTSUP, "w4a16_gemm: the wgmma kernel needs an sm_90a build on a 9.0 device");
     /* split: in a cluster (no workspace), else what fits the workspace and
      * the counters */
-    int ks = cdiv(a->kc, cdiv(a->kc, ch.ks > 0 ? ch.ks : 1));
+    int ks = ch.ks > 0 ? ch.ks : 1;
+    if (ch.mode == 3 && ks > GK_CLUSTER_MAX) ks = GK_CLUSTER_MAX;
+    ks = cdiv(a->kc, cdiv(a->kc, ks));
     const int cl = use_cluster(ch, ks);
     if (!cl && ks > 1 && tiles_of(a, ch.mt, ch.bn) > a->cnt_len) ks = 1;
     while (!cl && ks > 1) {
@@ -710,6 +1057,13 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
     ka.ksplit = ks;
     static const int dbg = getenv("AWQD_W4A16_GEMM_DBG") ? atoi(getenv("AWQD_W4A16_GEMM_DBG")) : 0;
     ka.dbg = dbg;
+    ka.ntn = cdiv(a->n16, 8 * ch.mt);
+    ka.ntiles = ka.ntn * cdiv(a->m, ch.bn);
+    if (ch.mode == 3) { /* persistent: one block per SM; a split: one tile per block, in a cluster */
+        if (ks > 1) return ws_dispatch<true>(ch, ka, dim3(ka.ntiles, 1, ks), pdl, s, err, errlen);
+        const int sms = a->sms > 0 ? a->sms : 1;
+        return ws_dispatch<false>(ch, ka, dim3(ka.ntiles < sms ? ka.ntiles : sms, 1, 1), pdl, s, err, errlen);
+    }
     dim3 grid(cdiv(a->n16, 8 * ch.mt), cdiv(a->m, ch.bn), ks);
     if (grid.y > 65535) return util_err(err, errlen, -EINVAL, "w4a16_gemm: m=%d too large", a->m);
     if (ch.mode == 1) return gk_dispatch<false, false>(ch, ka, grid, pdl, s, err, errlen);

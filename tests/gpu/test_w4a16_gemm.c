@@ -198,7 +198,7 @@ static void check_configs(int mode) {
             ASSERT(w4a16_gemm_config(CFGS[ci][0], CFGS[ci][1], ks, mode) == 0);
             char what[64];
             snprintf(what, sizeof what, "cfg %dx%d %s split %d", CFGS[ci][0], CFGS[ci][1],
-                     mode == 1 ? "mma.sync" : mode == 2 ? "wgmma+workspace" : "wgmma+cluster", ks);
+                     mode == 1 ? "mma.sync" : mode == 2 ? "wgmma+workspace" : mode == 3 ? "warp-specialized" : "wgmma+cluster", ks);
             for (int i = 0; i < 4; i++) {
                 gcheck(&h, 0, ms[i], 1, W4A16_KERNEL_WGMMA, 0, 0, what);
                 if (test_failed()) {
@@ -227,6 +227,11 @@ TEST(w4a16_gemm, configs_wgmma) { /* split reduced inside a thread-block cluster
 TEST(w4a16_gemm, configs_wgmma_workspace) { /* split reduced through the workspace */
     NEED_GEMM();
     check_configs(2);
+}
+
+TEST(w4a16_gemm, configs_warp_specialized) { /* mode 3: producer warpgroup, persistent grid */
+    NEED_GEMM();
+    check_configs(3);
 }
 
 /* y of one forced call (config mt x bn, split ks, mode), copied to hy. */
@@ -274,6 +279,52 @@ TEST(w4a16_gemm, cluster_matches_workspace) {
         cudaFree(dx);
         cudaFree(dy);
         cudaFree(ws);
+        free(hx);
+        free(ya);
+        free(yb);
+        glayer_free(&h);
+        ASSERT_OK_SO_FAR();
+    }
+}
+
+/* The warp-specialized kernel (mode 3) computes what the session-3 kernel
+ * (mode 0) computes, bit for bit: the same A values, the same wgmma sequence
+ * per split, the same cluster reduction. Every configuration, splits 1, 2, 3,
+ * 8, plain + bias and gate|up + bias, ragged M and N, and a K of two chunks
+ * (more tiles than SMs: the persistent loop runs several tiles per block with
+ * the ring wrapping inside a tile and across tiles). */
+TEST(w4a16_gemm, warp_specialized_matches_session3) {
+    NEED_GEMM();
+    static const struct { int k, n, gu, m; } sh[] = {
+        {1536, 1000, 0, 200}, {1536, 2 * 520, 1, 333}, {128, 4104, 0, 1000}, {4096, 6144, 0, 1024}};
+    for (int si = 0; si < 4 && !test_failed(); si++) {
+        struct glayer h;
+        const int K = sh[si].k, N = sh[si].n, gu = sh[si].gu, M = sh[si].m, oc = gu ? N / 2 : N;
+        glayer_make(&h, K, N, 128, gu, 1);
+        ASSERT_OK_SO_FAR();
+        size_t ny = (size_t)M * oc, wsb = 0;
+        uint16_t *hx = malloc((size_t)M * K * 2), *ya = malloc(ny * 2), *yb = malloc(ny * 2), *dx = NULL, *dy = NULL;
+        ASSERT(hx && ya && yb);
+        for (size_t i = 0; i < (size_t)M * K; i++) hx[i] = h_from_f(2.f * grnd_unit() - 1.f);
+        GCK(cudaMalloc((void **)&dx, (size_t)M * K * 2));
+        GCK(cudaMalloc((void **)&dy, ny * 2));
+        GCK(cudaMemcpy(dx, hx, (size_t)M * K * 2, cudaMemcpyHostToDevice));
+        static const int kss[] = {1, 2, 3, 8};
+        for (int ci = 0; ci < 4 && !test_failed(); ci++)
+            for (int i = 0; i < 4 && !test_failed(); i++) {
+                if (kss[i] > K / 64) continue;
+                run_cfg(&h, dx, dy, NULL, wsb, M, gu, CFGS[ci][0], CFGS[ci][1], kss[i], 0, ya, ny);
+                if (test_failed()) break;
+                run_cfg(&h, dx, dy, NULL, wsb, M, gu, CFGS[ci][0], CFGS[ci][1], kss[i], 3, yb, ny);
+                if (test_failed()) break;
+                size_t at = 0;
+                while (at < ny && ya[at] == yb[at]) at++;
+                ASSERT_MSG(at == ny, "K=%d N=%d%s M=%d cfg %dx%d split %d: mode 3 != mode 0 at y[%zu][%zu] (%g vs %g)",
+                           K, N, gu ? " gate|up" : "", M, CFGS[ci][0], CFGS[ci][1], kss[i], at / oc, at % oc,
+                           f_from_h(yb[at < ny ? at : 0]), f_from_h(ya[at < ny ? at : 0]));
+            }
+        cudaFree(dx);
+        cudaFree(dy);
         free(hx);
         free(ya);
         free(yb);
@@ -452,11 +503,12 @@ TEST(w4a16_gemm, sweep) {
                         printf("        -");
                         continue;
                     }
+                    /* session-3 kernel (cluster split) / warp-specialized kernel */
                     w4a16_gemm_config(CFGS[ci][0], CFGS[ci][1], kss[ki], 0);
                     float t = sweep_time(dw, dx, M, dy, epi, W4A16_KERNEL_WGMMA, 0, ws, wsb, flush, &rc);
                     printf(" %8.2f", t);
-                    if (kss[ki] > 1) { /* the same split through the workspace */
-                        w4a16_gemm_config(CFGS[ci][0], CFGS[ci][1], kss[ki], 2);
+                    if (kss[ki] <= 8) {
+                        w4a16_gemm_config(CFGS[ci][0], CFGS[ci][1], kss[ki], 3);
                         float t2 = sweep_time(dw, dx, M, dy, epi, W4A16_KERNEL_WGMMA, 0, ws, wsb, flush, &rc);
                         printf("/%-7.2f", t2);
                         if (t2 < t) t = t2;

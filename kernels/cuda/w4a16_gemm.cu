@@ -45,6 +45,7 @@
 #include <string.h>
 
 #include <atomic>
+#include <type_traits>
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -494,21 +495,30 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
 static_assert((WS_REGS_LAUNCH - WS_REGS_PRODUCER) * 128 >= (WS_REGS_CONSUMER - WS_REGS_LAUNCH) * 256,
               "the consumers' registers must come from the producer's");
 
+/* mbarriers (the kernel runs only where WG_ENABLED; empty elsewhere) */
 static __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+#if WG_ENABLED
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
 }
 static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#if WG_ENABLED
     asm volatile("{\n.reg .pred p;\nWS_WAIT:\n"
                  "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
                  "@!p bra WS_WAIT;\n}\n" ::"r"(bar), "r"(parity)
                  : "memory");
+#endif
 }
 static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#if WG_ENABLED
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+#endif
 }
 /* arrives on bar when every cp.async this thread issued before has landed */
 static __device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+#if WG_ENABLED
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+#endif
 }
 template <bool INC, int N>
 static __device__ __forceinline__ void ws_setmaxnreg(void) {
@@ -639,6 +649,48 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
     const int r = lane >> 2, c = lane & 3;
     float acc[MT][BN / 2];
     int it = 0;
+    uint32_t cf[2][4][MT][4]; /* [buffer][k16 step][tile]: the pending group reads the other buffer */
+    /* chunk kk into buffer B (compile-time register indices): dequantize
+     * all 4 steps, one wgmma group, wait until only it is pending, free the
+     * previous chunk's stage (its group has completed). Measured against one
+     * group per k16 step (A of two steps alive): 2-13% faster at M >= 1024
+     * (H200, docs/PERFORMANCE.md session 13). No runtime branch around the wgmma: with one,
+     * ptxas closes the group inside it and commit_group opens an empty one,
+     * and wait_group 1 then waits for this chunk's MMA (seen in the SASS of
+     * an experiment: a dummy HGMMA.64x8x16 + DEPBAR after every group). */
+    auto chunk = [&](auto bufc, int kk) {
+        constexpr int B = decltype(bufc)::value;
+        const int slot = it % ST;
+        mbar_wait(full0 + 8 * slot, (it / ST) & 1);
+        g_fence_async(); /* the copies (generic proxy) -> wgmma's reads (async proxy) */
+        const unsigned char *stp = smem + slot * C::STAGE;
+        const uint4 *sw = (const uint4 *)(stp + C::X_BYTES);
+        const uint32_t *ss = (const uint32_t *)(stp + C::X_BYTES + C::W_BYTES);
+        const uint8_t *sz = stp + C::X_BYTES + C::W_BYTES + C::S_BYTES;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const int T = (wg * MT + mt) * 4 + wq;
+            const uint4 wv = sw[T * 32 + lane];
+            const g_deq dq = g_deq_make(ss[T * 8 + r], sz[T * 8 + r]);
+#pragma unroll
+            for (int t = 0; t < 4; t++) g_deq_word((&wv.x)[t], dq, cf[B][t][mt]);
+        }
+        const uint32_t xb = sbase + slot * C::STAGE;
+        wg_fence();
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const uint64_t desc = wg_desc(xb + t * 32);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                if (BN == 64) wgmma_n64(acc[mt], cf[B][t][mt], desc);
+                else wgmma_n128(acc[mt], cf[B][t][mt], desc);
+            }
+        }
+        wg_commit();
+        wg_wait<1>();
+        if (kk > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
+        it++;
+    };
     for (int tile = blockIdx.x; tile < a.ntiles; tile += gridDim.x) {
         const int nb = tile % a.ntn, mb = tile / a.ntn;
         const int nt0 = nb * C::BT, tok0 = mb * BN;
@@ -646,41 +698,12 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int i = 0; i < BN / 2; i++) acc[mt][i] = 0.f;
-        for (int kk = 0; kk < nk; kk++, it++) {
-            const int slot = it % ST;
-            mbar_wait(full0 + 8 * slot, (it / ST) & 1);
-            g_fence_async(); /* the copies (generic proxy) -> wgmma's reads (async proxy) */
-            const unsigned char *stp = smem + slot * C::STAGE;
-            const uint4 *sw = (const uint4 *)(stp + C::X_BYTES);
-            const uint32_t *ss = (const uint32_t *)(stp + C::X_BYTES + C::W_BYTES);
-            const uint8_t *sz = stp + C::X_BYTES + C::W_BYTES + C::S_BYTES;
-            uint4 wv[MT];
-            g_deq dq[MT];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                const int T = (wg * MT + mt) * 4 + wq;
-                wv[mt] = sw[T * 32 + lane];
-                dq[mt] = g_deq_make(ss[T * 8 + r], sz[T * 8 + r]);
-            }
-            const uint32_t xb = sbase + slot * C::STAGE;
-            uint32_t af[2][MT][4]; /* the pending group still reads the other half */
-#pragma unroll
-            for (int t = 0; t < 4; t++) {
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) g_deq_word((&wv[mt].x)[t], dq[mt], af[t & 1][mt]);
-                wg_fence();
-                const uint64_t desc = wg_desc(xb + t * 32);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    if (BN == 64) wgmma_n64(acc[mt], af[t & 1][mt], desc);
-                    else wgmma_n128(acc[mt], af[t & 1][mt], desc);
-                }
-                wg_commit();
-                wg_wait<1>();
-                /* the previous chunk's last group has completed: free its stage */
-                if (t == 0 && kk > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
-            }
+        int kk = 0; /* the buffers alternate: two chunks per turn */
+        for (; kk + 1 < nk; kk += 2) {
+            chunk(std::integral_constant<int, 0>(), kk);
+            chunk(std::integral_constant<int, 1>(), kk + 1);
         }
+        if (kk < nk) chunk(std::integral_constant<int, 0>(), kk);
         wg_wait<0>();
         if (nk > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
 #if !WG_ENABLED

@@ -220,6 +220,68 @@ static __device__ __forceinline__ void g_cluster_sync(void) {
 #endif
 }
 
+/* The end of a tile, shared by both kernels. acc: this thread's fp32
+ * fragments (warp q of warpgroup wg holds n16 tile nt0 + (wg MT + mt) 4 + q,
+ * tokens tok0 + 8 j + 2 c, + 1); tid in 0..255 (the MMA threads). */
+template <int MT, int BN, class A>
+static __device__ __forceinline__ void gk_store(const A &a, float (&acc)[MT][BN / 2], int nt0, int tok0,
+                                                int wg, int wq, int r, int c) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const int nt = nt0 + (wg * MT + mt) * 4 + wq;
+        if (nt >= a.n16a) continue;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+            w4_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, acc[mt][4 * j], acc[mt][4 * j + 1], acc[mt][4 * j + 2],
+                        acc[mt][4 * j + 3]);
+    }
+}
+
+/* Split-K inside a thread-block cluster (sm_90; cluster = the ksplit blocks
+ * of one tile, rank = split): each block parks its partials in its own (now
+ * idle) shared memory `red`, and rank rho reduces n8 blocks q with
+ * q % ksplit == rho, reading every rank's partials through distributed shared
+ * memory in rank order 0..S-1 (the same additions in the same order as the
+ * workspace path: bitwise the same result), then runs their epilogue. No
+ * workspace, no atomics. The caller makes sure every MMA thread is done with
+ * `red` first; both cluster barriers count every thread of the cluster (a
+ * thread that does not reduce calls g_cluster_sync() twice). */
+template <int MT, int BN, class A>
+static __device__ __forceinline__ void gk_cluster_store(const A &a, float (&acc)[MT][BN / 2], float *red, int nt0,
+                                                        int tok0, int wg, int wq, int r, int c, int tid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) red[(mt * (BN / 2) + i) * GK_THREADS + tid] = acc[mt][i];
+    g_cluster_sync();
+    uint32_t rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    const uint32_t base = smem_u32(red) + (uint32_t)tid * 4;
+#pragma unroll
+    for (int q = 0; q < MT * BN / 8; q++) {
+        if (q % a.ksplit != (int)rank) continue;
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int sp = 0; sp < a.ksplit; sp++) {
+            uint32_t rb;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                         : "=r"(rb)
+                         : "r"(base + (uint32_t)(4 * q * GK_THREADS * 4)), "r"(sp));
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float t;
+                asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(t) : "r"(rb + (uint32_t)(e * GK_THREADS * 4)) : "memory");
+                v[e] += t;
+            }
+        }
+        const int mt = q / (BN / 8), j = q % (BN / 8);
+        const int nt = nt0 + (wg * MT + mt) * 4 + wq;
+        if (nt < a.n16a) w4_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, v[0], v[1], v[2], v[3]);
+    }
+    g_cluster_sync(); /* the other ranks' shared memory stays alive until read */
+#endif
+}
+
 template <int MT, int BN, int ST, bool WG, bool CL>
 static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a) {
     typedef gk_cfg<MT, BN, ST> C;
@@ -368,47 +430,9 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
     cp_async_wait<0>();
     pdl_launch();
 
-    if (CL) {
-        /* split-K inside a thread-block cluster (sm_90; cluster = the ksplit
-         * blocks of one tile, rank = split): each block parks its partials in
-         * its own (now idle) ring, and rank rho reduces n8 blocks q with
-         * q % ksplit == rho, reading every rank's partials through distributed
-         * shared memory in rank order 0..S-1 (the same additions in the same
-         * order as the workspace path: bitwise the same result), then runs
-         * their epilogue. No workspace, no atomics. */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (CL) { /* split-K reduced inside the cluster (gk_cluster_store) */
         __syncthreads(); /* every warp is done with the ring */
-        float *red = (float *)smem;
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int i = 0; i < BN / 2; i++) red[(mt * (BN / 2) + i) * GK_THREADS + tid] = acc[mt][i];
-        g_cluster_sync();
-        uint32_t rank;
-        asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-        const uint32_t base = smem_u32(red) + (uint32_t)tid * 4;
-#pragma unroll
-        for (int q = 0; q < MT * BN / 8; q++) {
-            if (q % a.ksplit != (int)rank) continue;
-            float v[4] = {0.f, 0.f, 0.f, 0.f};
-            for (int sp = 0; sp < a.ksplit; sp++) {
-                uint32_t rb;
-                asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                             : "=r"(rb)
-                             : "r"(base + (uint32_t)(4 * q * GK_THREADS * 4)), "r"(sp));
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float t;
-                    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(t) : "r"(rb + (uint32_t)(e * GK_THREADS * 4)) : "memory");
-                    v[e] += t;
-                }
-            }
-            const int mt = q / (BN / 8), j = q % (BN / 8);
-            const int nt = nt0 + (wg * MT + mt) * 4 + wq;
-            if (nt < a.n16a) w4_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, v[0], v[1], v[2], v[3]);
-        }
-        g_cluster_sync(); /* the other ranks' shared memory stays alive until read */
-#endif
+        gk_cluster_store<MT, BN>(a, acc, (float *)smem, nt0, tok0, wg, wq, r, c, tid);
         return;
     }
     if (a.ksplit > 1) {
@@ -442,15 +466,7 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
                 for (int i = 0; i < BN / 2; i++) acc[mt][i] += __ldcg(p + (mt * (BN / 2) + i) * GK_THREADS + tid);
         }
     }
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        const int nt = nt0 + (wg * MT + mt) * 4 + wq;
-        if (nt >= a.n16a) continue;
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++)
-            w4_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, acc[mt][4 * j], acc[mt][4 * j + 1],
-                       acc[mt][4 * j + 2], acc[mt][4 * j + 3]);
-    }
+    gk_store<MT, BN>(a, acc, nt0, tok0, wg, wq, r, c);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -710,52 +726,11 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
         __trap(); /* never launched: w4a16_gemm_available() is 0 without sm_90a code */
 #endif
         if (CL) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            /* as in k_w4gemm: partials parked in the (idle) ring, rank rho
-             * reduces the n8 blocks q % ksplit == rho in rank order; the
-             * producer takes part in both cluster barriers */
+            /* the producer takes part in both cluster barriers */
             asm volatile("bar.sync 1, 256;" ::: "memory"); /* every consumer is done with the ring */
-            float *red = (float *)smem;
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int i = 0; i < BN / 2; i++) red[(mt * (BN / 2) + i) * GK_THREADS + tid] = acc[mt][i];
-            g_cluster_sync();
-            uint32_t rank;
-            asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-            const uint32_t base = smem_u32(red) + (uint32_t)tid * 4;
-#pragma unroll
-            for (int q = 0; q < MT * BN / 8; q++) {
-                if (q % a.ksplit != (int)rank) continue;
-                float v[4] = {0.f, 0.f, 0.f, 0.f};
-                for (int sp = 0; sp < a.ksplit; sp++) {
-                    uint32_t rb;
-                    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                                 : "=r"(rb)
-                                 : "r"(base + (uint32_t)(4 * q * GK_THREADS * 4)), "r"(sp));
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float t;
-                        asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(t) : "r"(rb + (uint32_t)(e * GK_THREADS * 4)) : "memory");
-                        v[e] += t;
-                    }
-                }
-                const int mt = q / (BN / 8), j = q % (BN / 8);
-                const int nt = nt0 + (wg * MT + mt) * 4 + wq;
-                if (nt < a.n16a) w4_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, v[0], v[1], v[2], v[3]);
-            }
-            g_cluster_sync();
-#endif
+            gk_cluster_store<MT, BN>(a, acc, (float *)smem, nt0, tok0, wg, wq, r, c, tid);
         } else {
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                const int nt = nt0 + (wg * MT + mt) * 4 + wq;
-                if (nt >= a.n16a) continue;
-#pragma unroll
-                for (int j = 0; j < BN / 8; j++)
-                    w4_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, acc[mt][4 * j], acc[mt][4 * j + 1],
-                                acc[mt][4 * j + 2], acc[mt][4 * j + 3]);
-            }
+            gk_store<MT, BN>(a, acc, nt0, tok0, wg, wq, r, c);
         }
     }
     pdl_launch();
@@ -936,20 +911,23 @@ extern "C" int w4a16_gemm_available(void) {
     return v;
 }
 
-template <int MT, int BN, int ST, bool WG, bool CL>
-static int gk_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err, size_t errlen) {
-    typedef gk_cfg<MT, BN, ST> C;
-    static std::atomic<unsigned long long> smem_set{0};
-    int rc = cuda_smem_limit_once(&smem_set, (const void *)k_w4gemm<MT, BN, ST, WG, CL>, C::SMEM, err, errlen);
+/* Launches kernel k (smem bytes of dynamic shared memory, its limit raised
+ * once per device through *smem_set) with a cluster of grid.z blocks along z
+ * when cl, and programmatic dependent launch when pdl (retried without it
+ * where the attribute is refused). */
+template <class K>
+static int gk_launch_ex(K k, std::atomic<unsigned long long> *smem_set, const gk_args &ka, dim3 grid, int threads,
+                        int smem, bool cl, int pdl, cudaStream_t s, char *err, size_t errlen) {
+    int rc = cuda_smem_limit_once(smem_set, (const void *)k, smem, err, errlen);
     if (rc) return rc;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
-    cfg.blockDim = dim3(GK_THREADS);
-    cfg.dynamicSmemBytes = C::SMEM;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cudaLaunchAttribute at[2] = {};
     int na = 0;
-    if (CL) { /* required: the kernel reduces inside the cluster */
+    if (cl) { /* required: the kernel reduces inside the cluster */
         at[na].id = cudaLaunchAttributeClusterDimension;
         at[na].val.clusterDim.x = 1;
         at[na].val.clusterDim.y = 1;
@@ -963,53 +941,29 @@ static int gk_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char
     }
     cfg.attrs = at;
     cfg.numAttrs = na;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, k_w4gemm<MT, BN, ST, WG, CL>, ka);
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k, ka);
     if (e != cudaSuccess && pdl && e != cudaErrorStreamCaptureInvalidated &&
         e != cudaErrorStreamCaptureUnsupported) {
         cudaGetLastError(); /* PDL attribute refused: launch without it */
         cfg.numAttrs = na - 1;
-        e = cudaLaunchKernelEx(&cfg, k_w4gemm<MT, BN, ST, WG, CL>, ka);
+        e = cudaLaunchKernelEx(&cfg, k, ka);
     }
     CUDA_CHECK(e, err, errlen);
     return 0;
 }
 
+template <int MT, int BN, int ST, bool WG, bool CL>
+static int gk_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err, size_t errlen) {
+    static std::atomic<unsigned long long> smem_set{0};
+    return gk_launch_ex(k_w4gemm<MT, BN, ST, WG, CL>, &smem_set, ka, grid, GK_THREADS, gk_cfg<MT, BN, ST>::SMEM, CL,
+                        pdl, s, err, errlen);
+}
+
 template <int MT, int BN, int ST, bool CL>
 static int ws_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err, size_t errlen) {
-    typedef gk_cfg<MT, BN, ST> C;
     static std::atomic<unsigned long long> smem_set{0};
-    int rc = cuda_smem_limit_once(&smem_set, (const void *)k_w4gemm_ws<MT, BN, ST, CL>, C::SMEM, err, errlen);
-    if (rc) return rc;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(WS_THREADS);
-    cfg.dynamicSmemBytes = C::SMEM;
-    cfg.stream = s;
-    cudaLaunchAttribute at[2] = {};
-    int na = 0;
-    if (CL) {
-        at[na].id = cudaLaunchAttributeClusterDimension;
-        at[na].val.clusterDim.x = 1;
-        at[na].val.clusterDim.y = 1;
-        at[na].val.clusterDim.z = grid.z;
-        na++;
-    }
-    if (pdl) {
-        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[na].val.programmaticStreamSerializationAllowed = 1;
-        na++;
-    }
-    cfg.attrs = at;
-    cfg.numAttrs = na;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, k_w4gemm_ws<MT, BN, ST, CL>, ka);
-    if (e != cudaSuccess && pdl && e != cudaErrorStreamCaptureInvalidated &&
-        e != cudaErrorStreamCaptureUnsupported) {
-        cudaGetLastError();
-        cfg.numAttrs = na - 1;
-        e = cudaLaunchKernelEx(&cfg, k_w4gemm_ws<MT, BN, ST, CL>, ka);
-    }
-    CUDA_CHECK(e, err, errlen);
-    return 0;
+    return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL>, &smem_set, ka, grid, WS_THREADS, gk_cfg<MT, BN, ST>::SMEM, CL,
+                        pdl, s, err, errlen);
 }
 
 template <bool CL>

@@ -59,8 +59,11 @@ int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t ws_bytes, i
  * per block), ksplit >= 1, mode 0 = wgmma (a
  * split of 2..8 reduced inside a thread-block cluster, no workspace), 1 =
  * mma.sync (same tiles and data path; split through the workspace), 2 =
- * wgmma with the split through the workspace. mt = 0 restores the automatic
- * choice.
+ * wgmma with the split through the workspace, 3 = the warp-specialized
+ * kernel (producer warpgroup + two wgmma consumer warpgroups, persistent
+ * grid; ksplit <= 8, reduced in a cluster; bitwise mode 0's result). The
+ * automatic choice uses mode 3 (mode 0 with AWQD_W4A16_GEMM_WS=0). mt = 0
+ * restores the automatic choice.
  * The environment variable AWQD_W4A16_GEMM_CFG="mt,bn,ksplit,mode" sets the
  * same at the first call. Returns 0, or -EINVAL for an unsupported tuple. */
 int w4a16_gemm_config(int mt, int bn, int ksplit, int mode);

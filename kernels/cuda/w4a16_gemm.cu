@@ -197,7 +197,8 @@ struct gk_args {
     int K, KC, G, n16a, m, n, ldy, gate_up, cps, ksplit;
     int ntn, ntiles; /* k_w4gemm_ws: column tiles, column tiles x token tiles */
     int dbg; /* timing experiments only (AWQD_W4A16_GEMM_DBG): 1 no MMA, 2 no x copy, 8 no proxy
-                fence (results may be wrong with any of them) */
+                fence; mode 3: 2 no x copy, 32 no weight copy, 64 consumers only pass the
+                stages on (results are wrong with any of them) */
 };
 
 #define GK_THREADS 256
@@ -632,11 +633,12 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
             if (!waited) {
                 /* first tile: constant data of the first ring before the wait */
                 const int n0 = min(ST, nk);
-                for (int s = 0; s < n0; s++) load_w(sbase + s * C::STAGE, kc0 + s);
+                for (int s = 0; s < n0; s++)
+                    if (!(a.dbg & 32)) load_w(sbase + s * C::STAGE, kc0 + s);
                 pdl_wait();
                 waited = true;
                 for (int s = 0; s < n0; s++) {
-                    load_x(sbase + s * C::STAGE, kc0 + s);
+                    if (!(a.dbg & 2)) load_x(sbase + s * C::STAGE, kc0 + s);
                     mbar_arrive_cp_async(full0 + 8 * s);
                 }
                 k0 = n0;
@@ -646,8 +648,8 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
             for (int kk = k0; kk < nk; kk++, it++) {
                 const int slot = it % ST;
                 mbar_wait(empty0 + 8 * slot, ((it / ST) & 1) ^ 1);
-                load_w(sbase + slot * C::STAGE, kc0 + kk);
-                load_x(sbase + slot * C::STAGE, kc0 + kk);
+                if (!(a.dbg & 32)) load_w(sbase + slot * C::STAGE, kc0 + kk);
+                if (!(a.dbg & 2)) load_x(sbase + slot * C::STAGE, kc0 + kk);
                 mbar_arrive_cp_async(full0 + 8 * slot);
             }
         }
@@ -707,6 +709,14 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
         if (kk > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
         it++;
     };
+    if (a.dbg & 64) { /* timing experiment: the consumers only pass the stages on */
+        const int total = ((a.ntiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x) * nk;
+        for (; it < total; it++) {
+            mbar_wait(full0 + 8 * (it % ST), (it / ST) & 1);
+            if (lane == 0) mbar_arrive(empty0 + 8 * (it % ST));
+        }
+        return;
+    }
     for (int tile = blockIdx.x; tile < a.ntiles; tile += gridDim.x) {
         const int nb = tile % a.ntn, mb = tile / a.ntn;
         const int nt0 = nb * C::BT, tok0 = mb * BN;

@@ -181,6 +181,19 @@ static __device__ __forceinline__ void wgmma_n128(float *d, const uint32_t *a, u
 }
 
 
+static __device__ __forceinline__ void wgmma_n256(float *d, const uint32_t *a, uint64_t desc) {
+#if WG_ENABLED
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
+                 "{%128,%129,%130,%131}, %132, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+    (void)d, (void)a, (void)desc;
+#endif
+}
+
 /* ------------------------------------------------------------------------ */
 /* The kernel                                                                */
 /* ------------------------------------------------------------------------ */
@@ -701,7 +714,8 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 if (BN == 64) wgmma_n64(acc[mt], cf[B][t][mt], desc);
-                else wgmma_n128(acc[mt], cf[B][t][mt], desc);
+                else if (BN == 128) wgmma_n128(acc[mt], cf[B][t][mt], desc);
+                else wgmma_n256(acc[mt], cf[B][t][mt], desc);
             }
         }
         wg_commit();
@@ -755,6 +769,7 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
 #define GK_ST_2_64 8
 #define GK_ST_1_128 8
 #define GK_ST_2_128 7
+#define GK_ST_1_256 6 /* mode 3 only */
 
 #define GK_KSPLIT_MAX 16
 #define GK_CLUSTER_MAX 8
@@ -766,8 +781,9 @@ struct gk_choice {
 static std::atomic<int> g_force_set{-1}; /* -1: env not read yet, 0: auto, 1: forced */
 static gk_choice g_force = {0, 0, 0, 0};
 
-static int cfg_valid(int mt, int bn) {
-    return (mt == 1 || mt == 2) && (bn == 64 || bn == 128);
+/* tiles of every mode; 1 x 256 (m64n256 wgmma) in mode 3 only */
+static int cfg_valid(int mt, int bn, int mode) {
+    return ((mt == 1 || mt == 2) && (bn == 64 || bn == 128)) || (mt == 1 && bn == 256 && mode == 3);
 }
 
 extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
@@ -775,7 +791,7 @@ extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
         g_force_set.store(0);
         return 0;
     }
-    if (!cfg_valid(mt, bn) || ksplit < 1 || ksplit > 64 || mode < 0 || mode > 3) return -EINVAL;
+    if (!cfg_valid(mt, bn, mode) || ksplit < 1 || ksplit > 64 || mode < 0 || mode > 3) return -EINVAL;
     if (mode == 3 && ksplit > GK_CLUSTER_MAX) return -EINVAL; /* its split is reduced in a cluster only */
     g_force.mt = mt;
     g_force.bn = bn;
@@ -855,6 +871,10 @@ static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a) {
         const int tiles = tiles_of(a, mt, bn);
         for (int ks = 1; ks <= ksmax && ks <= a->kc / 4 + 1; ks++) {
             if (ks > 1 && tiles > a->cnt_len) break;
+            /* mode 3's persistent grid absorbs a ragged last wave: split only
+             * when the tiles fill less than half the SMs (H200, session 13:
+             * q|k|v M = 1024, 192 tiles of 2x128: split 1 156 us, 2 174 us) */
+            if (ks > 1 && ch.mode == 3 && 2 * tiles >= (a->sms > 0 ? a->sms : 1)) break;
             const int kse = cdiv(a->kc, cdiv(a->kc, ks));
             if (kse != ks) continue;
             const double t = gk_cost(a, mt, bn, ks);
@@ -983,6 +1003,7 @@ static int ws_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pd
     if (ch.mt == 2 && ch.bn == 64) return ws_launch<2, 64, GK_ST_2_64, CL>(ka, grid, pdl, s, err, errlen);
     if (ch.mt == 1 && ch.bn == 128) return ws_launch<1, 128, GK_ST_1_128, CL>(ka, grid, pdl, s, err, errlen);
     if (ch.mt == 2 && ch.bn == 128) return ws_launch<2, 128, GK_ST_2_128, CL>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 1 && ch.bn == 256) return ws_launch<1, 256, GK_ST_1_256, CL>(ka, grid, pdl, s, err, errlen);
     return util_err(err, errlen, -EINVAL, "w4a16_gemm: bad tile configuration %d x %d", ch.mt, ch.bn);
 }
 

@@ -184,7 +184,7 @@ static int gemm_here(void) {
         }                                                                                \
     } while (0)
 
-static const int CFGS[4][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}};
+static const int CFGS[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}}; /* 1 x 256: mode 3 only */
 
 /* Every tile configuration in one mode, split 1 and 3, on a shape whose N is
  * not a multiple of any tile (1000 = 62.5 n16 tiles), with bias. */
@@ -193,7 +193,7 @@ static void check_configs(int mode) {
     glayer_make(&h, 1024, 1000, 128, 0, 1);
     ASSERT_OK_SO_FAR();
     static const int ms[] = {1, 64, 100, 257};
-    for (int ci = 0; ci < 4; ci++)
+    for (int ci = 0; ci < (mode == 3 ? 5 : 4); ci++)
         for (int ks = 1; ks <= 3; ks += 2) {
             ASSERT(w4a16_gemm_config(CFGS[ci][0], CFGS[ci][1], ks, mode) == 0);
             char what[64];

@@ -494,11 +494,11 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
  *       128 MT weight rows (warp q the n16 tiles (g MT + mt) 4 + q), exactly as
  *       in k_w4gemm. Per chunk: wait for the stage's "full" barrier, proxy
  *       fence, read the INT4 words and the scales/zeros from the stage,
- *       then 4 k16 steps of (dequantize into A registers, wgmma, commit, wait
- *       until at most one group is pending). After step 0 of chunk i the group
- *       of chunk i - 1's last step has completed: each warp then arrives on
- *       that stage's "empty" barrier (8 arrivals free it). A registers are
- *       double-buffered across steps (the pending group still reads them).
+ *       dequantize all 4 k16 steps into one half of a double-buffered set of
+ *       A registers, issue the 4 x MT wgmma as one group, wait until at most
+ *       one group is pending: chunk i - 1's group has then completed, and
+ *       each warp arrives on that stage's "empty" barrier (8 arrivals free
+ *       it). Chunk i + 1 is dequantized while chunk i's MMA runs.
  *   warpgroup 2 (producer, registers lowered with setmaxnreg): fills the ST
  *       ring: waits on a stage's "empty" barrier, issues the cp.async copies
  *       of the chunk (INT4 tile, scales, zeros as 16-byte copies; x as 4-byte

@@ -56,7 +56,7 @@ int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t ws_bytes, i
 
 /* Forces a configuration for later calls (tests, benchmarks; process-wide):
  * mt in {1, 2} (block = 128 * mt weight rows), bn in {64, 128} (tokens
- * per block), ksplit >= 1, mode 0 = wgmma (a
+ * per block; mt 1 x bn 256 in mode 3 only), ksplit >= 1, mode 0 = wgmma (a
  * split of 2..8 reduced inside a thread-block cluster, no workspace), 1 =
  * mma.sync (same tiles and data path; split through the workspace), 2 =
  * wgmma with the split through the workspace, 3 = the warp-specialized

@@ -194,6 +194,15 @@ static __device__ __forceinline__ void wgmma_n256(float *d, const uint32_t *a, u
 #endif
 }
 
+/* d += A B for one m64 tile and the block's BN tokens */
+template <int BN>
+static __device__ __forceinline__ void wgmma_tile(float *d, const uint32_t *a, uint64_t desc) {
+    static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma_tile: BN");
+    if (BN == 64) wgmma_n64(d, a, desc);
+    else if (BN == 128) wgmma_n128(d, a, desc);
+    else wgmma_n256(d, a, desc);
+}
+
 /* ------------------------------------------------------------------------ */
 /* The kernel                                                                */
 /* ------------------------------------------------------------------------ */
@@ -413,8 +422,7 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
                 const uint64_t desc = wg_desc(xb + t * 32);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    if (BN == 64) wgmma_n64(acc[mt], af[mt], desc);
-                    else wgmma_n128(acc[mt], af[mt], desc);
+                    wgmma_tile<BN>(acc[mt], af[mt], desc);
                 }
                 wg_commit();
                 wg_wait<1>();
@@ -713,9 +721,7 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
             const uint64_t desc = wg_desc(xb + t * 32);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                if (BN == 64) wgmma_n64(acc[mt], cf[B][t][mt], desc);
-                else if (BN == 128) wgmma_n128(acc[mt], cf[B][t][mt], desc);
-                else wgmma_n256(acc[mt], cf[B][t][mt], desc);
+                wgmma_tile<BN>(acc[mt], cf[B][t][mt], desc);
             }
         }
         wg_commit();
@@ -846,8 +852,8 @@ static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a);
 /* The automatic choice runs the warp-specialized kernel (mode 3) unless
  * AWQD_W4A16_GEMM_WS=0 (then mode 0, the session-3 kernel). */
 static int ws_default(void) {
-    static const int v = getenv("AWQD_W4A16_GEMM_WS") ? atoi(getenv("AWQD_W4A16_GEMM_WS")) : 1;
-    return v != 0;
+    static const int on = !util_env_is_zero("AWQD_W4A16_GEMM_WS");
+    return on;
 }
 
 static gk_choice gk_choose(const struct w4a16_gemm_args *a) {

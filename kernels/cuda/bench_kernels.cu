@@ -25,6 +25,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/w4a16.h"
+#include "kernels/cuda/w4a16_gemm.h"
 
 extern "C" {
 #include "engine/bench.h"
@@ -154,7 +155,7 @@ static const char *kname(enum w4a16_kernel k) {
 static float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
 extern "C" int bench_kernels(int argc, char **argv) {
-    int reps = 30, variants = 0, sweep = 0, b2b_only = 0;
+    int reps = 30, variants = 0, sweep = 0, sweep_gemm = 0, b2b_only = 0;
     const char *csv_path = NULL, *ms_arg = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096";
     const char *only = NULL, *set = "8b", *b2b_arg = "1,2,4,8,16";
     for (int i = 1; i < argc; i++) {
@@ -167,6 +168,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--variants")) variants = 1;
         else if (!strcmp(argv[i], "--sweep")) sweep = 1;
+        else if (!strcmp(argv[i], "--sweep-gemm")) sweep_gemm = 1;
         else {
             fprintf(stderr,
                     "usage: awqd bench kernels [--reps N] [--m 1,2,4,...] [--shape NAME] [--set 8b|32b|all]\n"
@@ -174,7 +176,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     "  --set       Qwen3-8B shapes (default), Qwen3-32B at tp = 1, 2, 4, or both\n"
                     "  --b2b-only  only the back-to-back table (no single cold calls, no cuBLAS)\n"
                     "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, decode) at each M\n"
-                    "  --sweep     time the split counts of skinny (M = 1, 2, 4, 16), tc64 (64, 128)\n");
+                    "  --sweep     time the split counts of skinny (M = 1, 2, 4, 16), tc64 (64, 128)\n"
+                    "  --sweep-gemm  time every tile and split of the warp-specialized wgmma GEMM at each --m\n");
             return strcmp(argv[i], "--help") && strcmp(argv[i], "-h") ? 2 : 0;
         }
     }
@@ -261,10 +264,10 @@ extern "C" int bench_kernels(int argc, char **argv) {
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv)
         fprintf(csv, "shape,K,N,M,kernel,ksplit,us,weight_GBs,pct_copy,TFLOPs,cublas_us,"
-                     "speedup_vs_cublas,skinny_us,tc64_us,tc128_us,deqcublas_us,decode_us,nocluster_us,old_dispatch_us\n");
+                     "speedup_vs_cublas,skinny_us,tc64_us,tc128_us,deqcublas_us,decode_us,nocluster_us,old_dispatch_us,wgmma_us\n");
     printf("\n%-8s %5s %-10s %3s %9s %8s %6s %7s %10s %8s", "shape", "M", "kernel", "ks", "us",
            "GB/s", "%copy", "TFLOP/s", "cublas_us", "speedup");
-    if (variants) printf(" %9s %9s %9s %9s %9s %9s", "skinny", "tc64", "tc128", "deq+cubl", "decode", "nocluster");
+    if (variants) printf(" %9s %9s %9s %9s %9s %9s %9s", "skinny", "tc64", "tc128", "deq+cubl", "decode", "nocluster", "wgmma");
     printf("\n");
 
     for (const shape &sh : shapes) {
@@ -435,6 +438,32 @@ extern "C" int bench_kernels(int argc, char **argv) {
                            kname(fk), sms_[si], sus, wbytes / (sus * 1e-6) / 1e9, rc2 ? " (error)" : "");
                 }
         }
+        if (sweep_gemm && w4a16_gemm_available()) {
+            /* the warp-specialized wgmma GEMM (mode 3), every tile and split */
+            static const int tl[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}};
+            static const int sk[6] = {1, 2, 3, 4, 6, 8};
+            for (int mi = 0; mi < nms; mi++) {
+                const int M = ms[mi];
+                double best = 1e30;
+                int bt = 0, bk = 0;
+                for (int ti = 0; ti < 5; ti++)
+                    for (int ki = 0; ki < 6; ki++) {
+                        if (w4a16_gemm_config(tl[ti][0], tl[ti][1], sk[ki], 3)) continue;
+                        int rc2 = 0;
+                        double sus = time_median_us(t, reps, [&] {
+                            rc2 |= w4a16_linear_ex(w, dx, M, dy, epi, W4A16_KERNEL_WGMMA, sk[ki], ws, wsb_var, 0,
+                                                   err, sizeof err);
+                        });
+                        printf("  sweep-gemm %-8s M=%-4d %dx%-3d ksplit=%d %8.2f us%s\n", sh.name, M, tl[ti][0],
+                               tl[ti][1], sk[ki], sus, rc2 ? " (error)" : "");
+                        if (!rc2 && sus < best) best = sus, bt = ti, bk = ki;
+                    }
+                w4a16_gemm_config(0, 0, 0, 0);
+                printf("  sweep-gemm %-8s M=%-4d best %dx%d ksplit=%d %.2f us\n", sh.name, M, tl[bt][0], tl[bt][1],
+                       sk[bk], best);
+            }
+            fflush(stdout);
+        }
         for (int mi = 0; mi < (b2b_only ? 0 : nms); mi++) {
             int M = ms[mi];
             enum w4a16_kernel kc;
@@ -458,7 +487,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
                              CUBLAS_GEMM_DEFAULT);
             });
             CUDA_CHECK_ABORT(cudaGetLastError());
-            double var[7] = {0, 0, 0, 0, 0, 0, 0};
+            double var[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if (kc == W4A16_KERNEL_DECODE) { /* the session-2 dispatch (skinny) for the same M */
                 const int dc0 = w4a16_decode_kernel(-1);
                 w4a16_decode_kernel(0);
@@ -488,6 +517,11 @@ extern "C" int bench_kernels(int argc, char **argv) {
                         rc |= w4a16_linear_ex(w, dx, M, dy, epi, fk, 0, ws, wsb_var, 0, err, sizeof err);
                     });
                 }
+                if (M >= 16 && w4a16_gemm_available()) /* the wgmma GEMM, its own tile and split choice */
+                    var[7] = time_median_us(t, reps, [&] {
+                        rc |= w4a16_linear_ex(w, dx, M, dy, epi, W4A16_KERNEL_WGMMA, 0, ws, wsb_var, 0, err,
+                                              sizeof err);
+                    });
                 if (rc) {
                     fprintf(stderr, "w4a16_linear_ex %s M=%d: %s\n", sh.name, M, err);
                     return 1;
@@ -497,14 +531,16 @@ extern "C" int bench_kernels(int argc, char **argv) {
             double tfl = 2.0 * M * N * (double)K / (us * 1e-6) / 1e12;
             printf("%-8s %5d %-10s %3d %9.2f %8.0f %5.1f%% %7.1f %10.2f %7.2fx", sh.name, M,
                    kname(kc), ks, us, gbs, 100.0 * gbs / copy_gbs, tfl, cus, cus / us);
-            if (variants) printf(" %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f", var[0], var[1], var[2], var[3], var[4], var[5]);
+            if (variants)
+                printf(" %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f", var[0], var[1], var[2], var[3], var[4], var[5],
+                       var[7]);
             if (var[6] > 0) printf("  old %.2f us (new/old %.2fx)", var[6], var[6] / us);
             printf("\n");
             fflush(stdout);
             if (csv)
-                fprintf(csv, "%s,%d,%d,%d,%s,%d,%.3f,%.1f,%.2f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
+                fprintf(csv, "%s,%d,%d,%d,%s,%d,%.3f,%.1f,%.2f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
                         sh.name, K, N, M, kname(kc), ks, us, gbs, 100.0 * gbs / copy_gbs, tfl, cus,
-                        cus / us, var[0], var[1], var[2], var[3], var[4], var[5], var[6]);
+                        cus / us, var[0], var[1], var[2], var[3], var[4], var[5], var[6], var[7]);
         }
         w4a16_pdl(pdl_keep);
         cudaFree(ws);

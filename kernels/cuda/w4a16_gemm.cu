@@ -220,7 +220,7 @@ struct gk_args {
     int ntn, ntiles; /* k_w4gemm_ws: column tiles, column tiles x token tiles */
     int dbg; /* timing experiments only (AWQD_W4A16_GEMM_DBG): 1 no MMA, 2 no x copy, 8 no proxy
                 fence; mode 3: 2 no x copy, 32 no weight copy, 64 consumers only pass the
-                stages on (results are wrong with any of them) */
+                stages on, 128 no dequantization (results are wrong with any of them) */
 };
 
 #define GK_THREADS 256
@@ -688,17 +688,28 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
     const int r = lane >> 2, c = lane & 3;
     float acc[MT][BN / 2];
     int it = 0;
-    uint32_t cf[2][4][MT][4]; /* [buffer][k16 step][tile]: the pending group reads the other buffer */
-    /* chunk kk into buffer B (compile-time register indices): dequantize
-     * all 4 steps, one wgmma group, wait until only it is pending, free the
-     * previous chunk's stage (its group has completed). Measured against one
+    /* A registers and wgmma groups.
+     *   MT = 1: one group per chunk, A double-buffered by chunk parity, at
+     *     most one group pending while the next chunk is dequantized.
+     *   MT = 2: one group per (chunk, tile), A of one chunk (one buffer per
+     *     tile), one group pending while the other tile is dequantized. With
+     *     both tiles in one group and A of two chunks alive (64 registers
+     *     next to 128 accumulators at BN = 128) ptxas ran out of registers
+     *     and serialized the wgmma (C7512). Measured on an H100 (session 14):
+     *     the same speed as that at M = 1024-4096; two groups pending with A
+     *     of two chunks at BN = 64 was no faster at M = 64. */
+    constexpr int NB = MT == 1 ? 2 : 1;
+    uint32_t cf[NB][4][MT][4];
+    /* chunk kk into buffer B (compile-time register indices): dequantize,
+     * issue, wait until one group is pending, free the previous
+     * chunk's stage once its last group has completed. Measured against one
      * group per k16 step (A of two steps alive): 2-13% faster at M >= 1024
      * (H200, docs/PERFORMANCE.md session 13). No runtime branch around the wgmma: with one,
      * ptxas closes the group inside it and commit_group opens an empty one,
      * and wait_group 1 then waits for this chunk's MMA (seen in the SASS of
      * an experiment: a dummy HGMMA.64x8x16 + DEPBAR after every group). */
     auto chunk = [&](auto bufc, int kk) {
-        constexpr int B = decltype(bufc)::value;
+        constexpr int B = decltype(bufc)::value < NB ? decltype(bufc)::value : 0;
         const int slot = it % ST;
         mbar_wait(full0 + 8 * slot, (it / ST) & 1);
         g_fence_async(); /* the copies (generic proxy) -> wgmma's reads (async proxy) */
@@ -706,27 +717,46 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
         const uint4 *sw = (const uint4 *)(stp + C::X_BYTES);
         const uint32_t *ss = (const uint32_t *)(stp + C::X_BYTES + C::W_BYTES);
         const uint8_t *sz = stp + C::X_BYTES + C::W_BYTES + C::S_BYTES;
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
+        const uint32_t xb = sbase + slot * C::STAGE;
+        auto deq = [&](auto mtc) {
+            constexpr int mt = decltype(mtc)::value;
             const int T = (wg * MT + mt) * 4 + wq;
             const uint4 wv = sw[T * 32 + lane];
+            if (a.dbg & 128) { /* timing experiment: the raw words as A (no dequantization) */
+#pragma unroll
+                for (int t = 0; t < 4; t++)
+                    cf[B][t][mt][0] = cf[B][t][mt][1] = cf[B][t][mt][2] = cf[B][t][mt][3] = (&wv.x)[t];
+                return;
+            }
             const g_deq dq = g_deq_make(ss[T * 8 + r], sz[T * 8 + r]);
 #pragma unroll
             for (int t = 0; t < 4; t++) g_deq_word((&wv.x)[t], dq, cf[B][t][mt]);
-        }
-        const uint32_t xb = sbase + slot * C::STAGE;
-        wg_fence();
+        };
+        auto issue = [&](auto mtc) {
+            constexpr int mt = decltype(mtc)::value;
 #pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const uint64_t desc = wg_desc(xb + t * 32);
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                wgmma_tile<BN>(acc[mt], cf[B][t][mt], desc);
-            }
+            for (int t = 0; t < 4; t++) wgmma_tile<BN>(acc[mt], cf[B][t][mt], wg_desc(xb + t * 32));
+        };
+        if constexpr (MT == 1) {
+            deq(std::integral_constant<int, 0>());
+            wg_fence();
+            issue(std::integral_constant<int, 0>());
+            wg_commit();
+            wg_wait<1>();
+            if (kk > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
+        } else {
+            deq(std::integral_constant<int, 0>());
+            wg_fence();
+            issue(std::integral_constant<int, 0>());
+            wg_commit();
+            wg_wait<1>(); /* (kk - 1, 1) has completed: the previous stage is free */
+            if (kk > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
+            deq(std::integral_constant<int, 1>());
+            wg_fence();
+            issue(std::integral_constant<int, 1>());
+            wg_commit();
+            wg_wait<1>(); /* (kk, 0) has completed */
         }
-        wg_commit();
-        wg_wait<1>();
-        if (kk > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
         it++;
     };
     if (a.dbg & 64) { /* timing experiment: the consumers only pass the stages on */

@@ -439,7 +439,9 @@ extern "C" int bench_kernels(int argc, char **argv) {
                 }
         }
         if (sweep_gemm && w4a16_gemm_available()) {
-            /* the warp-specialized wgmma GEMM (mode 3), every tile and split */
+            /* the warp-specialized wgmma GEMM (mode 3; mode 4 with
+             * AWQD_W4A16_GEMM_NAT=1), every tile and split */
+            const int gmode = getenv("AWQD_W4A16_GEMM_NAT") && atoi(getenv("AWQD_W4A16_GEMM_NAT")) == 1 ? 4 : 3;
             static const int tl[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}};
             static const int sk[6] = {1, 2, 3, 4, 6, 8};
             for (int mi = 0; mi < nms; mi++) {
@@ -448,7 +450,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
                 int bt = 0, bk = 0;
                 for (int ti = 0; ti < 5; ti++)
                     for (int ki = 0; ki < 6; ki++) {
-                        if (w4a16_gemm_config(tl[ti][0], tl[ti][1], sk[ki], 3)) continue;
+                        if (w4a16_gemm_config(tl[ti][0], tl[ti][1], sk[ki], gmode)) continue;
                         int rc2 = 0;
                         double sus = time_median_us(t, reps, [&] {
                             rc2 |= w4a16_linear_ex(w, dx, M, dy, epi, W4A16_KERNEL_WGMMA, sk[ki], ws, wsb_var, 0,

@@ -47,8 +47,10 @@
 #include <atomic>
 #include <type_traits>
 
+#include <cuda.h> /* CUtensorMap (the encoder comes through the runtime's driver entry point) */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/smem_limit.cuh"
@@ -558,6 +560,47 @@ static __device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 #endif
 }
+/* mode 4: x by the tensor-memory accelerator (completion counted in bytes on
+ * the stage's "full" barrier) */
+static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+#if WG_ENABLED
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+/* one box of a 2-D tensor map (coordinates innermost first) into shared memory */
+static __device__ __forceinline__ void tma_g2s_2d(uint32_t dst, const void *tmap, int c0, int c1, uint32_t bar) {
+#if WG_ENABLED
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(bar) : "memory");
+#endif
+}
+
+/* mode 4: the 4 repacked words of lane (r, c) of one n16 tile (word t holds
+ * k = 16c + 4t + j, w4a16.cu "Device weight layout") -> the 4 words in natural
+ * k order (word t holds k = 16t + 2c + {0, 1, 8, 9} as j = 0..3, the same
+ * nibble order: byte 0 j = 0, byte 1 j = 2, byte 2 j = 1, byte 3 j = 3), so
+ * that x needs no permutation. Lane c's word t comes from lane t of the quad
+ * (k in [16t, 16t + 16)): 2 bytes of its word c/2 and 2 of its word c/2 + 2
+ * (bytes 0, 2 for even c, 1, 3 for odd c). Each lane builds the value for
+ * every destination with one prmt, then a 4 x 4 transpose across the quad
+ * (two xor butterflies) delivers them. The rows (r, r + 8) do not move. */
+static __device__ __forceinline__ void g_quad_natural(const uint4 &wv, int c, uint32_t n[4]) {
+    const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+    for (int d = 0; d < 4; d++) n[d] = __byte_perm(w[d >> 1], w[2 + (d >> 1)], (d & 1) ? 0x7351 : 0x6240);
+#pragma unroll
+    for (int b = 1; b <= 2; b <<= 1) {
+        const bool hi = c & b;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (i & b) continue;
+            const uint32_t got = __shfl_xor_sync(0xffffffffu, hi ? n[i] : n[i + b], b);
+            if (hi) n[i] = got;
+            else n[i + b] = got;
+        }
+    }
+}
+
 template <bool INC, int N>
 static __device__ __forceinline__ void ws_setmaxnreg(void) {
 #if WG_ENABLED
@@ -566,8 +609,9 @@ static __device__ __forceinline__ void ws_setmaxnreg(void) {
 #endif
 }
 
-template <int MT, int BN, int ST, bool CL>
-static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_args a) {
+template <int MT, int BN, int ST, bool CL, bool NAT>
+static __global__ void __launch_bounds__(WS_THREADS, 1)
+k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx) {
     typedef gk_cfg<MT, BN, ST> C;
     extern __shared__ unsigned char g_smem_raw[];
     __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST], empty[ST] */
@@ -583,7 +627,7 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
 
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
-            mbar_init(full0 + 8 * s, 128);
+            mbar_init(full0 + 8 * s, NAT ? 129 : 128); /* NAT: + the x box's expect_tx */
             mbar_init(empty0 + 8 * s, 8);
         }
     }
@@ -632,7 +676,18 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
                     g_cp16(st + C::X_BYTES + C::W_BYTES + C::S_BYTES + pt * 16, a.zr + off, ok ? 16 : 0);
                 }
             };
-            auto load_x = [&](uint32_t st, int kc) {
+            auto load_x = [&](uint32_t st, int kc, uint32_t bar) {
+                if (NAT) { /* one box of BN tokens x 64 k; rows past m read as zeros */
+                    if (pt == 0) {
+                        if (a.dbg & 2) {
+                            mbar_arrive(bar);
+                        } else {
+                            mbar_expect_tx(bar, BN * 128);
+                            tma_g2s_2d(st, &tmx, kc * 64, tok0, bar);
+                        }
+                    }
+                    return;
+                }
                 const uint16_t *src = xrow + kc * 64;
                 const size_t k8 = (size_t)8 * a.K;
                 if (xrows >= BN) {
@@ -659,7 +714,7 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
                 pdl_wait();
                 waited = true;
                 for (int s = 0; s < n0; s++) {
-                    if (!(a.dbg & 2)) load_x(sbase + s * C::STAGE, kc0 + s);
+                    if (NAT || !(a.dbg & 2)) load_x(sbase + s * C::STAGE, kc0 + s, full0 + 8 * s);
                     mbar_arrive_cp_async(full0 + 8 * s);
                 }
                 k0 = n0;
@@ -670,7 +725,7 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
                 const int slot = it % ST;
                 mbar_wait(empty0 + 8 * slot, ((it / ST) & 1) ^ 1);
                 if (!(a.dbg & 32)) load_w(sbase + slot * C::STAGE, kc0 + kk);
-                if (!(a.dbg & 2)) load_x(sbase + slot * C::STAGE, kc0 + kk);
+                if (NAT || !(a.dbg & 2)) load_x(sbase + slot * C::STAGE, kc0 + kk, full0 + 8 * slot);
                 mbar_arrive_cp_async(full0 + 8 * slot);
             }
         }
@@ -721,7 +776,12 @@ static __global__ void __launch_bounds__(WS_THREADS, 1) k_w4gemm_ws(const gk_arg
         auto deq = [&](auto mtc) {
             constexpr int mt = decltype(mtc)::value;
             const int T = (wg * MT + mt) * 4 + wq;
-            const uint4 wv = sw[T * 32 + lane];
+            uint4 wv = sw[T * 32 + lane];
+            if (NAT) {
+                uint32_t nw[4];
+                g_quad_natural(wv, c, nw);
+                wv = make_uint4(nw[0], nw[1], nw[2], nw[3]);
+            }
             if (a.dbg & 128) { /* timing experiment: the raw words as A (no dequantization) */
 #pragma unroll
                 for (int t = 0; t < 4; t++)
@@ -819,7 +879,7 @@ static gk_choice g_force = {0, 0, 0, 0};
 
 /* tiles of every mode; 1 x 256 (m64n256 wgmma) in mode 3 only */
 static int cfg_valid(int mt, int bn, int mode) {
-    return ((mt == 1 || mt == 2) && (bn == 64 || bn == 128)) || (mt == 1 && bn == 256 && mode == 3);
+    return ((mt == 1 || mt == 2) && (bn == 64 || bn == 128)) || (mt == 1 && bn == 256 && mode >= 3);
 }
 
 extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
@@ -827,8 +887,8 @@ extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
         g_force_set.store(0);
         return 0;
     }
-    if (!cfg_valid(mt, bn, mode) || ksplit < 1 || ksplit > 64 || mode < 0 || mode > 3) return -EINVAL;
-    if (mode == 3 && ksplit > GK_CLUSTER_MAX) return -EINVAL; /* its split is reduced in a cluster only */
+    if (!cfg_valid(mt, bn, mode) || ksplit < 1 || ksplit > 64 || mode < 0 || mode > 4) return -EINVAL;
+    if (mode >= 3 && ksplit > GK_CLUSTER_MAX) return -EINVAL; /* its split is reduced in a cluster only */
     g_force.mt = mt;
     g_force.bn = bn;
     g_force.ks = ksplit;
@@ -885,6 +945,12 @@ static int ws_default(void) {
     static const int on = !util_env_is_zero("AWQD_W4A16_GEMM_WS");
     return on;
 }
+/* AWQD_W4A16_GEMM_NAT=1: the automatic choice runs mode 4 (x by TMA in
+ * natural k order) instead of mode 3 (experiments) */
+static int nat_default(void) {
+    static const int on = getenv("AWQD_W4A16_GEMM_NAT") && atoi(getenv("AWQD_W4A16_GEMM_NAT")) == 1;
+    return on;
+}
 
 static gk_choice gk_choose(const struct w4a16_gemm_args *a) {
     gk_choice ch = gk_choose_cfg(a);
@@ -900,8 +966,8 @@ static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a) {
     ch.mt = 1;
     ch.bn = 64;
     ch.ks = 1;
-    ch.mode = ws_default() ? 3 : 0;
-    const int ksmax = ch.mode == 3 ? GK_CLUSTER_MAX : GK_KSPLIT_MAX;
+    ch.mode = ws_default() ? (nat_default() ? 4 : 3) : 0;
+    const int ksmax = ch.mode >= 3 ? GK_CLUSTER_MAX : GK_KSPLIT_MAX;
     for (int ci = 0; ci < 4; ci++) {
         const int mt = cands[ci][0], bn = cands[ci][1];
         const int tiles = tiles_of(a, mt, bn);
@@ -910,7 +976,7 @@ static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a) {
             /* mode 3's persistent grid absorbs a ragged last wave: split only
              * when the tiles fill less than half the SMs (H200, session 13:
              * q|k|v M = 1024, 192 tiles of 2x128: split 1 156 us, 2 174 us) */
-            if (ks > 1 && ch.mode == 3 && 2 * tiles >= (a->sms > 0 ? a->sms : 1)) break;
+            if (ks > 1 && ch.mode >= 3 && 2 * tiles >= (a->sms > 0 ? a->sms : 1)) break;
             const int kse = cdiv(a->kc, cdiv(a->kc, ks));
             if (kse != ks) continue;
             const double t = gk_cost(a, mt, bn, ks);
@@ -928,7 +994,7 @@ static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a) {
 /* Split-K reduced in a cluster (no workspace): wgmma modes 0 and 3, 2..8
  * splits (mode 3 never splits more). */
 static int use_cluster(const gk_choice &ch, int kse) {
-    return (ch.mode == 0 || ch.mode == 3) && kse > 1 && kse <= GK_CLUSTER_MAX;
+    return (ch.mode == 0 || ch.mode >= 3) && kse > 1 && kse <= GK_CLUSTER_MAX;
 }
 
 static size_t ws_of(const struct w4a16_gemm_args *a, const gk_choice &ch) {
@@ -981,9 +1047,9 @@ extern "C" int w4a16_gemm_available(void) {
  * once per device through *smem_set) with a cluster of grid.z blocks along z
  * when cl, and programmatic dependent launch when pdl (retried without it
  * where the attribute is refused). */
-template <class K>
-static int gk_launch_ex(K k, std::atomic<unsigned long long> *smem_set, const gk_args &ka, dim3 grid, int threads,
-                        int smem, bool cl, int pdl, cudaStream_t s, char *err, size_t errlen) {
+template <class K, class... Args>
+static int gk_launch_ex(K k, std::atomic<unsigned long long> *smem_set, dim3 grid, int threads, int smem, bool cl,
+                        int pdl, cudaStream_t s, char *err, size_t errlen, const Args &...args) {
     int rc = cuda_smem_limit_once(smem_set, (const void *)k, smem, err, errlen);
     if (rc) return rc;
     cudaLaunchConfig_t cfg = {};
@@ -1007,12 +1073,12 @@ static int gk_launch_ex(K k, std::atomic<unsigned long long> *smem_set, const gk
     }
     cfg.attrs = at;
     cfg.numAttrs = na;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, k, ka);
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
     if (e != cudaSuccess && pdl && e != cudaErrorStreamCaptureInvalidated &&
         e != cudaErrorStreamCaptureUnsupported) {
         cudaGetLastError(); /* PDL attribute refused: launch without it */
         cfg.numAttrs = na - 1;
-        e = cudaLaunchKernelEx(&cfg, k, ka);
+        e = cudaLaunchKernelEx(&cfg, k, args...);
     }
     CUDA_CHECK(e, err, errlen);
     return 0;
@@ -1021,25 +1087,68 @@ static int gk_launch_ex(K k, std::atomic<unsigned long long> *smem_set, const gk
 template <int MT, int BN, int ST, bool WG, bool CL>
 static int gk_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0};
-    return gk_launch_ex(k_w4gemm<MT, BN, ST, WG, CL>, &smem_set, ka, grid, GK_THREADS, gk_cfg<MT, BN, ST>::SMEM, CL,
-                        pdl, s, err, errlen);
+    return gk_launch_ex(k_w4gemm<MT, BN, ST, WG, CL>, &smem_set, grid, GK_THREADS, gk_cfg<MT, BN, ST>::SMEM, CL,
+                        pdl, s, err, errlen, ka);
 }
 
-template <int MT, int BN, int ST, bool CL>
+/* cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda) */
+static PFN_cuTensorMapEncodeTiled_v12000 ws_encoder(void) {
+    static std::atomic<void *> fn{nullptr};
+    static std::atomic<int> tried{0};
+    void *f = fn.load();
+    if (!f && !tried.load()) {
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            f = nullptr;
+        cudaGetLastError();
+        fn.store(f);
+        tried.store(1);
+    }
+    return (PFN_cuTensorMapEncodeTiled_v12000)f;
+}
+
+/* x [m][k] fp16 as a 2-D tensor map for mode 4: boxes of 64 k x bn tokens,
+ * 128-byte swizzle (the canonical K-major wgmma layout), rows past m read as
+ * zeros */
+static int ws_xmap(CUtensorMap *tm, const uint16_t *x, int m, int k, int bn, char *err, size_t errlen) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = ws_encoder();
+    if (!enc) return util_err(err, errlen, -ENOTSUP, "w4a16_gemm: cuTensorMapEncodeTiled is not available");
+    cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)m};
+    cuuint64_t strides[1] = {(cuuint64_t)k * 2};
+    cuuint32_t box[2] = {64, (cuuint32_t)bn};
+    cuuint32_t es[2] = {1, 1};
+    CUresult r = enc(tm, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)x, dims, strides, box, es,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return util_err(err, errlen, -EINVAL, "w4a16_gemm: cuTensorMapEncodeTiled failed (%d) for x %dx%d", (int)r,
+                        m, k);
+    return 0;
+}
+
+template <int MT, int BN, int ST, bool CL, bool NAT>
 static int ws_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0};
-    return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL>, &smem_set, ka, grid, WS_THREADS, gk_cfg<MT, BN, ST>::SMEM, CL,
-                        pdl, s, err, errlen);
+    CUtensorMap tm;
+    memset(&tm, 0, sizeof tm);
+    if (NAT) {
+        const int rc = ws_xmap(&tm, ka.x, ka.m, ka.K, BN, err, errlen);
+        if (rc) return rc;
+    }
+    return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT>, &smem_set, grid, WS_THREADS, gk_cfg<MT, BN, ST>::SMEM, CL,
+                        pdl, s, err, errlen, ka, tm);
 }
 
-template <bool CL>
+template <bool CL, bool NAT>
 static int ws_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
                        char *err, size_t errlen) {
-    if (ch.mt == 1 && ch.bn == 64) return ws_launch<1, 64, GK_ST_1_64, CL>(ka, grid, pdl, s, err, errlen);
-    if (ch.mt == 2 && ch.bn == 64) return ws_launch<2, 64, GK_ST_2_64, CL>(ka, grid, pdl, s, err, errlen);
-    if (ch.mt == 1 && ch.bn == 128) return ws_launch<1, 128, GK_ST_1_128, CL>(ka, grid, pdl, s, err, errlen);
-    if (ch.mt == 2 && ch.bn == 128) return ws_launch<2, 128, GK_ST_2_128, CL>(ka, grid, pdl, s, err, errlen);
-    if (ch.mt == 1 && ch.bn == 256) return ws_launch<1, 256, GK_ST_1_256, CL>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 1 && ch.bn == 64) return ws_launch<1, 64, GK_ST_1_64, CL, NAT>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 2 && ch.bn == 64) return ws_launch<2, 64, GK_ST_2_64, CL, NAT>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 1 && ch.bn == 128) return ws_launch<1, 128, GK_ST_1_128, CL, NAT>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 2 && ch.bn == 128) return ws_launch<2, 128, GK_ST_2_128, CL, NAT>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 1 && ch.bn == 256) return ws_launch<1, 256, GK_ST_1_256, CL, NAT>(ka, grid, pdl, s, err, errlen);
     return util_err(err, errlen, -EINVAL, "w4a16_gemm: bad tile configuration %d x %d", ch.mt, ch.bn);
 }
 
@@ -1066,7 +1175,7 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
     /* split: in a cluster (no workspace), else what fits the workspace and
      * the counters */
     int ks = ch.ks > 0 ? ch.ks : 1;
-    if (ch.mode == 3 && ks > GK_CLUSTER_MAX) ks = GK_CLUSTER_MAX;
+    if (ch.mode >= 3 && ks > GK_CLUSTER_MAX) ks = GK_CLUSTER_MAX;
     ks = cdiv(a->kc, cdiv(a->kc, ks));
     const int cl = use_cluster(ch, ks);
     if (!cl && ks > 1 && tiles_of(a, ch.mt, ch.bn) > a->cnt_len) ks = 1;
@@ -1103,10 +1212,14 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
     ka.dbg = dbg;
     ka.ntn = cdiv(a->n16, 8 * ch.mt);
     ka.ntiles = ka.ntn * cdiv(a->m, ch.bn);
-    if (ch.mode == 3) { /* persistent: one block per SM; a split: one tile per block, in a cluster */
-        if (ks > 1) return ws_dispatch<true>(ch, ka, dim3(ka.ntiles, 1, ks), pdl, s, err, errlen);
+    if (ch.mode >= 3) { /* persistent: one block per SM; a split: one tile per block, in a cluster */
         const int sms = a->sms > 0 ? a->sms : 1;
-        return ws_dispatch<false>(ch, ka, dim3(ka.ntiles < sms ? ka.ntiles : sms, 1, 1), pdl, s, err, errlen);
+        const dim3 grid = ks > 1 ? dim3(ka.ntiles, 1, ks) : dim3(ka.ntiles < sms ? ka.ntiles : sms, 1, 1);
+        if (ch.mode == 4)
+            return ks > 1 ? ws_dispatch<true, true>(ch, ka, grid, pdl, s, err, errlen)
+                          : ws_dispatch<false, true>(ch, ka, grid, pdl, s, err, errlen);
+        return ks > 1 ? ws_dispatch<true, false>(ch, ka, grid, pdl, s, err, errlen)
+                      : ws_dispatch<false, false>(ch, ka, grid, pdl, s, err, errlen);
     }
     dim3 grid(cdiv(a->n16, 8 * ch.mt), cdiv(a->m, ch.bn), ks);
     if (grid.y > 65535) return util_err(err, errlen, -EINVAL, "w4a16_gemm: m=%d too large", a->m);

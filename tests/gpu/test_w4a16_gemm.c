@@ -184,7 +184,7 @@ static int gemm_here(void) {
         }                                                                                \
     } while (0)
 
-static const int CFGS[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}}; /* 1 x 256: mode 3 only */
+static const int CFGS[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}}; /* 1 x 256: modes 3, 4 only */
 
 /* Every tile configuration in one mode, split 1 and 3, on a shape whose N is
  * not a multiple of any tile (1000 = 62.5 n16 tiles), with bias. */
@@ -193,12 +193,17 @@ static void check_configs(int mode) {
     glayer_make(&h, 1024, 1000, 128, 0, 1);
     ASSERT_OK_SO_FAR();
     static const int ms[] = {1, 64, 100, 257};
-    for (int ci = 0; ci < (mode == 3 ? 5 : 4); ci++)
+    for (int ci = 0; ci < (mode >= 3 ? 5 : 4); ci++)
         for (int ks = 1; ks <= 3; ks += 2) {
             ASSERT(w4a16_gemm_config(CFGS[ci][0], CFGS[ci][1], ks, mode) == 0);
             char what[64];
             snprintf(what, sizeof what, "cfg %dx%d %s split %d", CFGS[ci][0], CFGS[ci][1],
-                     mode == 1 ? "mma.sync" : mode == 2 ? "wgmma+workspace" : mode == 3 ? "warp-specialized" : "wgmma+cluster", ks);
+                     mode == 1   ? "mma.sync"
+                     : mode == 2 ? "wgmma+workspace"
+                     : mode == 3 ? "warp-specialized"
+                     : mode == 4 ? "natural-k x (TMA)"
+                                 : "wgmma+cluster",
+                     ks);
             for (int i = 0; i < 4; i++) {
                 gcheck(&h, 0, ms[i], 1, W4A16_KERNEL_WGMMA, 0, 0, what);
                 if (test_failed()) {
@@ -232,6 +237,11 @@ TEST(w4a16_gemm, configs_wgmma_workspace) { /* split reduced through the workspa
 TEST(w4a16_gemm, configs_warp_specialized) { /* mode 3: producer warpgroup, persistent grid */
     NEED_GEMM();
     check_configs(3);
+}
+
+TEST(w4a16_gemm, configs_natural_k) { /* mode 4: x by TMA, the weight words transposed in the quad */
+    NEED_GEMM();
+    check_configs(4);
 }
 
 /* y of one forced call (config mt x bn, split ks, mode), copied to hy. */
@@ -322,6 +332,55 @@ TEST(w4a16_gemm, warp_specialized_matches_session3) {
                 ASSERT_MSG(at == ny, "K=%d N=%d%s M=%d cfg %dx%d split %d: mode 3 != mode 0 at y[%zu][%zu] (%g vs %g)",
                            K, N, gu ? " gate|up" : "", M, CFGS[ci][0], CFGS[ci][1], kss[i], at / oc, at % oc,
                            f_from_h(yb[at < ny ? at : 0]), f_from_h(ya[at < ny ? at : 0]));
+            }
+        cudaFree(dx);
+        cudaFree(dy);
+        free(hx);
+        free(ya);
+        free(yb);
+        glayer_free(&h);
+        ASSERT_OK_SO_FAR();
+    }
+}
+
+/* Mode 4 sums the same fp16 products as mode 3 with the k16 steps holding
+ * other k: not bitwise, within a few fp16 ulps of the output. Bound: 2e-3 of
+ * max|y| (the reference bound of gcheck); every tile, splits 1, 2, 3, 8, plain
+ * + bias and gate|up + bias, K = 128 (two chunks) and Qwen3-8B q|k|v. */
+TEST(w4a16_gemm, natural_k_matches_warp_specialized) {
+    NEED_GEMM();
+    static const struct { int k, n, gu, m; } sh[] = {
+        {1536, 1000, 0, 200}, {1536, 2 * 520, 1, 333}, {128, 4104, 0, 1000}, {4096, 6144, 0, 1024}};
+    for (int si = 0; si < 4 && !test_failed(); si++) {
+        struct glayer h;
+        const int K = sh[si].k, N = sh[si].n, gu = sh[si].gu, M = sh[si].m, oc = gu ? N / 2 : N;
+        glayer_make(&h, K, N, 128, gu, 1);
+        ASSERT_OK_SO_FAR();
+        size_t ny = (size_t)M * oc;
+        uint16_t *hx = malloc((size_t)M * K * 2), *ya = malloc(ny * 2), *yb = malloc(ny * 2), *dx = NULL, *dy = NULL;
+        ASSERT(hx && ya && yb);
+        for (size_t i = 0; i < (size_t)M * K; i++) hx[i] = h_from_f(2.f * grnd_unit() - 1.f);
+        GCK(cudaMalloc((void **)&dx, (size_t)M * K * 2));
+        GCK(cudaMalloc((void **)&dy, ny * 2));
+        GCK(cudaMemcpy(dx, hx, (size_t)M * K * 2, cudaMemcpyHostToDevice));
+        static const int kss[] = {1, 2, 3, 8};
+        for (int ci = 0; ci < 5 && !test_failed(); ci++)
+            for (int i = 0; i < 4 && !test_failed(); i++) {
+                if (kss[i] > K / 64) continue;
+                run_cfg(&h, dx, dy, NULL, 0, M, gu, CFGS[ci][0], CFGS[ci][1], kss[i], 3, ya, ny);
+                if (test_failed()) break;
+                run_cfg(&h, dx, dy, NULL, 0, M, gu, CFGS[ci][0], CFGS[ci][1], kss[i], 4, yb, ny);
+                if (test_failed()) break;
+                float ymax = 0.f, dmax = 0.f;
+                size_t at = 0;
+                for (size_t e = 0; e < ny; e++) {
+                    const float a = f_from_h(ya[e]), b = f_from_h(yb[e]);
+                    ASSERT_MSG(a == a && b == b, "NaN at y[%zu]", e);
+                    if (fabsf(a) > ymax) ymax = fabsf(a);
+                    if (fabsf(a - b) > dmax) dmax = fabsf(a - b), at = e;
+                }
+                ASSERT_MSG(dmax <= 2e-3f * ymax, "K=%d N=%d%s M=%d cfg %dx%d split %d: mode 4 - mode 3 = %g at y[%zu][%zu] (max|y| %g)",
+                           K, N, gu ? " gate|up" : "", M, CFGS[ci][0], CFGS[ci][1], kss[i], dmax, at / oc, at % oc, ymax);
             }
         cudaFree(dx);
         cudaFree(dy);

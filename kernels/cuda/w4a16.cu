@@ -1475,6 +1475,26 @@ static int gemm_env(void) {
     static const int v = getenv("AWQD_W4A16_WGMMA") ? atoi(getenv("AWQD_W4A16_WGMMA")) : -1;
     return v;
 }
+/* The mid-M window of the wgmma GEMM's mode 4 (x by TMA in natural k
+ * order), measured on an H100 in session 14 against tc64 and dequantize +
+ * cuBLAS with its modelled tile and split (docs/PERFORMANCE.md): 1.1-1.8x at
+ * M = 96-384 on every Qwen3-8B/32B shape and shard; at 385-768 a win only
+ * for the large matrices (K N >= 48 Mi: 8B gate|up and down, 32B q|k|v,
+ * gate|up, down and the larger shards), at 769-1024 only for gate|up (its
+ * SiLU-mul is a second pass in dequantize + cuBLAS). */
+#define DISPATCH_NAT_MIN_M 65
+#define DISPATCH_NAT_ALL_MAX_M 384
+#define DISPATCH_NAT_BIG_MAX_M 768
+#define DISPATCH_NAT_GU_MAX_M 1024
+#define DISPATCH_NAT_BIG_KN (48ll << 20)
+static int nat_window(const struct w4a16_weight *w, int m) {
+    if (m < DISPATCH_NAT_MIN_M || gemm_env() == 0 || w4a16_gemm_auto_mode() != 4 || !w4a16_gemm_available())
+        return 0;
+    if (m <= DISPATCH_NAT_ALL_MAX_M) return 1;
+    if (m <= DISPATCH_NAT_BIG_MAX_M && (long long)w->k * w->n16 * 16 >= DISPATCH_NAT_BIG_KN) return 1;
+    return m <= DISPATCH_NAT_GU_MAX_M && w->layout == W4A16_LAYOUT_GATE_UP;
+}
+
 static int gemm_fallback_ok(const struct w4a16_weight *w, int m) {
     (void)w;
     return m >= DISPATCH_WGMMA_MIN_M && gemm_env() != 0 && w4a16_gemm_available();
@@ -1511,7 +1531,8 @@ static void gemm_args_of(const struct w4a16_weight *w, const uint16_t *x, int m,
  * available: *kern becomes TC64). */
 static int gemm_pick(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern, int *ksplit) {
     const int want = *kern == W4A16_KERNEL_WGMMA ||
-                     (*kern == W4A16_KERNEL_AUTO && m >= DISPATCH_WGMMA_MIN_M && gemm_env() == 1);
+                     (*kern == W4A16_KERNEL_AUTO &&
+                      ((m >= DISPATCH_WGMMA_MIN_M && gemm_env() == 1) || nat_window(w, m)));
     if (!want) return 0;
     if (!w4a16_gemm_available()) {
         if (*kern == W4A16_KERNEL_WGMMA) *kern = W4A16_KERNEL_TC64;

@@ -71,6 +71,10 @@ int w4a16_gemm_config(int mt, int bn, int ksplit, int mode);
 /* The configuration a call with these arguments uses (after any forcing). */
 void w4a16_gemm_choice(const struct w4a16_gemm_args *a, int *mt, int *bn, int *ksplit, int *mode);
 
+/* The mode the automatic choice runs: 4 (default), 3 with
+ * AWQD_W4A16_GEMM_NAT=0, 0 with AWQD_W4A16_GEMM_WS=0. */
+int w4a16_gemm_auto_mode(void);
+
 #ifdef __cplusplus
 }
 #endif

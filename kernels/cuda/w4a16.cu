@@ -1480,12 +1480,12 @@ static int gemm_env(void) {
  * cuBLAS with its modelled tile and split (docs/PERFORMANCE.md): 1.1-1.8x at
  * M = 96-384 on every Qwen3-8B/32B shape and shard; at 385-768 a win only
  * for the large matrices (K N >= 48 Mi: 8B gate|up and down, 32B q|k|v,
- * gate|up, down and the larger shards), at 769-1024 only for gate|up (its
- * SiLU-mul is a second pass in dequantize + cuBLAS). */
+ * gate|up, down and the larger shards), at 769-2048 only for gate|up (its
+ * SiLU-mul is a second pass in dequantize + cuBLAS; at 4096 the two tie). */
 #define DISPATCH_NAT_MIN_M 65
 #define DISPATCH_NAT_ALL_MAX_M 384
 #define DISPATCH_NAT_BIG_MAX_M 768
-#define DISPATCH_NAT_GU_MAX_M 1024
+#define DISPATCH_NAT_GU_MAX_M 2048
 #define DISPATCH_NAT_BIG_KN (48ll << 20)
 static int nat_window(const struct w4a16_weight *w, int m) {
     if (m < DISPATCH_NAT_MIN_M || gemm_env() == 0 || w4a16_gemm_auto_mode() != 4 || !w4a16_gemm_available())

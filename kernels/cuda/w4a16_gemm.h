@@ -61,8 +61,11 @@ int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t ws_bytes, i
  * mma.sync (same tiles and data path; split through the workspace), 2 =
  * wgmma with the split through the workspace, 3 = the warp-specialized
  * kernel (producer warpgroup + two wgmma consumer warpgroups, persistent
- * grid; ksplit <= 8, reduced in a cluster; bitwise mode 0's result). The
- * automatic choice uses mode 3 (mode 0 with AWQD_W4A16_GEMM_WS=0). mt = 0
+ * grid; ksplit <= 8, reduced in a cluster; bitwise mode 0's result), 4 =
+ * mode 3 with x by TMA in natural k order and the weight words transposed
+ * in each quad (not bitwise mode 3's: other k in each k16 step). The
+ * automatic choice uses mode 4 with its modelled tile and split (mode 3
+ * with AWQD_W4A16_GEMM_NAT=0, mode 0 with AWQD_W4A16_GEMM_WS=0). mt = 0
  * restores the automatic choice.
  * The environment variable AWQD_W4A16_GEMM_CFG="mt,bn,ksplit,mode" sets the
  * same at the first call. Returns 0, or -EINVAL for an unsupported tuple. */

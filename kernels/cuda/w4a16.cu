@@ -1477,8 +1477,9 @@ static int gemm_env(void) {
 }
 /* The mid-M window of the wgmma GEMM's mode 4 (x by TMA in natural k
  * order), measured on an H100 in session 14 against tc64 and dequantize +
- * cuBLAS with its modelled tile and split (docs/PERFORMANCE.md): 1.1-1.8x at
- * M = 96-384 on every Qwen3-8B/32B shape and shard; at 385-768 a win only
+ * cuBLAS with its modelled tile and split (docs/PERFORMANCE.md): 1.05-1.8x
+ * at M = 96-384 on the Qwen3-8B/32B shapes and shards (Qwen3-8B q|k|v at 384:
+ * 0.97x, the one loss); at 385-768 a win only
  * for the large matrices (K N >= 48 Mi: 8B gate|up and down, 32B q|k|v,
  * gate|up, down and the larger shards), at 769-2048 only for gate|up (its
  * SiLU-mul is a second pass in dequantize + cuBLAS; at 4096 the two tie). */

@@ -877,7 +877,7 @@ struct gk_choice {
 static std::atomic<int> g_force_set{-1}; /* -1: env not read yet, 0: auto, 1: forced */
 static gk_choice g_force = {0, 0, 0, 0};
 
-/* tiles of every mode; 1 x 256 (m64n256 wgmma) in mode 3 only */
+/* tiles of every mode; 1 x 256 (m64n256 wgmma) in modes 3 and 4 only */
 static int cfg_valid(int mt, int bn, int mode) {
     return ((mt == 1 || mt == 2) && (bn == 64 || bn == 128)) || (mt == 1 && bn == 256 && mode >= 3);
 }
@@ -959,12 +959,16 @@ static gk_choice gk_choose_cfg4(const struct w4a16_gemm_args *a);
  * this device: cudaOccupancyMaxActiveClusters for mode 4's kernel (the GPCs
  * do not all hold a multiple of ks SMs), cached per device; ~3/4 of SMs / ks
  * where the query fails. */
+static int ws_cluster_guess(int ks, int sms) {
+    const int n = 3 * sms / 4 / (ks > 1 ? ks : 1);
+    return n > 0 ? n : 1;
+}
 static int ws_cluster_cap(int ks, int sms) {
     static std::atomic<int> cache[16][GK_CLUSTER_MAX + 1];
     int dev = 0;
     if (ks < 2 || ks > GK_CLUSTER_MAX || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) {
         cudaGetLastError();
-        return (3 * sms / 4) / (ks > 1 ? ks : 1) > 0 ? (3 * sms / 4) / (ks > 1 ? ks : 1) : 1;
+        return ws_cluster_guess(ks, sms);
     }
     int v = cache[dev][ks].load();
     if (v > 0) return v;
@@ -984,7 +988,7 @@ static int ws_cluster_cap(int ks, int sms) {
     int n = 0;
     if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM) != cudaSuccess ||
         cudaOccupancyMaxActiveClusters(&n, fn, &cfg) != cudaSuccess || n < 1)
-        n = (3 * sms / 4) / ks > 0 ? (3 * sms / 4) / ks : 1;
+        n = ws_cluster_guess(ks, sms);
     cudaGetLastError();
     cache[dev][ks].store(n);
     return n;
@@ -1069,8 +1073,8 @@ static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a) {
     return ch;
 }
 
-/* Split-K reduced in a cluster (no workspace): wgmma modes 0 and 3, 2..8
- * splits (mode 3 never splits more). */
+/* Split-K reduced in a cluster (no workspace): wgmma modes 0, 3 and 4, 2..8
+ * splits (modes 3 and 4 never split more). */
 static int use_cluster(const gk_choice &ch, int kse) {
     return (ch.mode == 0 || ch.mode >= 3) && kse > 1 && kse <= GK_CLUSTER_MAX;
 }

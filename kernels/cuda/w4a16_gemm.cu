@@ -37,6 +37,12 @@
  * wgmma by ldmatrix (x from the same swizzled tile) + mma.m16n8k16 with the
  * same accumulator layout: a portable check of the data path and the fallback
  * where wgmma is not available.
+ *
+ * Mode 4 (k_w4gemm_ws with NAT, the automatic choice since session 14) does
+ * the opposite: x stays in natural k order and arrives by TMA (one box per
+ * stage, 128-byte swizzle = the layout above without the permutation), and
+ * each consumer lane moves its weight words to natural k order with a 4 x 4
+ * transpose across its quad (g_quad_natural) before the same dequantization.
  */
 #include <errno.h>
 #include <stdint.h>

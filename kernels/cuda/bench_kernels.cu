@@ -175,7 +175,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     "                          [--b2b-m 1,2,4,8,16] [--b2b-only] [--variants] [--csv FILE]\n"
                     "  --set       Qwen3-8B shapes (default), Qwen3-32B at tp = 1, 2, 4, or both\n"
                     "  --b2b-only  only the back-to-back table (no single cold calls, no cuBLAS)\n"
-                    "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, decode) at each M\n"
+                    "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, decode, wgmma) at each M\n"
                     "  --sweep     time the split counts of skinny (M = 1, 2, 4, 16), tc64 (64, 128)\n"
                     "  --sweep-gemm  time every tile and split of the wgmma GEMM (mode 4, or 3) at each --m\n");
             return strcmp(argv[i], "--help") && strcmp(argv[i], "-h") ? 2 : 0;
@@ -438,7 +438,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
                            kname(fk), sms_[si], sus, wbytes / (sus * 1e-6) / 1e9, rc2 ? " (error)" : "");
                 }
         }
-        if (sweep_gemm && w4a16_gemm_available()) {
+        if (sweep_gemm && !b2b_only && w4a16_gemm_available()) { /* x holds max(--m) rows */
             /* the warp-specialized wgmma GEMM in the automatic choice's mode
              * (4; 3 with AWQD_W4A16_GEMM_NAT=0), every tile and split */
             const int gmode = w4a16_gemm_auto_mode() == 4 ? 4 : 3;

@@ -1383,7 +1383,8 @@ fail:
 #define DISPATCH_SKINNY_MAX_M 32
 /* tc64 up to M = 256 (H100, session 11: at 256 10-30% faster than
  * dequantize + cuBLAS on every Qwen3-8B shape, at 384 4-33% slower; its
- * time steps with the 64-row blocks) */
+ * time steps with the 64-row blocks). On sm_90a the wgmma GEMM's window
+ * (nat_window below) takes M = 65 and up first. */
 #define DISPATCH_CUBLAS_MIN_M 257
 
 static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
@@ -1461,9 +1462,10 @@ static void grid_of(const struct w4a16_weight *w, int m, enum w4a16_kernel k, in
 }
 
 /* ---- gemm helper (Session 3): the sm_90a wgmma INT4 GEMM (w4a16_gemm.cu) ---- */
-/* From this M on the dispatch uses it where available (9.0 device, sm_90a
- * build); it replaces tc64 and dequantize + cuBLAS there and needs no fp16
- * copy (workspace only for its split-K partials). Measured: docs/PERFORMANCE.md. */
+/* With AWQD_W4A16_WGMMA=1 the dispatch uses it from this M on where
+ * available (9.0 device, sm_90a build), replacing dequantize + cuBLAS; it is
+ * also the no-workspace path from here (gemm_fallback_ok). By default it runs
+ * inside nat_window's M range (session 14). Measured: docs/PERFORMANCE.md. */
 #define DISPATCH_WGMMA_MIN_M 512 /* measured (H200, Session 3): from here it beats tc64 */
 
 /* Where dequantize + cuBLAS has no room (no / too small workspace: the

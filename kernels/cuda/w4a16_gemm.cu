@@ -959,23 +959,17 @@ static int nat_default(void) {
     return on;
 }
 
-static gk_choice gk_choose_cfg4(const struct w4a16_gemm_args *a);
-
 /* Clusters of ks blocks (one block per SM) that can be resident at once on
- * this device: cudaOccupancyMaxActiveClusters for mode 4's kernel (the GPCs
- * do not all hold a multiple of ks SMs), cached per device; ~3/4 of SMs / ks
- * where the query fails. */
+ * device dev (-1: unknown): cudaOccupancyMaxActiveClusters for mode 4's
+ * kernel (the GPCs do not all hold a multiple of ks SMs), cached per device;
+ * ~3/4 of SMs / ks where the query fails. */
 static int ws_cluster_guess(int ks, int sms) {
     const int n = 3 * sms / 4 / (ks > 1 ? ks : 1);
     return n > 0 ? n : 1;
 }
-static int ws_cluster_cap(int ks, int sms) {
+static int ws_cluster_cap(int dev, int ks, int sms) {
     static std::atomic<int> cache[16][GK_CLUSTER_MAX + 1];
-    int dev = 0;
-    if (ks < 2 || ks > GK_CLUSTER_MAX || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) {
-        cudaGetLastError();
-        return ws_cluster_guess(ks, sms);
-    }
+    if (ks < 2 || ks > GK_CLUSTER_MAX || dev < 0 || dev >= 16) return ws_cluster_guess(ks, sms);
     int v = cache[dev][ks].load();
     if (v > 0) return v;
     typedef gk_cfg<1, 128, GK_ST_1_128> C;
@@ -1008,25 +1002,33 @@ static int ws_cluster_cap(int ks, int sms) {
  * split at M = 96-1024 on 16 Qwen3-8B/32B shapes and shards (H100, session
  * 14, docs/PERFORMANCE.md): the choice is within 5% of the measured best at
  * 123 of the 128 (shape, M) points, at worst 1.27x. */
-static double gk_cost4(const struct w4a16_gemm_args *a, int mt, int bn, int ks) {
+static double gk_cost4(const struct w4a16_gemm_args *a, int mt, int bn, int ks, const int *caps) {
     static const double chunk[5] = {0.391, 0.658, 0.474, 0.908, 0.717}; /* 1x64 2x64 1x128 2x128 1x256 */
     static const double tile[5] = {5.70, 8.16, 7.82, 14.15, 13.44};
     static const double red[5] = {2.52, 2.68, 3.83, 8.71, 10.85};
     const int ti = bn == 256 ? 4 : bn == 128 ? 2 + (mt - 1) : mt - 1;
     const int sms = a->sms > 0 ? a->sms : 1;
     const int cps = cdiv(a->kc, ks), kse = cdiv(a->kc, cps), tiles = tiles_of(a, mt, bn);
-    const int rounds = kse == 1 ? cdiv(tiles, sms) : cdiv(tiles, ws_cluster_cap(kse, sms));
+    const int rounds = kse == 1 ? cdiv(tiles, sms) : cdiv(tiles, caps[kse]);
     return 2.84 + rounds * ((kse == 1 ? a->kc : cps) * chunk[ti] + tile[ti]) + (kse > 1 ? red[ti] : 0.0);
 }
 
 static gk_choice gk_choose_cfg4(const struct w4a16_gemm_args *a) {
     static const int cands[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}};
     gk_choice ch = {1, 64, 1, 4};
+    /* the device and its cluster slots once per choice (a host hot path) */
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        dev = -1;
+    }
+    int caps[GK_CLUSTER_MAX + 1];
+    for (int ks = 2; ks <= GK_CLUSTER_MAX; ks++) caps[ks] = ws_cluster_cap(dev, ks, a->sms > 0 ? a->sms : 1);
     double best = 1e30;
     for (int ci = 0; ci < 5; ci++)
         for (int ks = 1; ks <= GK_CLUSTER_MAX && ks <= a->kc; ks++) {
             if (cdiv(a->kc, cdiv(a->kc, ks)) != ks) continue;
-            const double t = gk_cost4(a, cands[ci][0], cands[ci][1], ks);
+            const double t = gk_cost4(a, cands[ci][0], cands[ci][1], ks, caps);
             if (t < best * 0.999) {
                 best = t;
                 ch.mt = cands[ci][0];
@@ -1048,13 +1050,14 @@ static gk_choice gk_choose(const struct w4a16_gemm_args *a) {
 static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a) {
     gk_choice ch;
     if (forced(&ch)) return ch;
-    if (ws_default() && nat_default()) return gk_choose_cfg4(a);
+    const int mode = w4a16_gemm_auto_mode();
+    if (mode == 4) return gk_choose_cfg4(a);
     static const int cands[4][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}};
     double best = 1e30;
     ch.mt = 1;
     ch.bn = 64;
     ch.ks = 1;
-    ch.mode = ws_default() ? 3 : 0;
+    ch.mode = mode;
     const int ksmax = ch.mode >= 3 ? GK_CLUSTER_MAX : GK_KSPLIT_MAX;
     for (int ci = 0; ci < 4; ci++) {
         const int mt = cands[ci][0], bn = cands[ci][1];

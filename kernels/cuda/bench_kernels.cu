@@ -177,7 +177,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     "  --b2b-only  only the back-to-back table (no single cold calls, no cuBLAS)\n"
                     "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, decode, wgmma) at each M\n"
                     "  --sweep     time the split counts of skinny (M = 1, 2, 4, 16), tc64 (64, 128)\n"
-                    "  --sweep-gemm  time every tile and split of the wgmma GEMM (mode 4, or 3) at each --m\n");
+                    "  --sweep-gemm  time every tile and split of the wgmma GEMM (mode 4, 5 or 3) at each --m\n");
             return strcmp(argv[i], "--help") && strcmp(argv[i], "-h") ? 2 : 0;
         }
     }
@@ -441,7 +441,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
         if (sweep_gemm && !b2b_only && w4a16_gemm_available()) { /* x holds max(--m) rows */
             /* the warp-specialized wgmma GEMM in the automatic choice's mode
              * (4; 3 with AWQD_W4A16_GEMM_NAT=0), every tile and split */
-            const int gmode = w4a16_gemm_auto_mode() == 4 ? 4 : 3;
+            const int gmode = w4a16_gemm_auto_mode() >= 4 ? w4a16_gemm_auto_mode() : 3;
             static const int tl[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}};
             static const int sk[6] = {1, 2, 3, 4, 6, 8};
             for (int mi = 0; mi < nms; mi++) {

@@ -1491,7 +1491,7 @@ static int gemm_env(void) {
 #define DISPATCH_NAT_GU_MAX_M 2048
 #define DISPATCH_NAT_BIG_KN (48ll << 20)
 static int nat_window(const struct w4a16_weight *w, int m) {
-    if (m < DISPATCH_NAT_MIN_M || gemm_env() == 0 || w4a16_gemm_auto_mode() != 4 || !w4a16_gemm_available())
+    if (m < DISPATCH_NAT_MIN_M || gemm_env() == 0 || w4a16_gemm_auto_mode() < 4 || !w4a16_gemm_available())
         return 0;
     if (m <= DISPATCH_NAT_ALL_MAX_M) return 1;
     if (m <= DISPATCH_NAT_BIG_MAX_M && (long long)w->k * w->n16 * 16 >= DISPATCH_NAT_BIG_KN) return 1;

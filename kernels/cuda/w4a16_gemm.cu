@@ -211,6 +211,55 @@ static __device__ __forceinline__ void wgmma_tile(float *d, const uint32_t *a, u
     else wgmma_n256(d, a, desc);
 }
 
+/* wgmma.m64nNk16 with both operands by descriptor (K-major, 128-byte
+ * swizzle): mode 5, A = the weights dequantized into shared memory. */
+static __device__ __forceinline__ void wgmma_ss_n64(float *d, uint64_t da, uint64_t db) {
+#if WG_ENABLED
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "%32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(1));
+#else
+    (void)d, (void)da, (void)db;
+#endif
+}
+
+static __device__ __forceinline__ void wgmma_ss_n128(float *d, uint64_t da, uint64_t db) {
+#if WG_ENABLED
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(1));
+#else
+    (void)d, (void)da, (void)db;
+#endif
+}
+
+static __device__ __forceinline__ void wgmma_ss_n256(float *d, uint64_t da, uint64_t db) {
+#if WG_ENABLED
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
+                 "%128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(da), "l"(db), "r"(1));
+#else
+    (void)d, (void)da, (void)db;
+#endif
+}
+
+template <int BN>
+static __device__ __forceinline__ void wgmma_ss_tile(float *d, uint64_t da, uint64_t db) {
+    static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma_ss_tile: BN");
+    if (BN == 64) wgmma_ss_n64(d, da, db);
+    else if (BN == 128) wgmma_ss_n128(d, da, db);
+    else wgmma_ss_n256(d, da, db);
+}
+
 /* ------------------------------------------------------------------------ */
 /* The kernel                                                                */
 /* ------------------------------------------------------------------------ */
@@ -228,7 +277,8 @@ struct gk_args {
     int ntn, ntiles; /* k_w4gemm_ws: column tiles, column tiles x token tiles */
     int dbg; /* timing experiments only (AWQD_W4A16_GEMM_DBG): 1 no MMA, 2 no x copy, 8 no proxy
                 fence; mode 3: 2 no x copy, 32 no weight copy, 64 consumers only pass the
-                stages on, 128 no dequantization (results are wrong with any of them) */
+                stages on, 128 no dequantization; mode 5: 1024 no dequantization (results are
+                wrong with any of them) */
 };
 
 #define GK_THREADS 256
@@ -863,6 +913,255 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* Mode 5: the weights dequantized into shared memory (session 15)           */
+/* ------------------------------------------------------------------------ */
+/*
+ * Mode 4 with the dequantization moved off the MMA warps. Same tiles, stage
+ * ring (x tile, INT4 tile, scales, zeros per 64-deep chunk), persistent grid,
+ * cluster split-K and epilogue; the roles:
+ *
+ *   warp 8, lane 0 (copies): the INT4 tile (4 KB per 8 n16 tiles,
+ *       contiguous), scales and zeros as cp.async.bulk, x as one TMA box,
+ *       all completing on the stage's "raw" barrier; it refills a stage as
+ *       soon as the MMA of its last chunk is done (its "empty" barrier), so
+ *       ST - 1 chunks are in flight. W, scales and zeros of the first ring
+ *       are requested before the PDL wait, x after.
+ *   warps 9-11 (dequantizers): per chunk, wait for an A buffer (its "A
+ *       empty" barrier: the MMA of the chunk NA before is done) and the
+ *       stage, dequantize the INT4 tile into one of NA fp16 A buffers in the
+ *       canonical K-major 128-byte-swizzle layout (row R = 16 T + r of n16
+ *       tile T at R * 128 bytes, 16-byte unit u at u ^ (R & 7)), fence the
+ *       generic writes to the async proxy and arrive on the buffer's "A
+ *       full" barrier. A lane's repacked uint4 holds rows r and r + 8 at
+ *       k = 16 c .. 16 c + 15 (w4a16.cu "Device weight layout"), so it
+ *       becomes four 16-byte stores (units 2c, 2c + 1 of both rows; no bank
+ *       conflicts, no transpose). Warp d takes the n16 tiles d, d + 3, ...
+ *   warpgroups 0, 1 (MMA): per chunk, wait for the A buffer and the stage,
+ *       issue 4 x MT wgmma with both operands in shared memory as one group,
+ *       wait until one group is pending, and free the previous chunk's A
+ *       buffer and stage (8 arrivals each). No registers for A.
+ *
+ * The fp16 products and their order are those of mode 4 (natural k order,
+ * the same k16 steps), so its results are bit for bit mode 4's (tested).
+ * Measured slower than mode 4 (H100, session 15, docs/PERFORMANCE.md): the
+ * MMA + copies alone (AWQD_W4A16_GEMM_DBG=1024) already take mode 4's whole
+ * time, and three warps do not hide the dequantization. Not in the
+ * automatic choice; AWQD_W4A16_GEMM_SS=1 or a forced mode 5 runs it.
+ */
+#define SS_THREADS 384
+
+/* fp16 A buffers (one per chunk in flight between the dequantizers and the
+ * MMA) after the ST-stage ring */
+template <int MT, int BN, int ST, int NA>
+struct ss_cfg {
+    typedef gk_cfg<MT, BN, ST> G;
+    static constexpr int A_BYTES = G::BT * 16 * 128;
+    static constexpr int SMEM = G::STAGE * ST + A_BYTES * NA + 1024;
+};
+
+static __device__ __forceinline__ void mbar_expect_tx_noarrive(uint32_t bar, uint32_t bytes) {
+#if WG_ENABLED
+    asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+/* bytes (multiple of 16) from global to shared, completion on bar */
+static __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+#if WG_ENABLED
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
+}
+static __device__ __forceinline__ void sts128(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d)
+                 : "memory");
+}
+
+template <int MT, int BN, int ST, int NA, bool CL>
+static __global__ void __launch_bounds__(SS_THREADS, 1)
+k_w4gemm_ss(const gk_args a, const __grid_constant__ CUtensorMap tmx) {
+    typedef gk_cfg<MT, BN, ST> C;
+    typedef ss_cfg<MT, BN, ST, NA> S;
+    static_assert(ST > NA, "k_w4gemm_ss: the ring must be deeper than the A buffers");
+    extern __shared__ unsigned char g_smem_raw[];
+    __shared__ __align__(8) uint64_t bars[2 * ST + 2 * NA]; /* raw[ST], empty[ST], afull[NA], aempty[NA] */
+    const uint32_t sraw = smem_u32(g_smem_raw);
+    unsigned char *smem = g_smem_raw + (((sraw + 1023u) & ~1023u) - sraw);
+    const uint32_t sbase = smem_u32(smem), abase = sbase + ST * C::STAGE;
+    const uint32_t raw0 = smem_u32(bars), empty0 = raw0 + 8 * ST, afull0 = empty0 + 8 * ST,
+                   aempty0 = afull0 + 8 * NA;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int split = blockIdx.z;
+    const int kc0 = split * a.cps, nk = min(a.KC, kc0 + a.cps) - kc0;
+    const int cpg = a.G / 64, ncb = a.n16a / 8;
+    const int mytiles = (a.ntiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int total = mytiles * nk; /* chunks this block runs */
+
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            mbar_init(raw0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 8);
+        }
+        for (int b = 0; b < NA; b++) {
+            mbar_init(afull0 + 8 * b, 3);
+            mbar_init(aempty0 + 8 * b, 8);
+        }
+#if WG_ENABLED
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); /* the inits -> the copy engine */
+#endif
+    }
+    __syncthreads();
+
+    if (warp == 8) {
+        /* ---------------- copy issuer (one lane) ---------------- */
+        if (lane == 0) {
+            /* chunk j of this block -> its stage: INT4 tile, scales, zeros
+             * (part 1) and/or the x box (part 2); arrive: this is the
+             * barrier's one arrival */
+            auto issue = [&](int j, int part, bool arrive) {
+                const int tile = (int)blockIdx.x + (j / nk) * (int)gridDim.x, kc = kc0 + j % nk;
+                const int nb = tile % a.ntn, mb = tile / a.ntn;
+                const int slot = j % ST;
+                const uint32_t st = sbase + slot * C::STAGE, bar = raw0 + 8 * slot;
+                const int cb0 = nb * MT, ncbk = min(MT, ncb - cb0); /* column blocks of 8 n16 tiles in range */
+                uint32_t bytes = 0;
+                if (part & 1) bytes += ncbk * (4096u + 256u + 64u);
+                if (part & 2) bytes += BN * 128u;
+                if (arrive) mbar_expect_tx(bar, bytes);
+                else mbar_expect_tx_noarrive(bar, bytes);
+                if (part & 1) {
+                    const uint32_t g = (uint32_t)(kc / cpg);
+                    for (int q = 0; q < ncbk; q++)
+                        bulk_g2s(st + C::X_BYTES + q * 4096, a.qw + ((size_t)(cb0 + q) * a.KC + kc) * 256, 4096u,
+                                 bar);
+                    const size_t so = (size_t)g * a.n16a + (size_t)cb0 * 8;
+                    bulk_g2s(st + C::X_BYTES + C::W_BYTES, a.sc + so * 8, ncbk * 256u, bar);
+                    bulk_g2s(st + C::X_BYTES + C::W_BYTES + C::S_BYTES, a.zr + so * 8, ncbk * 64u, bar);
+                }
+                if (part & 2) tma_g2s_2d(st, &tmx, kc * 64, mb * BN, bar);
+            };
+            /* the first ring: constant data before the PDL wait, x after */
+            const int n0 = min(ST, total);
+            for (int j = 0; j < n0; j++) issue(j, 1, false);
+            pdl_wait();
+            for (int j = 0; j < n0; j++) issue(j, 2, true);
+            /* then each stage as soon as the MMA of its last chunk is done */
+#pragma unroll 1
+            for (int j = ST; j < total; j++) {
+                mbar_wait(empty0 + 8 * (j % ST), ((j / ST) & 1) ^ 1);
+                issue(j, 3, true);
+            }
+        }
+        __syncwarp();
+        if (CL) { /* the cluster barriers count every thread of the cluster */
+            g_cluster_sync();
+            g_cluster_sync();
+        }
+        return;
+    }
+    if (warp > 8) {
+        /* ---------------- dequantizers (warps 9-11) ---------------- */
+        const int dw = warp - 9, r = lane >> 2, c = lane & 3;
+        constexpr int TPW = (C::BT + 2) / 3; /* n16 tiles per warp and chunk (at most) */
+#pragma unroll 1
+        for (int i = 0; i < total; i++) {
+            const int b = i % NA, slot = i % ST;
+            if (i >= NA) mbar_wait(aempty0 + 8 * b, ((i / NA) & 1) ^ 1); /* chunk i - NA's MMA is done */
+            mbar_wait(raw0 + 8 * slot, (i / ST) & 1);
+            if (!(a.dbg & 1024)) { /* timing switch 1024: no dequantization (A is stale) */
+                const unsigned char *stp = smem + slot * C::STAGE;
+                const uint4 *sw = (const uint4 *)(stp + C::X_BYTES);
+                const uint32_t *ss = (const uint32_t *)(stp + C::X_BYTES + C::W_BYTES);
+                const uint8_t *sz = stp + C::X_BYTES + C::W_BYTES + C::S_BYTES;
+                const uint32_t ab = abase + b * S::A_BYTES;
+                uint4 wv[TPW];
+                uint32_t s2[TPW], z2[TPW];
+#pragma unroll
+                for (int j = 0; j < TPW; j++) { /* loads first */
+                    const int T = dw + 3 * j;
+                    if (T >= C::BT) break;
+                    wv[j] = sw[T * 32 + lane];
+                    s2[j] = ss[T * 8 + r];
+                    z2[j] = sz[T * 8 + r];
+                }
+#pragma unroll
+                for (int j = 0; j < TPW; j++) {
+                    const int T = dw + 3 * j;
+                    if (T >= C::BT) break;
+                    const g_deq dq = g_deq_make(s2[j], z2[j]);
+                    uint32_t f[4][4];
+#pragma unroll
+                    for (int t = 0; t < 4; t++) g_deq_word((&wv[j].x)[t], dq, f[t]);
+                    const uint32_t row = ab + (16 * T + r) * 128;
+                    const uint32_t u0 = (uint32_t)(((2 * c) ^ r) << 4), u1 = (uint32_t)(((2 * c + 1) ^ r) << 4);
+                    sts128(row + u0, f[0][0], f[0][2], f[1][0], f[1][2]);
+                    sts128(row + u1, f[2][0], f[2][2], f[3][0], f[3][2]);
+                    sts128(row + 8 * 128 + u0, f[0][1], f[0][3], f[1][1], f[1][3]);
+                    sts128(row + 8 * 128 + u1, f[2][1], f[2][3], f[3][1], f[3][3]);
+                }
+                g_fence_async(); /* these generic writes -> the wgmma's reads (async proxy) */
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(afull0 + 8 * b);
+        }
+        if (CL) {
+            g_cluster_sync();
+            g_cluster_sync();
+        }
+        return;
+    }
+
+    /* ---------------- MMA warpgroups ---------------- */
+    const int wg = warp >> 2, wq = warp & 3;
+    const int r = lane >> 2, c = lane & 3;
+    float acc[MT][BN / 2];
+    int it = 0;
+    for (int tile = blockIdx.x; tile < a.ntiles; tile += gridDim.x) {
+        const int nb = tile % a.ntn, mb = tile / a.ntn;
+        const int nt0 = nb * C::BT, tok0 = mb * BN;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) acc[mt][i] = 0.f;
+#pragma unroll 1
+        for (int kk = 0; kk < nk; kk++, it++) {
+            const int b = it % NA, slot = it % ST;
+            mbar_wait(afull0 + 8 * b, (it / NA) & 1);
+            mbar_wait(raw0 + 8 * slot, (it / ST) & 1); /* x landed (the dequantizers saw it too) */
+            const uint32_t xb = sbase + slot * C::STAGE, ab = abase + b * S::A_BYTES;
+            wg_fence();
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int t = 0; t < 4; t++)
+                    wgmma_ss_tile<BN>(acc[mt], wg_desc(ab + (wg * MT + mt) * 8192 + t * 32), wg_desc(xb + t * 32));
+            wg_commit();
+            wg_wait<1>(); /* chunk it - 1's MMA is done: free its A buffer and stage */
+            if (kk > 0 && lane == 0) {
+                mbar_arrive(aempty0 + 8 * ((it - 1) % NA));
+                mbar_arrive(empty0 + 8 * ((it - 1) % ST));
+            }
+        }
+        wg_wait<0>();
+        if (nk > 0 && lane == 0) {
+            mbar_arrive(aempty0 + 8 * ((it - 1) % NA));
+            mbar_arrive(empty0 + 8 * ((it - 1) % ST));
+        }
+#if !WG_ENABLED
+        __trap(); /* never launched: w4a16_gemm_available() is 0 without sm_90a code */
+#endif
+        if (CL) {
+            asm volatile("bar.sync 1, 256;" ::: "memory"); /* every MMA warp is done with the ring */
+            gk_cluster_store<MT, BN>(a, acc, (float *)smem, nt0, tok0, wg, wq, r, c, tid);
+        } else {
+            gk_store<MT, BN>(a, acc, nt0, tok0, wg, wq, r, c);
+        }
+    }
+    pdl_launch();
+}
+
+
+/* ------------------------------------------------------------------------ */
 /* Host: configurations, choice, launch                                      */
 /* ------------------------------------------------------------------------ */
 
@@ -883,7 +1182,7 @@ struct gk_choice {
 static std::atomic<int> g_force_set{-1}; /* -1: env not read yet, 0: auto, 1: forced */
 static gk_choice g_force = {0, 0, 0, 0};
 
-/* tiles of every mode; 1 x 256 (m64n256 wgmma) in modes 3 and 4 only */
+/* tiles of every mode; 1 x 256 (m64n256 wgmma) in modes 3, 4 and 5 only */
 static int cfg_valid(int mt, int bn, int mode) {
     return ((mt == 1 || mt == 2) && (bn == 64 || bn == 128)) || (mt == 1 && bn == 256 && mode >= 3);
 }
@@ -893,7 +1192,7 @@ extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
         g_force_set.store(0);
         return 0;
     }
-    if (!cfg_valid(mt, bn, mode) || ksplit < 1 || ksplit > 64 || mode < 0 || mode > 4) return -EINVAL;
+    if (!cfg_valid(mt, bn, mode) || ksplit < 1 || ksplit > 64 || mode < 0 || mode > 5) return -EINVAL;
     if (mode >= 3 && ksplit > GK_CLUSTER_MAX) return -EINVAL; /* its split is reduced in a cluster only */
     g_force.mt = mt;
     g_force.bn = bn;
@@ -1039,7 +1338,16 @@ static gk_choice gk_choose_cfg4(const struct w4a16_gemm_args *a) {
     return ch;
 }
 
-extern "C" int w4a16_gemm_auto_mode(void) { return ws_default() ? (nat_default() ? 4 : 3) : 0; }
+/* AWQD_W4A16_GEMM_SS=1: mode 5 (the weights dequantized into shared memory
+ * by the producer warpgroup) where the automatic choice runs mode 4 */
+static int ss_default(void) {
+    static const int on = getenv("AWQD_W4A16_GEMM_SS") && !strcmp(getenv("AWQD_W4A16_GEMM_SS"), "1");
+    return on;
+}
+
+extern "C" int w4a16_gemm_auto_mode(void) {
+    return ws_default() ? (nat_default() ? (ss_default() ? 5 : 4) : 3) : 0;
+}
 
 static gk_choice gk_choose(const struct w4a16_gemm_args *a) {
     gk_choice ch = gk_choose_cfg(a);
@@ -1051,7 +1359,11 @@ static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a) {
     gk_choice ch;
     if (forced(&ch)) return ch;
     const int mode = w4a16_gemm_auto_mode();
-    if (mode == 4) return gk_choose_cfg4(a);
+    if (mode >= 4) {
+        ch = gk_choose_cfg4(a);
+        ch.mode = mode;
+        return ch;
+    }
     static const int cands[4][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}};
     double best = 1e30;
     ch.mt = 1;
@@ -1232,6 +1544,44 @@ static int ws_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char
                         pdl, s, err, errlen, ka, tm);
 }
 
+/* mode 5: ring depth and fp16 A buffers per tile (fits 227 KB) */
+#define SS_ST_1_64 8
+#define SS_NA_1_64 4
+#define SS_ST_2_64 7
+#define SS_NA_2_64 3
+#define SS_ST_1_128 7
+#define SS_NA_1_128 3
+#define SS_ST_2_128 6
+#define SS_NA_2_128 2
+#define SS_ST_1_256 5
+#define SS_NA_1_256 2
+
+template <int MT, int BN, int ST, int NA, bool CL>
+static int ss_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err, size_t errlen) {
+    static std::atomic<unsigned long long> smem_set{0};
+    CUtensorMap tm;
+    memset(&tm, 0, sizeof tm);
+    const int rc = ws_xmap(&tm, ka.x, ka.m, ka.K, BN, err, errlen);
+    if (rc) return rc;
+    return gk_launch_ex(k_w4gemm_ss<MT, BN, ST, NA, CL>, &smem_set, grid, SS_THREADS, ss_cfg<MT, BN, ST, NA>::SMEM,
+                        CL, pdl, s, err, errlen, ka, tm);
+}
+
+template <bool CL>
+static int ss_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err,
+                       size_t errlen) {
+#define SS_CASE(M_, N_)                                                                                        \
+    if (ch.mt == M_ && ch.bn == N_)                                                                            \
+        return ss_launch<M_, N_, SS_ST_##M_##_##N_, SS_NA_##M_##_##N_, CL>(ka, grid, pdl, s, err, errlen);
+    SS_CASE(1, 64)
+    SS_CASE(2, 64)
+    SS_CASE(1, 128)
+    SS_CASE(2, 128)
+    SS_CASE(1, 256)
+#undef SS_CASE
+    return util_err(err, errlen, -EINVAL, "w4a16_gemm: bad tile configuration %d x %d", ch.mt, ch.bn);
+}
+
 template <bool CL, bool NAT>
 static int ws_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
                        char *err, size_t errlen) {
@@ -1306,6 +1656,9 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
     if (ch.mode >= 3) { /* persistent: one block per SM; a split: one tile per block, in a cluster */
         const int sms = a->sms > 0 ? a->sms : 1;
         const dim3 grid = ks > 1 ? dim3(ka.ntiles, 1, ks) : dim3(ka.ntiles < sms ? ka.ntiles : sms, 1, 1);
+        if (ch.mode == 5)
+            return ks > 1 ? ss_dispatch<true>(ch, ka, grid, pdl, s, err, errlen)
+                          : ss_dispatch<false>(ch, ka, grid, pdl, s, err, errlen);
         if (ch.mode == 4)
             return ks > 1 ? ws_dispatch<true, true>(ch, ka, grid, pdl, s, err, errlen)
                           : ws_dispatch<false, true>(ch, ka, grid, pdl, s, err, errlen);

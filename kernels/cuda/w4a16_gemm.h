@@ -56,16 +56,18 @@ int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t ws_bytes, i
 
 /* Forces a configuration for later calls (tests, benchmarks; process-wide):
  * mt in {1, 2} (block = 128 * mt weight rows), bn in {64, 128} (tokens
- * per block; mt 1 x bn 256 in mode 3 only), ksplit >= 1, mode 0 = wgmma (a
+ * per block; mt 1 x bn 256 in modes 3-5 only), ksplit >= 1, mode 0 = wgmma (a
  * split of 2..8 reduced inside a thread-block cluster, no workspace), 1 =
  * mma.sync (same tiles and data path; split through the workspace), 2 =
  * wgmma with the split through the workspace, 3 = the warp-specialized
  * kernel (producer warpgroup + two wgmma consumer warpgroups, persistent
  * grid; ksplit <= 8, reduced in a cluster; bitwise mode 0's result), 4 =
  * mode 3 with x by TMA in natural k order and the weight words transposed
- * in each quad (not bitwise mode 3's: other k in each k16 step). The
- * automatic choice uses mode 4 with its modelled tile and split (mode 3
- * with AWQD_W4A16_GEMM_NAT=0, mode 0 with AWQD_W4A16_GEMM_WS=0). mt = 0
+ * in each quad (not bitwise mode 3's: other k in each k16 step), 5 = mode 4
+ * with the weights dequantized into shared memory by the producer warpgroup
+ * (bitwise mode 4's; slower, an experiment). The automatic choice uses mode
+ * 4 with its modelled tile and split (mode 5 with AWQD_W4A16_GEMM_SS=1, mode
+ * 3 with AWQD_W4A16_GEMM_NAT=0, mode 0 with AWQD_W4A16_GEMM_WS=0). mt = 0
  * restores the automatic choice.
  * The environment variable AWQD_W4A16_GEMM_CFG="mt,bn,ksplit,mode" sets the
  * same at the first call. Returns 0, or -EINVAL for an unsupported tuple. */
@@ -74,8 +76,9 @@ int w4a16_gemm_config(int mt, int bn, int ksplit, int mode);
 /* The configuration a call with these arguments uses (after any forcing). */
 void w4a16_gemm_choice(const struct w4a16_gemm_args *a, int *mt, int *bn, int *ksplit, int *mode);
 
-/* The mode the automatic choice runs: 4 (default), 3 with
- * AWQD_W4A16_GEMM_NAT=0, 0 with AWQD_W4A16_GEMM_WS=0. */
+/* The mode the automatic choice runs: 4 (default), 5 with
+ * AWQD_W4A16_GEMM_SS=1, 3 with AWQD_W4A16_GEMM_NAT=0, 0 with
+ * AWQD_W4A16_GEMM_WS=0. */
 int w4a16_gemm_auto_mode(void);
 
 #ifdef __cplusplus

@@ -184,7 +184,7 @@ static int gemm_here(void) {
         }                                                                                \
     } while (0)
 
-static const int CFGS[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}}; /* 1 x 256: modes 3, 4 only */
+static const int CFGS[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}}; /* 1 x 256: modes 3-5 only */
 
 /* Every tile configuration in one mode, split 1 and 3, on a shape whose N is
  * not a multiple of any tile (1000 = 62.5 n16 tiles), with bias. */
@@ -202,6 +202,7 @@ static void check_configs(int mode) {
                      : mode == 2 ? "wgmma+workspace"
                      : mode == 3 ? "warp-specialized"
                      : mode == 4 ? "natural-k x (TMA)"
+                     : mode == 5 ? "A dequantized to shared memory"
                                  : "wgmma+cluster",
                      ks);
             for (int i = 0; i < 4; i++) {
@@ -242,6 +243,11 @@ TEST(w4a16_gemm, configs_warp_specialized) { /* mode 3: producer warpgroup, pers
 TEST(w4a16_gemm, configs_natural_k) { /* mode 4: x by TMA, the weight words transposed in the quad */
     NEED_GEMM();
     check_configs(4);
+}
+
+TEST(w4a16_gemm, configs_smem_a) { /* mode 5: the producer warpgroup dequantizes into shared memory */
+    NEED_GEMM();
+    check_configs(5);
 }
 
 /* y of one forced call (config mt x bn, split ks, mode), copied to hy. */
@@ -364,6 +370,14 @@ TEST(w4a16_gemm, warp_specialized_matches_session3) {
 TEST(w4a16_gemm, natural_k_matches_warp_specialized) {
     NEED_GEMM();
     compare_modes(3, 4, 5, 2e-3f);
+}
+
+/* Mode 5 feeds the wgmma the same fp16 A values as mode 4 (from shared
+ * memory instead of registers) in the same k16 steps: bit for bit, every
+ * tile and split, the ring and the A buffers wrapping across tiles. */
+TEST(w4a16_gemm, smem_a_matches_natural_k) {
+    NEED_GEMM();
+    compare_modes(4, 5, 5, -1.f);
 }
 
 /* Qwen3-8B q|k|v, o, gate|up (silu epilogue), down at the M values. */

@@ -440,7 +440,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
         }
         if (sweep_gemm && !b2b_only && w4a16_gemm_available()) { /* x holds max(--m) rows */
             /* the warp-specialized wgmma GEMM in the automatic choice's mode
-             * (4; 3 with AWQD_W4A16_GEMM_NAT=0), every tile and split */
+             * (4, or 5 with AWQD_W4A16_GEMM_SS=1; 3 with AWQD_W4A16_GEMM_NAT=0),
+             * every tile and split */
             const int gmode = w4a16_gemm_auto_mode() >= 4 ? w4a16_gemm_auto_mode() : 3;
             static const int tl[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}};
             static const int sk[6] = {1, 2, 3, 4, 6, 8};

@@ -318,6 +318,131 @@ static __device__ __forceinline__ void gk_store(const A &a, float (&acc)[MT][BN 
     }
 }
 
+/* stmatrix .x4 .trans: four 8x8 b16 matrices from mma C fragments (register
+ * i = matrix i; thread (g, c) holds its row g, columns 2c, 2c + 1), each
+ * stored transposed: lane 8 i + k gives the address of row k of matrix i,
+ * which receives column k (16 bytes). */
+static __device__ __forceinline__ void g_stsm4t(uint32_t addr, const uint32_t v[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v[0]),
+                 "r"(v[1]), "r"(v[2]), "r"(v[3])
+                 : "memory");
+#else
+    (void)addr, (void)v;
+#endif
+}
+/* the first n (< 8) fp16 values of v to dst (register-only indexing) */
+static __device__ __forceinline__ void g_store_tail(uint16_t *dst, const uint4 &v, int n) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const uint32_t w = i < 2 ? v.x : i < 4 ? v.y : i < 6 ? v.z : v.w;
+        if (i < n) dst[i] = (uint16_t)(w >> (16 * (i & 1)));
+    }
+}
+static __device__ __forceinline__ uint32_t g_pack_h2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *(const uint32_t *)&h;
+}
+
+/* The end of a tile through shared memory (the warp-specialized kernel,
+ * session 17). gk_store's scattered 2-byte stores (128 per thread and tile
+ * at 1 x 256) left the tensor cores idle at every tile's end: at M = 4096
+ * q|k|v (H100) mode 4 kept them busy 70% of the time, 85% with no stores
+ * at all, and cuBLAS 95%. Here each warp rounds its results to fp16 as
+ * gk_store does (bias, then silu(gate) * up, in fp32: bit for bit the same
+ * values), transposes 16 tokens (gate|up: 32) at a time with one stmatrix
+ * into its own SLICE bytes of shared memory `stg` (after the ring, used by
+ * nothing else, so no barrier with the other warpgroup) and writes y in
+ * 16-byte pieces: 8 consecutive outputs of one token, one piece per lane
+ * and round. Needs ldy % 8 == 0 (the upload's shape rules give it; y is
+ * 16-byte aligned); rows past m and columns past n (gate|up: ldy) are not
+ * written. */
+#define WS_SLICE 512
+template <int MT, int BN, class A, int SLICE = WS_SLICE>
+static __device__ __forceinline__ void gk_store_staged(const A &a, float (&acc)[MT][BN / 2], unsigned char *stg,
+                                                       int nt0, int tok0, int wg, int wq, int lane, int warp) {
+    constexpr int RT = SLICE / 32, RG = SLICE / 16; /* tokens per round: plain, gate|up */
+    static_assert(RT % 16 == 0 && BN % RG == 0, "gk_store_staged: slice");
+    const int r = lane >> 2, mi = lane >> 3, k = lane & 7;
+    unsigned char *slice = stg + warp * SLICE;
+    const uint32_t sbase = smem_u32(slice);
+    const int mrem = a.m - tok0;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const int nt = nt0 + (wg * MT + mt) * 4 + wq;
+        if (nt >= a.n16a) continue; /* the same for the whole warp */
+        float blo = 0.f, bhi = 0.f;
+        if (a.bias) {
+            blo = __half2float(__ushort_as_half(a.bias[nt * 16 + r]));
+            bhi = __half2float(__ushort_as_half(a.bias[nt * 16 + r + 8]));
+        }
+        if (!a.gate_up) {
+            /* token t of a round at t * 32 bytes: rows 0-7, then rows 8-15 */
+#pragma unroll
+            for (int h = 0; h < BN / RT; h++) {
+                __syncwarp(); /* the previous round's reads of the slice are done */
+#pragma unroll
+                for (int q = 0; q < RT / 16; q++) {
+                    uint32_t v[4];
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const int j = h * (RT / 8) + 2 * q + u;
+                        v[2 * u] = g_pack_h2(acc[mt][4 * j] + blo, acc[mt][4 * j + 1] + blo);
+                        v[2 * u + 1] = g_pack_h2(acc[mt][4 * j + 2] + bhi, acc[mt][4 * j + 3] + bhi);
+                    }
+                    g_stsm4t(sbase + (uint32_t)((16 * q + 8 * (mi >> 1) + k) * 32 + (mi & 1) * 16), v);
+                }
+                __syncwarp();
+#pragma unroll
+                for (int p = 0; p < RT / 16; p++) {
+                    const int piece = lane + 32 * p, m = h * RT + (piece >> 1);
+                    const int n0 = nt * 16 + (piece & 1) * 8;
+                    const uint4 val = *(const uint4 *)(slice + piece * 16);
+                    if (m >= mrem) continue;
+                    uint16_t *dst = a.y + (size_t)(tok0 + m) * a.ldy + n0;
+                    if (n0 + 8 <= a.n) {
+                        *(uint4 *)dst = val;
+                    } else {
+                        g_store_tail(dst, val, a.n - n0);
+                    }
+                }
+            }
+        } else {
+            /* gate|up: output column j = 8 nt + r; token t of a round at t * 16 bytes */
+#pragma unroll
+            for (int h = 0; h < BN / RG; h++) {
+                __syncwarp();
+#pragma unroll
+                for (int q = 0; q < RG / 32; q++) {
+                    uint32_t v[4];
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        const int j = h * (RG / 8) + 4 * q + u;
+                        const float d0 = acc[mt][4 * j] + blo, d1 = acc[mt][4 * j + 1] + blo;
+                        const float d2 = acc[mt][4 * j + 2] + bhi, d3 = acc[mt][4 * j + 3] + bhi;
+                        v[u] = g_pack_h2(d0 / (1.f + __expf(-d0)) * d2, d1 / (1.f + __expf(-d1)) * d3);
+                    }
+                    g_stsm4t(sbase + (uint32_t)((32 * q + 8 * mi + k) * 16), v);
+                }
+                __syncwarp();
+#pragma unroll
+                for (int p = 0; p < RG / 32; p++) {
+                    const int m = h * RG + lane + 32 * p, j0 = nt * 8;
+                    const uint4 val = *(const uint4 *)(slice + (lane + 32 * p) * 16);
+                    if (m >= mrem) continue;
+                    uint16_t *dst = a.y + (size_t)(tok0 + m) * a.ldy + j0;
+                    if (j0 + 8 <= a.ldy) {
+                        *(uint4 *)dst = val;
+                    } else {
+                        g_store_tail(dst, val, a.ldy - j0);
+                    }
+                }
+            }
+        }
+    }
+    __syncwarp();
+}
+
 /* Split-K inside a thread-block cluster (sm_90; cluster = the ksplit blocks
  * of one tile, rank = split): each block parks its partials in its own (now
  * idle) shared memory `red`, and rank rho reduces n8 blocks q with
@@ -576,11 +701,15 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
  * No block-wide barrier in the main loop. The grid is persistent (one block
  * per SM, tiles blockIdx.x, + gridDim.x, ...; column tile fastest), so the
  * producer runs ahead into the next tile while the consumers store the
- * previous one. A K split (2..8) is reduced inside a thread-block cluster as
+ * previous one, each MMA warp through its own 512-byte staging slice after
+ * the ring (gk_store_staged). A K split (2..8) is reduced inside a thread-block cluster as
  * in k_w4gemm (one tile per block then). PDL: the INT4 tiles, scales and
  * zeros of the first ring are requested before griddepcontrol.wait, x after.
  */
 #define WS_THREADS 384
+/* dynamic shared memory: the ring (+ alignment slack) and one staging slice
+ * per MMA warp (gk_store_staged) */
+#define WS_SMEM(MT, BN, ST) (gk_cfg<MT, BN, ST>::SMEM + 8 * WS_SLICE)
 /* Registers per thread: 168 at launch (65536 / 384, rounded down to 8); the
  * producer gives back (168 - 40) x 128 and the consumers take exactly that,
  * (232 - 168) x 256. setmaxnreg.inc waits until the registers are free, so a
@@ -897,16 +1026,19 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx) {
         }
         if (kk < nk) chunk(std::integral_constant<int, 0>(), kk);
         wg_wait<0>();
-        if (nk > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
 #if !WG_ENABLED
         __trap(); /* never launched: w4a16_gemm_available() is 0 without sm_90a code */
 #endif
+        if (nk > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
         if (CL) {
             /* the producer takes part in both cluster barriers */
             asm volatile("bar.sync 1, 256;" ::: "memory"); /* every consumer is done with the ring */
             gk_cluster_store<MT, BN>(a, acc, (float *)smem, nt0, tok0, wg, wq, r, c, tid);
         } else {
-            gk_store<MT, BN>(a, acc, nt0, tok0, wg, wq, r, c);
+            if ((a.ldy & 7) == 0) /* always, with the upload's shape rules */
+                gk_store_staged<MT, BN>(a, acc, smem + ST * C::STAGE, nt0, tok0, wg, wq, lane, warp);
+            else
+                gk_store<MT, BN>(a, acc, nt0, tok0, wg, wq, r, c);
         }
     }
     pdl_launch();
@@ -1170,7 +1302,7 @@ k_w4gemm_ss(const gk_args a, const __grid_constant__ CUtensorMap tmx) {
 #define GK_ST_2_64 8
 #define GK_ST_1_128 8
 #define GK_ST_2_128 7
-#define GK_ST_1_256 6 /* mode 3 only */
+#define GK_ST_1_256 5 /* modes 3-5 (6 before session 17; 5 leaves room for the staging slices) */
 
 #define GK_KSPLIT_MAX 16
 #define GK_CLUSTER_MAX 8
@@ -1271,13 +1403,13 @@ static int ws_cluster_cap(int dev, int ks, int sms) {
     if (ks < 2 || ks > GK_CLUSTER_MAX || dev < 0 || dev >= 16) return ws_cluster_guess(ks, sms);
     int v = cache[dev][ks].load();
     if (v > 0) return v;
-    typedef gk_cfg<1, 128, GK_ST_1_128> C;
+    const int smem = WS_SMEM(1, 128, GK_ST_1_128);
     const void *fn = (const void *)k_w4gemm_ws<1, 128, GK_ST_1_128, true, true>;
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1] = {};
     cfg.gridDim = dim3(1, 1, ks);
     cfg.blockDim = dim3(WS_THREADS);
-    cfg.dynamicSmemBytes = C::SMEM;
+    cfg.dynamicSmemBytes = smem;
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = 1;
     at[0].val.clusterDim.y = 1;
@@ -1285,7 +1417,7 @@ static int ws_cluster_cap(int dev, int ks, int sms) {
     cfg.attrs = at;
     cfg.numAttrs = 1;
     int n = 0;
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM) != cudaSuccess ||
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
         cudaOccupancyMaxActiveClusters(&n, fn, &cfg) != cudaSuccess || n < 1)
         n = ws_cluster_guess(ks, sms);
     cudaGetLastError();
@@ -1540,7 +1672,7 @@ static int ws_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char
         const int rc = ws_xmap(&tm, ka.x, ka.m, ka.K, BN, err, errlen);
         if (rc) return rc;
     }
-    return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT>, &smem_set, grid, WS_THREADS, gk_cfg<MT, BN, ST>::SMEM, CL,
+    return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT>, &smem_set, grid, WS_THREADS, WS_SMEM(MT, BN, ST), CL,
                         pdl, s, err, errlen, ka, tm);
 }
 

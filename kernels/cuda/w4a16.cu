@@ -1152,7 +1152,7 @@ static __global__ void k_silu_mul(const uint16_t *__restrict__ Y, const uint16_t
         g += __half2float(__ushort_as_half(bias[pg]));
         u += __half2float(__ushort_as_half(bias[pu]));
     }
-    y[(size_t)row * ldy + j] = __half_as_ushort(__float2half_rn(g / (1.f + __expf(-g)) * u));
+    y[(size_t)row * ldy + j] = __half_as_ushort(__float2half_rn(w4_silu_mul(g, u)));
 }
 
 /* ------------------------------------------------------------------------ */

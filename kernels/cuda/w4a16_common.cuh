@@ -79,6 +79,10 @@ static __device__ __forceinline__ void store_h(uint16_t *p, float v) {
     *p = __half_as_ushort(__float2half_rn(v));
 }
 
+/* silu(g) * u in fp32, the gate|up activation of every W4A16 path (one
+ * expression, so that each path rounds the same value to fp16) */
+static __device__ __forceinline__ float w4_silu_mul(float g, float u) { return g / (1.f + __expf(-g)) * u; }
+
 /* The output stage of every W4A16 kernel. One thread's mma D fragment of
  * n16 tile nt: d0 = (rho r, m0), d1 = (rho r, m0+1), d2 = (rho r+8, m0),
  * d3 = (rho r+8, m0+1); adds the bias, applies silu(gate) * up for the
@@ -100,8 +104,8 @@ static __device__ __forceinline__ void w4_epilogue(const A &a, int nt, int r, in
     if (a.gate_up) {
         int j = nt * 8 + r;
         if (j >= a.ldy) return; /* padding tiles of the last block */
-        if (m0 < a.m) store_h(a.y + (size_t)m0 * a.ldy + j, d0 / (1.f + __expf(-d0)) * d2);
-        if (m0 + 1 < a.m) store_h(a.y + (size_t)(m0 + 1) * a.ldy + j, d1 / (1.f + __expf(-d1)) * d3);
+        if (m0 < a.m) store_h(a.y + (size_t)m0 * a.ldy + j, w4_silu_mul(d0, d2));
+        if (m0 + 1 < a.m) store_h(a.y + (size_t)(m0 + 1) * a.ldy + j, w4_silu_mul(d1, d3));
     } else {
         if (m0 < a.m) {
             uint16_t *row = a.y + (size_t)m0 * a.ldy;

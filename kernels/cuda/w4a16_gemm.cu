@@ -420,7 +420,7 @@ static __device__ __forceinline__ void gk_store_staged(const A &a, float (&acc)[
                         const int j = h * (RG / 8) + 4 * q + u;
                         const float d0 = acc[mt][4 * j] + blo, d1 = acc[mt][4 * j + 1] + blo;
                         const float d2 = acc[mt][4 * j + 2] + bhi, d3 = acc[mt][4 * j + 3] + bhi;
-                        v[u] = g_pack_h2(d0 / (1.f + __expf(-d0)) * d2, d1 / (1.f + __expf(-d1)) * d3);
+                        v[u] = g_pack_h2(w4_silu_mul(d0, d2), w4_silu_mul(d1, d3));
                     }
                     g_stsm4t(sbase + (uint32_t)((32 * q + 8 * mi + k) * 16), v);
                 }

@@ -1302,7 +1302,7 @@ k_w4gemm_ss(const gk_args a, const __grid_constant__ CUtensorMap tmx) {
 #define GK_ST_2_64 8
 #define GK_ST_1_128 8
 #define GK_ST_2_128 7
-#define GK_ST_1_256 5 /* modes 3-5 (6 before session 17; 5 leaves room for the staging slices) */
+#define GK_ST_1_256 5 /* modes 3 and 4 (6 before session 17; 5 leaves room for the staging slices) */
 
 #define GK_KSPLIT_MAX 16
 #define GK_CLUSTER_MAX 8

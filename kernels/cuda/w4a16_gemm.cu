@@ -277,7 +277,7 @@ struct gk_args {
     int ntn, ntiles; /* k_w4gemm_ws: column tiles, column tiles x token tiles */
     int dbg; /* timing experiments only (AWQD_W4A16_GEMM_DBG): 1 no MMA, 2 no x copy, 8 no proxy
                 fence; mode 3: 2 no x copy, 32 no weight copy, 64 consumers only pass the
-                stages on, 128 no dequantization; mode 5: 1024 no dequantization (results are
+                stages on, 128 no dequantization, 256 no tile-end stores at split 1, 512 no quad transpose (mode 4); mode 5: 1024 no dequantization (results are
                 wrong with any of them) */
 };
 
@@ -343,6 +343,39 @@ static __device__ __forceinline__ uint32_t g_pack_h2(float lo, float hi) {
     const __half2 h = __floats2half2_rn(lo, hi);
     return *(const uint32_t *)&h;
 }
+/* The tile-end helpers of gk_store_staged and gk_store_tma: the bias of
+ * rows r, r + 8 of n16 tile nt; and one stmatrix .x4 worth of fp16 values,
+ * rounded as gk_store rounds them: PLAIN token blocks j0, j0 + 1 (matrices
+ * rows 0-7, rows 8-15 of each), GATE_UP silu(gate) * up of token blocks
+ * j0 .. j0 + 3. */
+template <class A>
+static __device__ __forceinline__ void g_bias_rows(const A &a, int nt, int r, float &blo, float &bhi) {
+    blo = bhi = 0.f;
+    if (a.bias) {
+        blo = __half2float(__ushort_as_half(a.bias[nt * 16 + r]));
+        bhi = __half2float(__ushort_as_half(a.bias[nt * 16 + r + 8]));
+    }
+}
+template <int NA>
+static __device__ __forceinline__ void g_pack_plain(const float (&c)[NA], int j0, float blo, float bhi, uint32_t v[4]) {
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int j = j0 + u;
+        v[2 * u] = g_pack_h2(c[4 * j] + blo, c[4 * j + 1] + blo);
+        v[2 * u + 1] = g_pack_h2(c[4 * j + 2] + bhi, c[4 * j + 3] + bhi);
+    }
+}
+template <int NA>
+static __device__ __forceinline__ void g_pack_gate_up(const float (&c)[NA], int j0, float blo, float bhi,
+                                                      uint32_t v[4]) {
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int j = j0 + u;
+        const float d0 = c[4 * j] + blo, d1 = c[4 * j + 1] + blo;
+        const float d2 = c[4 * j + 2] + bhi, d3 = c[4 * j + 3] + bhi;
+        v[u] = g_pack_h2(w4_silu_mul(d0, d2), w4_silu_mul(d1, d3));
+    }
+}
 
 /* The end of a tile through shared memory (the warp-specialized kernel,
  * session 17). gk_store's scattered 2-byte stores (128 per thread and tile
@@ -371,11 +404,8 @@ static __device__ __forceinline__ void gk_store_staged(const A &a, float (&acc)[
     for (int mt = 0; mt < MT; mt++) {
         const int nt = nt0 + (wg * MT + mt) * 4 + wq;
         if (nt >= a.n16a) continue; /* the same for the whole warp */
-        float blo = 0.f, bhi = 0.f;
-        if (a.bias) {
-            blo = __half2float(__ushort_as_half(a.bias[nt * 16 + r]));
-            bhi = __half2float(__ushort_as_half(a.bias[nt * 16 + r + 8]));
-        }
+        float blo, bhi;
+        g_bias_rows(a, nt, r, blo, bhi);
         if (!a.gate_up) {
             /* token t of a round at t * 32 bytes: rows 0-7, then rows 8-15 */
 #pragma unroll
@@ -384,12 +414,7 @@ static __device__ __forceinline__ void gk_store_staged(const A &a, float (&acc)[
 #pragma unroll
                 for (int q = 0; q < RT / 16; q++) {
                     uint32_t v[4];
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        const int j = h * (RT / 8) + 2 * q + u;
-                        v[2 * u] = g_pack_h2(acc[mt][4 * j] + blo, acc[mt][4 * j + 1] + blo);
-                        v[2 * u + 1] = g_pack_h2(acc[mt][4 * j + 2] + bhi, acc[mt][4 * j + 3] + bhi);
-                    }
+                    g_pack_plain(acc[mt], h * (RT / 8) + 2 * q, blo, bhi, v);
                     g_stsm4t(sbase + (uint32_t)((16 * q + 8 * (mi >> 1) + k) * 32 + (mi & 1) * 16), v);
                 }
                 __syncwarp();
@@ -415,13 +440,7 @@ static __device__ __forceinline__ void gk_store_staged(const A &a, float (&acc)[
 #pragma unroll
                 for (int q = 0; q < RG / 32; q++) {
                     uint32_t v[4];
-#pragma unroll
-                    for (int u = 0; u < 4; u++) {
-                        const int j = h * (RG / 8) + 4 * q + u;
-                        const float d0 = acc[mt][4 * j] + blo, d1 = acc[mt][4 * j + 1] + blo;
-                        const float d2 = acc[mt][4 * j + 2] + bhi, d3 = acc[mt][4 * j + 3] + bhi;
-                        v[u] = g_pack_h2(w4_silu_mul(d0, d2), w4_silu_mul(d1, d3));
-                    }
+                    g_pack_gate_up(acc[mt], h * (RG / 8) + 4 * q, blo, bhi, v);
                     g_stsm4t(sbase + (uint32_t)((32 * q + 8 * mi + k) * 16), v);
                 }
                 __syncwarp();
@@ -441,6 +460,92 @@ static __device__ __forceinline__ void gk_store_staged(const A &a, float (&acc)[
         }
     }
     __syncwarp();
+}
+
+/* bulk asynchronous stores (sm_90): shared memory -> a box of a 2-D tensor
+ * map, counted in this thread's bulk groups */
+static __device__ __forceinline__ void tma_s2g_2d(const void *tmap, int c0, int c1, uint32_t src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(tmap), "r"(c0),
+                 "r"(c1), "r"(src)
+                 : "memory");
+#endif
+}
+static __device__ __forceinline__ void bulk_commit(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#endif
+}
+/* READ: wait until the groups' shared-memory sources have been read (may be
+ * overwritten); else until their writes are done */
+template <bool READ>
+static __device__ __forceinline__ void bulk_wait0(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (READ) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    else asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
+}
+
+/* The end of a tile by bulk asynchronous stores (the warp-specialized
+ * kernel at split 1, session 18). gk_store_staged's 16-byte stores leave
+ * the warp only as fast as the memory system takes them, and every block of
+ * the persistent grid ends its tile at about the same time: 132 x 64 KB at
+ * once at 1 x 256. Here each MMA warp writes its whole share of the tile
+ * (MT x 16 rows x BN tokens; gate|up: MT x 8 outputs) into its own region
+ * of shared memory, token t at t x 32 bytes (gate|up: 16), with the same
+ * stmatrix .trans and the same rounding as gk_store_staged, and one lane
+ * hands each n16 tile's box to the tensor-memory accelerator
+ * (cp.async.bulk.tensor, map `tmy` over y [m][n or ldy], boxes of 16 (8) x
+ * BN; rows past m and columns past n are clipped by the map). The warp goes
+ * on to its next tile at once; before it writes the region again it waits
+ * until the previous boxes have been read out of it. Needs ldy % 8 == 0. */
+template <int MT, int BN, class A>
+static __device__ __forceinline__ void gk_store_tma(const A &a, float (&acc)[MT][BN / 2], unsigned char *stg,
+                                                    int nt0, int tok0, int wg, int wq, int lane, int warp,
+                                                    const CUtensorMap *tmy) {
+    constexpr int REGION = MT * 16 * BN * 2; /* bytes per warp (gate|up uses half) */
+    const int r = lane >> 2, mi = lane >> 3, k = lane & 7;
+    const uint32_t rbase = smem_u32(stg) + (uint32_t)(warp * REGION);
+    if (lane == 0) bulk_wait0<true>(); /* the previous tile's boxes have left the region */
+    __syncwarp();
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const int nt = nt0 + (wg * MT + mt) * 4 + wq;
+        if (nt >= a.n16a) continue; /* the same for the whole warp */
+        float blo, bhi;
+        g_bias_rows(a, nt, r, blo, bhi);
+        if (!a.gate_up) {
+            const uint32_t mb = rbase + (uint32_t)(mt * 16 * BN * 2);
+            /* 16 tokens per stmatrix: matrices (tokens 16 h .. + 7, rows 0-7), (rows 8-15), (tokens + 8 ..) */
+#pragma unroll
+            for (int h = 0; h < BN / 16; h++) {
+                uint32_t v[4];
+                g_pack_plain(acc[mt], 2 * h, blo, bhi, v);
+                g_stsm4t(mb + (uint32_t)((16 * h + 8 * (mi >> 1) + k) * 32 + (mi & 1) * 16), v);
+            }
+        } else {
+            const uint32_t mb = rbase + (uint32_t)(mt * 8 * BN * 2);
+            /* output column 8 nt + r; 32 tokens per stmatrix */
+#pragma unroll
+            for (int h = 0; h < BN / 32; h++) {
+                uint32_t v[4];
+                g_pack_gate_up(acc[mt], 4 * h, blo, bhi, v);
+                g_stsm4t(mb + (uint32_t)((32 * h + 8 * mi + k) * 16), v);
+            }
+        }
+    }
+    g_fence_async(); /* this thread's shared-memory writes -> the bulk copy's reads (async proxy) */
+    __syncwarp();
+    if (lane == 0) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const int nt = nt0 + (wg * MT + mt) * 4 + wq;
+            if (nt >= a.n16a) continue;
+            if (!a.gate_up) tma_s2g_2d(tmy, nt * 16, tok0, rbase + (uint32_t)(mt * 16 * BN * 2));
+            else tma_s2g_2d(tmy, nt * 8, tok0, rbase + (uint32_t)(mt * 8 * BN * 2));
+        }
+        bulk_commit();
+    }
 }
 
 /* Split-K inside a thread-block cluster (sm_90; cluster = the ksplit blocks
@@ -710,6 +815,8 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
 /* dynamic shared memory: the ring (+ alignment slack) and one staging slice
  * per MMA warp (gk_store_staged) */
 #define WS_SMEM(MT, BN, ST) (gk_cfg<MT, BN, ST>::SMEM + 8 * WS_SLICE)
+/* with the bulk-store tile end: a region of a warp's whole share of the tile per MMA warp */
+#define WS_SMEM_TS(MT, BN, ST) (gk_cfg<MT, BN, ST>::SMEM + 8 * (MT * 16 * BN * 2))
 /* Registers per thread: 168 at launch (65536 / 384, rounded down to 8); the
  * producer gives back (168 - 40) x 128 and the consumers take exactly that,
  * (232 - 168) x 256. setmaxnreg.inc waits until the registers are free, so a
@@ -794,9 +901,9 @@ static __device__ __forceinline__ void ws_setmaxnreg(void) {
 #endif
 }
 
-template <int MT, int BN, int ST, bool CL, bool NAT>
+template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false>
 static __global__ void __launch_bounds__(WS_THREADS, 1)
-k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx) {
+k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmy) {
     typedef gk_cfg<MT, BN, ST> C;
     extern __shared__ unsigned char g_smem_raw[];
     __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST], empty[ST] */
@@ -962,7 +1069,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx) {
             constexpr int mt = decltype(mtc)::value;
             const int T = (wg * MT + mt) * 4 + wq;
             uint4 wv = sw[T * 32 + lane];
-            if (NAT) {
+            if (NAT && !(a.dbg & 512)) { /* timing switch 512: no transpose */
                 uint32_t nw[4];
                 g_quad_natural(wv, c, nw);
                 wv = make_uint4(nw[0], nw[1], nw[2], nw[3]);
@@ -1035,12 +1142,16 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx) {
             asm volatile("bar.sync 1, 256;" ::: "memory"); /* every consumer is done with the ring */
             gk_cluster_store<MT, BN>(a, acc, (float *)smem, nt0, tok0, wg, wq, r, c, tid);
         } else {
-            if ((a.ldy & 7) == 0) /* always, with the upload's shape rules */
+            if (a.dbg & 256) { /* timing experiment: no tile-end stores */
+            } else if (TS && (a.ldy & 7) == 0) /* always, with the upload's shape rules */
+                gk_store_tma<MT, BN>(a, acc, smem + ST * C::STAGE, nt0, tok0, wg, wq, lane, warp, &tmy);
+            else if ((a.ldy & 7) == 0)
                 gk_store_staged<MT, BN>(a, acc, smem + ST * C::STAGE, nt0, tok0, wg, wq, lane, warp);
             else
                 gk_store<MT, BN>(a, acc, nt0, tok0, wg, wq, r, c);
         }
     }
+    if (TS && lane == 0) bulk_wait0<false>(); /* the last tile's boxes are written */
     pdl_launch();
 }
 
@@ -1644,36 +1755,58 @@ static PFN_cuTensorMapEncodeTiled_v12000 ws_encoder(void) {
     return (PFN_cuTensorMapEncodeTiled_v12000)f;
 }
 
+/* an fp16 [rows][cols] matrix (row stride ld elements) as a 2-D tensor map
+ * with boxes of bc columns x br rows; what = "x" or "y" for the message */
+static int ws_map2d(CUtensorMap *tm, const void *p, int rows, int cols, int ld, int bc, int br,
+                    CUtensorMapSwizzle sw, CUtensorMapL2promotion l2, const char *what, char *err, size_t errlen) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = ws_encoder();
+    if (!enc) return util_err(err, errlen, -ENOTSUP, "w4a16_gemm: cuTensorMapEncodeTiled is not available");
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    cuuint64_t strides[1] = {(cuuint64_t)ld * 2};
+    cuuint32_t box[2] = {(cuuint32_t)bc, (cuuint32_t)br};
+    cuuint32_t es[2] = {1, 1};
+    CUresult r = enc(tm, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)p, dims, strides, box, es,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, sw, l2, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return util_err(err, errlen, -EINVAL, "w4a16_gemm: cuTensorMapEncodeTiled failed (%d) for %s %dx%d", (int)r,
+                        what, rows, cols);
+    return 0;
+}
+
 /* x [m][k] fp16 as a 2-D tensor map for mode 4: boxes of 64 k x bn tokens,
  * 128-byte swizzle (the canonical K-major wgmma layout), rows past m read as
  * zeros */
 static int ws_xmap(CUtensorMap *tm, const uint16_t *x, int m, int k, int bn, char *err, size_t errlen) {
-    PFN_cuTensorMapEncodeTiled_v12000 enc = ws_encoder();
-    if (!enc) return util_err(err, errlen, -ENOTSUP, "w4a16_gemm: cuTensorMapEncodeTiled is not available");
-    cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)m};
-    cuuint64_t strides[1] = {(cuuint64_t)k * 2};
-    cuuint32_t box[2] = {64, (cuuint32_t)bn};
-    cuuint32_t es[2] = {1, 1};
-    CUresult r = enc(tm, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)x, dims, strides, box, es,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        return util_err(err, errlen, -EINVAL, "w4a16_gemm: cuTensorMapEncodeTiled failed (%d) for x %dx%d", (int)r,
-                        m, k);
-    return 0;
+    return ws_map2d(tm, x, m, k, k, 64, bn, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, "x",
+                    err, errlen);
 }
 
-template <int MT, int BN, int ST, bool CL, bool NAT>
+/* y [m][ldy] fp16 as a 2-D tensor map for gk_store_tma: columns = n (PLAIN)
+ * or ldy (GATE_UP), boxes of one n16 tile's outputs (16 or 8) x bn tokens,
+ * no swizzle; rows and columns past the ends are not written */
+static int ws_ymap(CUtensorMap *tm, uint16_t *y, int m, int cols, int ldy, int boxc, int bn, char *err,
+                   size_t errlen) {
+    return ws_map2d(tm, y, m, cols, ldy, boxc, bn, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE, "y",
+                    err, errlen);
+}
+
+template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false>
 static int ws_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0};
-    CUtensorMap tm;
+    CUtensorMap tm, tmy;
     memset(&tm, 0, sizeof tm);
+    memset(&tmy, 0, sizeof tmy);
     if (NAT) {
         const int rc = ws_xmap(&tm, ka.x, ka.m, ka.K, BN, err, errlen);
         if (rc) return rc;
     }
-    return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT>, &smem_set, grid, WS_THREADS, WS_SMEM(MT, BN, ST), CL,
-                        pdl, s, err, errlen, ka, tm);
+    if (TS && ka.ldy % 8 == 0) {
+        const int rc = ka.gate_up ? ws_ymap(&tmy, ka.y, ka.m, ka.ldy, ka.ldy, 8, BN, err, errlen)
+                                  : ws_ymap(&tmy, ka.y, ka.m, ka.n, ka.ldy, 16, BN, err, errlen);
+        if (rc) return rc;
+    }
+    return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT, TS>, &smem_set, grid, WS_THREADS,
+                        TS ? WS_SMEM_TS(MT, BN, ST) : WS_SMEM(MT, BN, ST), CL, pdl, s, err, errlen, ka, tm, tmy);
 }
 
 /* mode 5: ring depth and fp16 A buffers per tile (fits 227 KB) */
@@ -1714,9 +1847,40 @@ static int ss_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pd
     return util_err(err, errlen, -EINVAL, "w4a16_gemm: bad tile configuration %d x %d", ch.mt, ch.bn);
 }
 
+/* mode 4 at split 1 with the bulk-store tile end (gk_store_tma): ring
+ * depths that leave room for the warps' regions (WS_SMEM_TS within 227 KB).
+ * 1 x 256 gives up one stage for them (5 -> 4) and 2 x 128 would too (7 ->
+ * 6); the shallower ring loses where the weights come from DRAM rather than
+ * L2 (H100, session 18, against the staged tile end: Qwen3-8B gate|up
+ * (50 MB) M = 384 at 1 x 256 8% slower, M = 128 at 2 x 128 3% slower; q|k|v
+ * and o at M = 384-512 5-9% faster, every shape 3-6% faster from M = 768).
+ * So: the bulk stores wherever the ring keeps its depth, at 1 x 256 from
+ * three token tiles on or where the weights take at most half an H100's L2,
+ * never at 2 x 128. */
+#define GK_TS_ST_1_64 GK_ST_1_64
+#define GK_TS_ST_2_64 GK_ST_2_64
+#define GK_TS_ST_1_128 GK_ST_1_128
+#define GK_TS_ST_1_256 4
+static bool ws_bulk_store(const gk_choice &ch, const gk_args &ka) {
+    static const int on = getenv("AWQD_W4A16_GEMM_TS") ? atoi(getenv("AWQD_W4A16_GEMM_TS")) : 1;
+    if (!on || ka.ldy % 8) return false;
+    if (ch.bn == 256) return ka.m > 512 || (size_t)ka.K * (size_t)ka.n16a * 8 <= ((size_t)25 << 20);
+    return !(ch.mt == 2 && ch.bn == 128);
+}
+
 template <bool CL, bool NAT>
 static int ws_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
                        char *err, size_t errlen) {
+    if (!CL && NAT && ws_bulk_store(ch, ka)) {
+#define TS_CASE(M_, N_)                                                                                        \
+    if (ch.mt == M_ && ch.bn == N_)                                                                            \
+        return ws_launch<M_, N_, GK_TS_ST_##M_##_##N_, false, true, true>(ka, grid, pdl, s, err, errlen);
+        TS_CASE(1, 64)
+        TS_CASE(2, 64)
+        TS_CASE(1, 128)
+        TS_CASE(1, 256)
+#undef TS_CASE
+    }
     if (ch.mt == 1 && ch.bn == 64) return ws_launch<1, 64, GK_ST_1_64, CL, NAT>(ka, grid, pdl, s, err, errlen);
     if (ch.mt == 2 && ch.bn == 64) return ws_launch<2, 64, GK_ST_2_64, CL, NAT>(ka, grid, pdl, s, err, errlen);
     if (ch.mt == 1 && ch.bn == 128) return ws_launch<1, 128, GK_ST_1_128, CL, NAT>(ka, grid, pdl, s, err, errlen);

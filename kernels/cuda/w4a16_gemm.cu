@@ -806,9 +806,11 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
  * No block-wide barrier in the main loop. The grid is persistent (one block
  * per SM, tiles blockIdx.x, + gridDim.x, ...; column tile fastest), so the
  * producer runs ahead into the next tile while the consumers store the
- * previous one, each MMA warp through its own 512-byte staging slice after
- * the ring (gk_store_staged). A K split (2..8) is reduced inside a thread-block cluster as
- * in k_w4gemm (one tile per block then). PDL: the INT4 tiles, scales and
+ * previous one, each MMA warp through its own shared memory after the ring:
+ * mode 4 (TS) its whole share of the tile, handed to the TMA as bulk stores
+ * (gk_store_tma, ws_bulk_store says where), else a 512-byte slice and
+ * 16-byte stores (gk_store_staged). A K split (2..8) is reduced inside a
+ * thread-block cluster as in k_w4gemm (one tile per block then). PDL: the INT4 tiles, scales and
  * zeros of the first ring are requested before griddepcontrol.wait, x after.
  */
 #define WS_THREADS 384
@@ -1413,7 +1415,8 @@ k_w4gemm_ss(const gk_args a, const __grid_constant__ CUtensorMap tmx) {
 #define GK_ST_2_64 8
 #define GK_ST_1_128 8
 #define GK_ST_2_128 7
-#define GK_ST_1_256 5 /* modes 3 and 4 (6 before session 17; 5 leaves room for the staging slices) */
+#define GK_ST_1_256 5 /* modes 3 and 4 (6 before session 17; 5 leaves room for the staging slices; 4 with the
+                               bulk stores: GK_TS_ST_1_256) */
 
 #define GK_KSPLIT_MAX 16
 #define GK_CLUSTER_MAX 8

@@ -1856,7 +1856,7 @@ static int ss_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pd
  * 6); the shallower ring loses where the weights come from DRAM rather than
  * L2 (H100, session 18, against the staged tile end: Qwen3-8B gate|up
  * (50 MB) M = 384 at 1 x 256 8% slower, M = 128 at 2 x 128 3% slower; q|k|v
- * and o at M = 384-512 5-9% faster, every shape 3-6% faster from M = 768).
+ * and o at M = 384-512 5-9% faster, every shape 1-11% faster from M = 768).
  * So: the bulk stores wherever the ring keeps its depth, at 1 x 256 from
  * three token tiles on or where the weights take at most half an H100's L2,
  * never at 2 x 128. */

@@ -301,21 +301,29 @@ static __device__ __forceinline__ void g_cluster_sync(void) {
 #endif
 }
 
+/* f(mt, nt) for each of this warp's n16 tiles nt = nt0 + (wg MT + mt) 4 + wq
+ * that holds real columns (nt < n16a: the same for the whole warp) */
+template <int MT, class F>
+static __device__ __forceinline__ void g_warp_tiles(int n16a, int nt0, int wg, int wq, F f) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const int nt = nt0 + (wg * MT + mt) * 4 + wq;
+        if (nt < n16a) f(mt, nt);
+    }
+}
+
 /* The end of a tile, shared by both kernels. acc: this thread's fp32
  * fragments (warp q of warpgroup wg holds n16 tile nt0 + (wg MT + mt) 4 + q,
  * tokens tok0 + 8 j + 2 c, + 1); tid in 0..255 (the MMA threads). */
 template <int MT, int BN, class A>
 static __device__ __forceinline__ void gk_store(const A &a, float (&acc)[MT][BN / 2], int nt0, int tok0,
                                                 int wg, int wq, int r, int c) {
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        const int nt = nt0 + (wg * MT + mt) * 4 + wq;
-        if (nt >= a.n16a) continue;
+    g_warp_tiles<MT>(a.n16a, nt0, wg, wq, [&](int mt, int nt) {
 #pragma unroll
         for (int j = 0; j < BN / 8; j++)
             w4_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, acc[mt][4 * j], acc[mt][4 * j + 1], acc[mt][4 * j + 2],
                         acc[mt][4 * j + 3]);
-    }
+    });
 }
 
 /* stmatrix .x4 .trans: four 8x8 b16 matrices from mma C fragments (register
@@ -400,10 +408,7 @@ static __device__ __forceinline__ void gk_store_staged(const A &a, float (&acc)[
     unsigned char *slice = stg + warp * SLICE;
     const uint32_t sbase = smem_u32(slice);
     const int mrem = a.m - tok0;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        const int nt = nt0 + (wg * MT + mt) * 4 + wq;
-        if (nt >= a.n16a) continue; /* the same for the whole warp */
+    g_warp_tiles<MT>(a.n16a, nt0, wg, wq, [&](int mt, int nt) {
         float blo, bhi;
         g_bias_rows(a, nt, r, blo, bhi);
         if (!a.gate_up) {
@@ -458,7 +463,7 @@ static __device__ __forceinline__ void gk_store_staged(const A &a, float (&acc)[
                 }
             }
         }
-    }
+    });
     __syncwarp();
 }
 
@@ -487,10 +492,11 @@ static __device__ __forceinline__ void bulk_wait0(void) {
 }
 
 /* The end of a tile by bulk asynchronous stores (the warp-specialized
- * kernel at split 1, session 18). gk_store_staged's 16-byte stores leave
- * the warp only as fast as the memory system takes them, and every block of
- * the persistent grid ends its tile at about the same time: 132 x 64 KB at
- * once at 1 x 256. Here each MMA warp writes its whole share of the tile
+ * kernel at split 1, session 18). gk_store_staged still cost ~5% at large
+ * M, likely because its 16-byte stores leave the warp only as fast as the
+ * memory system takes them while every block of the persistent grid ends
+ * its tile at about the same time (132 x 64 KB at once at 1 x 256; not
+ * measured directly). Here each MMA warp writes its whole share of the tile
  * (MT x 16 rows x BN tokens; gate|up: MT x 8 outputs) into its own region
  * of shared memory, token t at t x 32 bytes (gate|up: 16), with the same
  * stmatrix .trans and the same rounding as gk_store_staged, and one lane
@@ -508,10 +514,7 @@ static __device__ __forceinline__ void gk_store_tma(const A &a, float (&acc)[MT]
     const uint32_t rbase = smem_u32(stg) + (uint32_t)(warp * REGION);
     if (lane == 0) bulk_wait0<true>(); /* the previous tile's boxes have left the region */
     __syncwarp();
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        const int nt = nt0 + (wg * MT + mt) * 4 + wq;
-        if (nt >= a.n16a) continue; /* the same for the whole warp */
+    g_warp_tiles<MT>(a.n16a, nt0, wg, wq, [&](int mt, int nt) {
         float blo, bhi;
         g_bias_rows(a, nt, r, blo, bhi);
         if (!a.gate_up) {
@@ -533,17 +536,14 @@ static __device__ __forceinline__ void gk_store_tma(const A &a, float (&acc)[MT]
                 g_stsm4t(mb + (uint32_t)((32 * h + 8 * mi + k) * 16), v);
             }
         }
-    }
+    });
     g_fence_async(); /* this thread's shared-memory writes -> the bulk copy's reads (async proxy) */
     __syncwarp();
     if (lane == 0) {
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            const int nt = nt0 + (wg * MT + mt) * 4 + wq;
-            if (nt >= a.n16a) continue;
+        g_warp_tiles<MT>(a.n16a, nt0, wg, wq, [&](int mt, int nt) {
             if (!a.gate_up) tma_s2g_2d(tmy, nt * 16, tok0, rbase + (uint32_t)(mt * 16 * BN * 2));
             else tma_s2g_2d(tmy, nt * 8, tok0, rbase + (uint32_t)(mt * 8 * BN * 2));
-        }
+        });
         bulk_commit();
     }
 }

@@ -177,7 +177,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     "  --b2b-only  only the back-to-back table (no single cold calls, no cuBLAS)\n"
                     "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, decode, wgmma) at each M\n"
                     "  --sweep     time the split counts of skinny (M = 1, 2, 4, 16), tc64 (64, 128)\n"
-                    "  --sweep-gemm  time every tile and split of the wgmma GEMM (mode 4, 5 or 3) at each --m\n");
+                    "  --sweep-gemm  time every tile and split of the wgmma GEMM (mode 4, 5 or 3) at each --m\n"
+                    "                (ksplit=0: mode 4 stream-K)\n");
             return strcmp(argv[i], "--help") && strcmp(argv[i], "-h") ? 2 : 0;
         }
     }
@@ -444,13 +445,13 @@ extern "C" int bench_kernels(int argc, char **argv) {
              * every tile and split */
             const int gmode = w4a16_gemm_auto_mode() >= 4 ? w4a16_gemm_auto_mode() : 3;
             static const int tl[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}};
-            static const int sk[6] = {1, 2, 3, 4, 6, 8};
+            static const int sk[7] = {0, 1, 2, 3, 4, 6, 8}; /* 0: stream-K at split 1 (mode 4) */
             for (int mi = 0; mi < nms; mi++) {
                 const int M = ms[mi];
                 double best = 1e30;
                 int bt = 0, bk = 0;
                 for (int ti = 0; ti < 5; ti++)
-                    for (int ki = 0; ki < 6; ki++) {
+                    for (int ki = 0; ki < 7; ki++) {
                         if (w4a16_gemm_config(tl[ti][0], tl[ti][1], sk[ki], gmode)) continue;
                         int rc2 = 0;
                         double sus = time_median_us(t, reps, [&] {

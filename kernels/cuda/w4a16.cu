@@ -1484,17 +1484,35 @@ static int gemm_env(void) {
  * 0.97x, the one loss); at 385-768 a win only
  * for the large matrices (K N >= 48 Mi: 8B gate|up and down, 32B q|k|v,
  * gate|up, down and the larger shards), at 769-2048 only for gate|up (its
- * SiLU-mul is a second pass in dequantize + cuBLAS; at 4096 the two tie). */
+ * SiLU-mul is a second pass in dequantize + cuBLAS; at 4096 the two tie).
+ * Session 19 (H100, with stream-K, docs/PERFORMANCE.md): 1.12-1.36x
+ * dequantize + cuBLAS at M = 512-768 on every Qwen3-8B/32B shape and shard,
+ * and at 1024 1.02-1.25x wherever x fits stream-K's limit (32 MiB; 32B down,
+ * x 52 MB, lost: 532 vs 493 us): every shape to 768, to 1024 where x fits,
+ * gate|up to 2048. */
 #define DISPATCH_NAT_MIN_M 65
-#define DISPATCH_NAT_ALL_MAX_M 384
-#define DISPATCH_NAT_BIG_MAX_M 768
-#define DISPATCH_NAT_GU_MAX_M 2048
+#define DISPATCH_NAT_ALL_MAX_M 384    /* without stream-K (AWQD_W4A16_GEMM_SK=0) */
+#define DISPATCH_NAT_BIG_MAX_M 768    /* where K N >= 48 Mi, or with stream-K any shape */
 #define DISPATCH_NAT_BIG_KN (48ll << 20)
+#define DISPATCH_NAT_SK_MAX_M 1024    /* with stream-K, where x is within its limit */
+#define DISPATCH_NAT_GU_MAX_M 2048
+/* With stream-K also at M = 33-64 for the largest matrices with K >= 5120
+ * (K N >= 96 Mi): H100, M = 48-64, against tc64: Qwen3-32B gate|up
+ * 1.19-1.25x, down 1.07-1.09x, its tp=2 gate|up 1.16-1.28x; Qwen3-8B
+ * gate|up (K = 4096) lost 5-10%, down 10%, the 32B tp=2 down 3-5%; 32B
+ * q|k|v won 1.2x (52 Mi, left out). */
+#define DISPATCH_NAT_SK_MIN_M 33
+#define DISPATCH_NAT_SK_MIN_K 5120
+#define DISPATCH_NAT_SK_KN (96ll << 20)
 static int nat_window(const struct w4a16_weight *w, int m) {
-    if (m < DISPATCH_NAT_MIN_M || gemm_env() == 0 || w4a16_gemm_auto_mode() < 4 || !w4a16_gemm_available())
-        return 0;
+    if (gemm_env() == 0 || w4a16_gemm_auto_mode() < 4 || !w4a16_gemm_available()) return 0;
+    const int sk = w4a16_gemm_stream_k();
+    if (m < DISPATCH_NAT_MIN_M)
+        return m >= DISPATCH_NAT_SK_MIN_M && sk && w->k >= DISPATCH_NAT_SK_MIN_K &&
+               (long long)w->k * w->n16 * 16 >= DISPATCH_NAT_SK_KN;
     if (m <= DISPATCH_NAT_ALL_MAX_M) return 1;
-    if (m <= DISPATCH_NAT_BIG_MAX_M && (long long)w->k * w->n16 * 16 >= DISPATCH_NAT_BIG_KN) return 1;
+    if (m <= DISPATCH_NAT_BIG_MAX_M && (sk || (long long)w->k * w->n16 * 16 >= DISPATCH_NAT_BIG_KN)) return 1;
+    if (m <= DISPATCH_NAT_SK_MAX_M && sk && (size_t)m * w->k * 2 <= W4A16_GEMM_SK_X_MAX_BYTES) return 1;
     return m <= DISPATCH_NAT_GU_MAX_M && w->layout == W4A16_LAYOUT_GATE_UP;
 }
 

@@ -275,6 +275,8 @@ struct gk_args {
     int *cnt;
     int K, KC, G, n16a, m, n, ldy, gate_up, cps, ksplit;
     int ntn, ntiles; /* k_w4gemm_ws: column tiles, column tiles x token tiles */
+    int skD, skT;    /* k_w4gemm_ws at split 1 (ws_work): tiles [0, skD) whole, then stream-K over the
+                        skT chunk steps of the rest (skT = 0: every tile whole, skD = ntiles) */
     int dbg; /* timing experiments only (AWQD_W4A16_GEMM_DBG): 1 no MMA, 2 no x copy, 8 no proxy
                 fence; mode 3: 2 no x copy, 32 no weight copy, 64 consumers only pass the
                 stages on, 128 no dequantization, 256 no tile-end stores at split 1, 512 no quad transpose (mode 4); mode 5: 1024 no dequantization (results are
@@ -895,6 +897,94 @@ static __device__ __forceinline__ void g_quad_natural(const uint4 &wv, int c, ui
     }
 }
 
+/* A block's work in k_w4gemm_ws, one piece at a time: tile `tile`, chunks
+ * [kb, ke) of it. First whole tiles blockIdx.x, + gridDim.x, ... below
+ * a.skD (all tiles without stream-K: a.skT == 0); then stream-K over the
+ * rest: its a.skT chunk steps (tile-major) cut into gridDim.x contiguous,
+ * equal shares, block b taking steps [b T / G, (b + 1) T / G) of it, cut
+ * again at tile boundaries. The host leaves the last full wave and the
+ * ragged one to stream-K (so the shares are 1-2 tiles long and the blocks
+ * at work at any time touch neighbouring tiles, as whole-tile waves do:
+ * stream-K over all of a 4-wave grid read x and the weights from DRAM
+ * again, 2x slower). A tile cut between blocks has one head (the piece with
+ * chunk 0, the last piece of its block), which adds the other pieces (each
+ * the first stream-K piece of a later block, parked in the workspace) in
+ * block order and stores the tile: every tile's sum has a fixed order
+ * (deterministic), and a block parks at most one piece. */
+struct ws_work {
+    int d;     /* next whole tile */
+    int i, i1; /* next stream-K step, end */
+    int tile, kb, ke;
+};
+static __device__ __forceinline__ int ws_share(int b, const gk_args &a, int nk) {
+    return a.skD * nk + (int)((long long)b * a.skT / gridDim.x);
+}
+static __device__ __forceinline__ void ws_work_init(ws_work &w, const gk_args &a, int nk) {
+    w.d = blockIdx.x;
+    w.i = a.skT ? ws_share(blockIdx.x, a, nk) : 0;
+    w.i1 = a.skT ? ws_share(blockIdx.x + 1, a, nk) : 0;
+}
+static __device__ __forceinline__ bool ws_work_next(ws_work &w, const gk_args &a, int nk) {
+    if (w.d < a.skD) {
+        w.tile = w.d;
+        w.kb = 0;
+        w.ke = nk;
+        w.d += gridDim.x;
+        return true;
+    }
+    if (w.i >= w.i1) return false;
+    w.tile = w.i / nk;
+    w.kb = w.i - w.tile * nk;
+    w.ke = min(nk, w.kb + (w.i1 - w.i));
+    w.i += w.ke - w.kb;
+    return true;
+}
+
+/* Stream-K pieces (ws_work). A piece that is not its tile's head parks its
+ * accumulators in the block's slot of the workspace (per thread, coalesced:
+ * [NACC][256]) and raises the block's flag (a.cnt[block], zero between
+ * calls) after a release fence; the 256 consumer threads meet at named
+ * barrier 1 in between. */
+template <int MT, int BN>
+static __device__ __forceinline__ void ws_sk_park(const gk_args &a, const float (&acc)[MT][BN / 2], int tid) {
+    float *p = a.part + (size_t)blockIdx.x * (MT * BN / 2) * GK_THREADS + tid;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) __stcg(p + (mt * (BN / 2) + i) * GK_THREADS, acc[mt][i]);
+    __threadfence();
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+    if (tid == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(a.cnt + blockIdx.x), "r"(1) : "memory");
+}
+
+/* The head of a cut tile: waits for the flags of the later blocks holding
+ * the rest of the tile (blocks b + 1, ... whose shares begin before the
+ * tile's end), adds their parked pieces in block order and lowers the flags.
+ * Every block of the grid is resident (one per SM, grid <= SMs), and the
+ * pieces it waits for are the first work of their blocks. */
+template <int MT, int BN>
+static __device__ __forceinline__ void ws_sk_gather(const gk_args &a, float (&acc)[MT][BN / 2], int tile, int nk,
+                                                    int tid) {
+    const int end = (tile + 1) * nk;
+    for (int b = blockIdx.x + 1; b < (int)gridDim.x && ws_share(b, a, nk) < end; b++) {
+        if (tid == 0) {
+            unsigned v = 0;
+            for (;;) {
+                asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(a.cnt + b) : "memory");
+                if (v) break;
+                __nanosleep(64);
+            }
+            a.cnt[b] = 0;
+        }
+        asm volatile("bar.sync 1, 256;" ::: "memory");
+        const float *p = a.part + (size_t)b * (MT * BN / 2) * GK_THREADS + tid;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) acc[mt][i] += __ldcg(p + (mt * (BN / 2) + i) * GK_THREADS);
+    }
+}
+
 template <bool INC, int N>
 static __device__ __forceinline__ void ws_setmaxnreg(void) {
 #if WG_ENABLED
@@ -939,7 +1029,10 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         const uint32_t xo1 = (2 * pw + 1) * 128 + (((dw >> 2) ^ (2 * pw + 1)) << 4) + (dw & 3) * 4;
         int it = 0;
         bool waited = false;
-        for (int tile = blockIdx.x; tile < a.ntiles; tile += gridDim.x) {
+        ws_work w;
+        ws_work_init(w, a, nk);
+        while (ws_work_next(w, a, nk)) {
+            const int tile = w.tile;
             const int nb = tile % a.ntn, mb = tile / a.ntn;
             const int nt0 = nb * C::BT, tok0 = mb * BN;
             const int xrows = min(BN, a.m - tok0);
@@ -999,23 +1092,23 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
                     }
                 }
             };
-            int k0 = 0;
+            int k0 = w.kb;
             if (!waited) {
-                /* first tile: constant data of the first ring before the wait */
-                const int n0 = min(ST, nk);
+                /* first piece: constant data of the first ring before the wait */
+                const int n0 = min(ST, w.ke - w.kb);
                 for (int s = 0; s < n0; s++)
-                    if (!(a.dbg & 32)) load_w(sbase + s * C::STAGE, kc0 + s);
+                    if (!(a.dbg & 32)) load_w(sbase + s * C::STAGE, kc0 + w.kb + s);
                 pdl_wait();
                 waited = true;
                 for (int s = 0; s < n0; s++) {
-                    if (NAT || !(a.dbg & 2)) load_x(sbase + s * C::STAGE, kc0 + s, full0 + 8 * s);
+                    if (NAT || !(a.dbg & 2)) load_x(sbase + s * C::STAGE, kc0 + w.kb + s, full0 + 8 * s);
                     mbar_arrive_cp_async(full0 + 8 * s);
                 }
-                k0 = n0;
+                k0 = w.kb + n0;
                 it = n0;
             }
 #pragma unroll 1
-            for (int kk = k0; kk < nk; kk++, it++) {
+            for (int kk = k0; kk < w.ke; kk++, it++) {
                 const int slot = it % ST;
                 mbar_wait(empty0 + 8 * slot, ((it / ST) & 1) ^ 1);
                 if (!(a.dbg & 32)) load_w(sbase + slot * C::STAGE, kc0 + kk);
@@ -1049,6 +1142,8 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
      *     of two chunks at BN = 64 was no faster at M = 64. */
     constexpr int NB = MT == 1 ? 2 : 1;
     uint32_t cf[NB][4][MT][4];
+    ws_work w;
+    ws_work_init(w, a, nk);
     /* chunk kk into buffer B (compile-time register indices): dequantize,
      * issue, wait until one group is pending, free the previous
      * chunk's stage once its last group has completed. Measured against one
@@ -1097,14 +1192,14 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
             issue(std::integral_constant<int, 0>());
             wg_commit();
             wg_wait<1>();
-            if (kk > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
+            if (kk > w.kb && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
         } else {
             deq(std::integral_constant<int, 0>());
             wg_fence();
             issue(std::integral_constant<int, 0>());
             wg_commit();
             wg_wait<1>(); /* (kk - 1, 1) has completed: the previous stage is free */
-            if (kk > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
+            if (kk > w.kb && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
             deq(std::integral_constant<int, 1>());
             wg_fence();
             issue(std::integral_constant<int, 1>());
@@ -1114,31 +1209,38 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         it++;
     };
     if (a.dbg & 64) { /* timing experiment: the consumers only pass the stages on */
-        const int total = ((a.ntiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x) * nk;
+        int total = 0;
+        for (ws_work t = w; ws_work_next(t, a, nk);) total += t.ke - t.kb;
         for (; it < total; it++) {
             mbar_wait(full0 + 8 * (it % ST), (it / ST) & 1);
             if (lane == 0) mbar_arrive(empty0 + 8 * (it % ST));
         }
         return;
     }
-    for (int tile = blockIdx.x; tile < a.ntiles; tile += gridDim.x) {
+    while (ws_work_next(w, a, nk)) {
+        const int tile = w.tile;
         const int nb = tile % a.ntn, mb = tile / a.ntn;
         const int nt0 = nb * C::BT, tok0 = mb * BN;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int i = 0; i < BN / 2; i++) acc[mt][i] = 0.f;
-        int kk = 0; /* the buffers alternate: two chunks per turn */
-        for (; kk + 1 < nk; kk += 2) {
+        int kk = w.kb; /* the buffers alternate: two chunks per turn */
+        for (; kk + 1 < w.ke; kk += 2) {
             chunk(std::integral_constant<int, 0>(), kk);
             chunk(std::integral_constant<int, 1>(), kk + 1);
         }
-        if (kk < nk) chunk(std::integral_constant<int, 0>(), kk);
+        if (kk < w.ke) chunk(std::integral_constant<int, 0>(), kk);
         wg_wait<0>();
 #if !WG_ENABLED
         __trap(); /* never launched: w4a16_gemm_available() is 0 without sm_90a code */
 #endif
-        if (nk > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
+        if (w.ke > w.kb && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
+        if (!CL && w.kb > 0) { /* stream-K: not the tile's head */
+            ws_sk_park<MT, BN>(a, acc, tid);
+            continue;
+        }
+        if (!CL && w.ke < nk) ws_sk_gather<MT, BN>(a, acc, tile, nk, tid); /* stream-K: the head of a cut tile */
         if (CL) {
             /* the producer takes part in both cluster barriers */
             asm volatile("bar.sync 1, 256;" ::: "memory"); /* every consumer is done with the ring */
@@ -1423,6 +1525,7 @@ k_w4gemm_ss(const gk_args a, const __grid_constant__ CUtensorMap tmx) {
 
 struct gk_choice {
     int mt, bn, ks, mode;
+    int sk; /* mode 4 at split 1: stream-K (ws_work; needs ws_sk_bytes of workspace) */
 };
 
 static std::atomic<int> g_force_set{-1}; /* -1: env not read yet, 0: auto, 1: forced */
@@ -1438,12 +1541,14 @@ extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
         g_force_set.store(0);
         return 0;
     }
-    if (!cfg_valid(mt, bn, mode) || ksplit < 1 || ksplit > 64 || mode < 0 || mode > 5) return -EINVAL;
+    if (ksplit == 0 && mode != 4) return -EINVAL; /* stream-K: mode 4 only */
+    if (!cfg_valid(mt, bn, mode) || ksplit < 0 || ksplit > 64 || mode < 0 || mode > 5) return -EINVAL;
     if (mode >= 3 && ksplit > GK_CLUSTER_MAX) return -EINVAL; /* its split is reduced in a cluster only */
     g_force.mt = mt;
     g_force.bn = bn;
-    g_force.ks = ksplit;
+    g_force.ks = ksplit > 0 ? ksplit : 1;
     g_force.mode = mode;
+    g_force.sk = ksplit == 0;
     g_force_set.store(1);
     return 0;
 }
@@ -1468,6 +1573,27 @@ static int cdiv(int a, int b) { return (a + b - 1) / b; }
 
 static int tiles_of(const struct w4a16_gemm_args *a, int mt, int bn) {
     return cdiv(a->n16, 8 * mt) * cdiv(a->m, bn);
+}
+
+/* Stream-K (mode 4, split 1): one block per SM; whole-tile waves but the
+ * last full one, stream-K over that and the ragged wave (ws_work), at least
+ * 2 chunk steps per block; the workspace holds one parked piece per block. */
+static int sk_grid(const struct w4a16_gemm_args *a) { return a->sms > 0 ? a->sms : 1; }
+static int sk_whole(const struct w4a16_gemm_args *a, int mt, int bn) {
+    const int g = sk_grid(a), q = tiles_of(a, mt, bn) / g;
+    return q > 1 ? (q - 1) * g : 0;
+}
+/* x must fit well inside L2: a stream-K block reads its tiles' x at its own
+ * chunk step, not in step with the blocks of the same token tile, so where x
+ * comes from DRAM it is read once per column tile (H100, session 19: Qwen3-32B
+ * down at M = 1024, x 52 MB, 682 us against 490 for dequantize + cuBLAS;
+ * Qwen3-8B down at M = 4096, x 100 MB, 667 against 585 with whole tiles). */
+static int sk_fits(const struct w4a16_gemm_args *a, int mt, int bn) {
+    return (long long)(tiles_of(a, mt, bn) - sk_whole(a, mt, bn)) * a->kc >= 2ll * sk_grid(a) &&
+           a->cnt_len >= sk_grid(a) && (size_t)a->m * a->k * 2 <= W4A16_GEMM_SK_X_MAX_BYTES;
+}
+static size_t ws_sk_bytes(const struct w4a16_gemm_args *a, int mt, int bn) {
+    return (size_t)sk_grid(a) * (mt * bn / 2) * GK_THREADS * sizeof(float);
 }
 
 /* Modelled time (SM clocks) of one configuration: waves of one block per SM,
@@ -1558,6 +1684,34 @@ static double gk_cost4(const struct w4a16_gemm_args *a, int mt, int bn, int ks, 
     return 2.84 + rounds * ((kse == 1 ? a->kc : cps) * chunk[ti] + tile[ti]) + (kse > 1 ? red[ti] : 0.0);
 }
 
+/* The same for stream-K at split 1: every block runs tiles x KC / SMs chunk
+ * steps and ends about tiles / SMs + 1 pieces, one of them parked or
+ * gathered; fix: the rest, fitted (gk_cost4's constants kept) to the
+ * choice's regret over sweeps of every tile and split at M = 96-1024 on the
+ * Qwen3-8B shapes (H100) and M = 128-1024 on the 12 Qwen3-32B shapes and
+ * shards (H200), session 19: geometric mean 1.007, worst 1.12 over 104
+ * points (docs/PERFORMANCE.md). */
+static double gk_cost4_sk(const struct w4a16_gemm_args *a, int mt, int bn) {
+    static const double chunk[5] = {0.391, 0.658, 0.474, 0.908, 0.717}; /* as gk_cost4 */
+    static const double tile[5] = {5.70, 8.16, 7.82, 14.15, 13.44};
+    static const double fix[5] = {0.0, 0.0, 2.0, -2.0, 0.0};
+    const int ti = bn == 256 ? 4 : bn == 128 ? 2 + (mt - 1) : mt - 1;
+    const double g = sk_grid(a), tiles = tiles_of(a, mt, bn);
+    return 2.84 + tiles * a->kc / g * chunk[ti] + (tiles / g + 1.0) * tile[ti] + fix[ti];
+}
+
+/* Stream-K in mode 4's automatic choice (default on; AWQD_W4A16_GEMM_SK=0
+ * off). A call whose workspace cannot hold the parked pieces runs split 1
+ * without it. */
+static int sk_default(void) {
+    static const int on = !(getenv("AWQD_W4A16_GEMM_SK") && !strcmp(getenv("AWQD_W4A16_GEMM_SK"), "0"));
+    return on;
+}
+extern "C" int w4a16_gemm_stream_k(void) { return sk_default(); }
+
+static std::atomic<unsigned long> g_sk_launches{0};
+extern "C" unsigned long w4a16_gemm_sk_launches(void) { return g_sk_launches.load(std::memory_order_relaxed); }
+
 static gk_choice gk_choose_cfg4(const struct w4a16_gemm_args *a) {
     static const int cands[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}};
     gk_choice ch = {1, 64, 1, 4};
@@ -1570,7 +1724,7 @@ static gk_choice gk_choose_cfg4(const struct w4a16_gemm_args *a) {
     int caps[GK_CLUSTER_MAX + 1];
     for (int ks = 2; ks <= GK_CLUSTER_MAX; ks++) caps[ks] = ws_cluster_cap(dev, ks, a->sms > 0 ? a->sms : 1);
     double best = 1e30;
-    for (int ci = 0; ci < 5; ci++)
+    for (int ci = 0; ci < 5; ci++) {
         for (int ks = 1; ks <= GK_CLUSTER_MAX && ks <= a->kc; ks++) {
             if (cdiv(a->kc, cdiv(a->kc, ks)) != ks) continue;
             const double t = gk_cost4(a, cands[ci][0], cands[ci][1], ks, caps);
@@ -1579,8 +1733,20 @@ static gk_choice gk_choose_cfg4(const struct w4a16_gemm_args *a) {
                 ch.mt = cands[ci][0];
                 ch.bn = cands[ci][1];
                 ch.ks = ks;
+                ch.sk = 0;
             }
         }
+        if (sk_default() && sk_fits(a, cands[ci][0], cands[ci][1])) {
+            const double t = gk_cost4_sk(a, cands[ci][0], cands[ci][1]);
+            if (t < best * 0.999) {
+                best = t;
+                ch.mt = cands[ci][0];
+                ch.bn = cands[ci][1];
+                ch.ks = 1;
+                ch.sk = 1;
+            }
+        }
+    }
     return ch;
 }
 
@@ -1598,6 +1764,7 @@ extern "C" int w4a16_gemm_auto_mode(void) {
 static gk_choice gk_choose(const struct w4a16_gemm_args *a) {
     gk_choice ch = gk_choose_cfg(a);
     if (a->ksplit > 0) ch.ks = a->ksplit < a->kc ? a->ksplit : a->kc;
+    if (ch.ks > 1 || ch.mode != 4) ch.sk = 0;
     return ch;
 }
 
@@ -1647,6 +1814,7 @@ static int use_cluster(const gk_choice &ch, int kse) {
 }
 
 static size_t ws_of(const struct w4a16_gemm_args *a, const gk_choice &ch) {
+    if (ch.sk) return sk_fits(a, ch.mt, ch.bn) ? ws_sk_bytes(a, ch.mt, ch.bn) : 0;
     const int kse = cdiv(a->kc, cdiv(a->kc, ch.ks));
     if (kse <= 1 || use_cluster(ch, kse)) return 0;
     return (size_t)tiles_of(a, ch.mt, ch.bn) * kse * (ch.mt * ch.bn / 2) * GK_THREADS * sizeof(float);
@@ -1952,9 +2120,17 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
     ka.dbg = dbg;
     ka.ntn = cdiv(a->n16, 8 * ch.mt);
     ka.ntiles = ka.ntn * cdiv(a->m, ch.bn);
+    /* stream-K where chosen and the workspace holds the parked pieces */
+    const bool sk = ch.sk && ch.mode == 4 && ks == 1 && sk_fits(a, ch.mt, ch.bn) && ws &&
+                    ws_bytes >= ws_sk_bytes(a, ch.mt, ch.bn);
+    ka.skD = sk ? sk_whole(a, ch.mt, ch.bn) : ka.ntiles;
+    ka.skT = sk ? (ka.ntiles - ka.skD) * a->kc : 0;
+    if (sk) g_sk_launches.fetch_add(1, std::memory_order_relaxed);
     if (ch.mode >= 3) { /* persistent: one block per SM; a split: one tile per block, in a cluster */
         const int sms = a->sms > 0 ? a->sms : 1;
-        const dim3 grid = ks > 1 ? dim3(ka.ntiles, 1, ks) : dim3(ka.ntiles < sms ? ka.ntiles : sms, 1, 1);
+        const dim3 grid = ks > 1 ? dim3(ka.ntiles, 1, ks)
+                          : sk   ? dim3(sk_grid(a), 1, 1)
+                                 : dim3(ka.ntiles < sms ? ka.ntiles : sms, 1, 1);
         if (ch.mode == 5)
             return ks > 1 ? ss_dispatch<true>(ch, ka, grid, pdl, s, err, errlen)
                           : ss_dispatch<false>(ch, ka, grid, pdl, s, err, errlen);

@@ -70,10 +70,23 @@ int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t ws_bytes, i
  * (bitwise mode 4's; slower, an experiment). The automatic choice uses mode
  * 4 with its modelled tile and split (mode 5 with AWQD_W4A16_GEMM_SS=1, mode
  * 3 with AWQD_W4A16_GEMM_NAT=0, mode 0 with AWQD_W4A16_GEMM_WS=0). mt = 0
- * restores the automatic choice.
+ * restores the automatic choice. ksplit = 0 with mode 4: stream-K at split 1
+ * (where the workspace holds a piece per SM and there are at least 2 chunk
+ * steps per SM; else split 1 with whole tiles).
  * The environment variable AWQD_W4A16_GEMM_CFG="mt,bn,ksplit,mode" sets the
  * same at the first call. Returns 0, or -EINVAL for an unsupported tuple. */
 int w4a16_gemm_config(int mt, int bn, int ksplit, int mode);
+
+/* 1 when mode 4's automatic choice may use stream-K (AWQD_W4A16_GEMM_SK=0:
+ * never). It applies only where x (m x k fp16) takes at most
+ * W4A16_GEMM_SK_X_MAX_BYTES (well inside L2; w4a16_gemm.cu sk_fits). */
+int w4a16_gemm_stream_k(void);
+#define W4A16_GEMM_SK_X_MAX_BYTES ((size_t)32 << 20)
+
+/* Calls so far (process-wide) that ran mode 4's stream-K: equal shares of
+ * the chunk steps per block, tiles cut between blocks summed by their head
+ * block from pieces parked in the workspace (tests, benchmarks). */
+unsigned long w4a16_gemm_sk_launches(void);
 
 /* The configuration a call with these arguments uses (after any forcing). */
 void w4a16_gemm_choice(const struct w4a16_gemm_args *a, int *mt, int *bn, int *ksplit, int *mode);

@@ -88,6 +88,7 @@ static void gcheck(const struct glayer *h, int gate_up, int M, int bias, enum w4
         size_t need = (size_t)ks * np * mp * 4 + 4096;
         if (need > wsb) wsb = need;
     }
+    if (!no_ws && ks == 0 && wsb < ((size_t)32 << 20)) wsb = (size_t)32 << 20; /* a forced stream-K's pieces */
     GCK(cudaMalloc((void **)&dx, nx * 2));
     GCK(cudaMalloc((void **)&dy, ny * 2));
     if (wsb) GCK(cudaMalloc(&ws, wsb));
@@ -250,6 +251,41 @@ TEST(w4a16_gemm, configs_smem_a) { /* mode 5: the producer warpgroup dequantizes
     check_configs(5);
 }
 
+/* One comparison case: a K x N layer with bias (gate|up: N / 2 outputs),
+ * M rows of x uniform in [-1, 1) on the device, y there, and three host
+ * buffers of y (ya, yb, yc). Check test_failed() after gcase_make. */
+struct gcase {
+    struct glayer h;
+    int K, N, gu, M, oc;
+    size_t ny;
+    uint16_t *hx, *dx, *dy, *ya, *yb, *yc;
+};
+
+static void gcase_make(struct gcase *c, int K, int N, int gu, int M) {
+    memset(c, 0, sizeof *c);
+    c->K = K, c->N = N, c->gu = gu, c->M = M, c->oc = gu ? N / 2 : N;
+    c->ny = (size_t)M * c->oc;
+    glayer_make(&c->h, K, N, 128, gu, 1);
+    ASSERT_OK_SO_FAR();
+    c->hx = malloc((size_t)M * K * 2);
+    c->ya = malloc(c->ny * 2), c->yb = malloc(c->ny * 2), c->yc = malloc(c->ny * 2);
+    ASSERT(c->hx && c->ya && c->yb && c->yc);
+    for (size_t i = 0; i < (size_t)M * K; i++) c->hx[i] = h_from_f(2.f * grnd_unit() - 1.f);
+    GCK(cudaMalloc((void **)&c->dx, (size_t)M * K * 2));
+    GCK(cudaMalloc((void **)&c->dy, c->ny * 2));
+    GCK(cudaMemcpy(c->dx, c->hx, (size_t)M * K * 2, cudaMemcpyHostToDevice));
+}
+
+static void gcase_free(struct gcase *c) {
+    cudaFree(c->dx);
+    cudaFree(c->dy);
+    free(c->hx);
+    free(c->ya);
+    free(c->yb);
+    free(c->yc);
+    glayer_free(&c->h);
+}
+
 /* y of one forced call (config mt x bn, split ks, mode), copied to hy. */
 static void run_cfg(const struct glayer *h, const uint16_t *dx, uint16_t *dy, void *ws, size_t wsb, int M,
                     int gate_up, int mt, int bn, int ks, int mode, uint16_t *hy, size_t ny) {
@@ -312,24 +348,23 @@ static void compare_modes(int ma, int mb, int ntiles, float bound) {
     static const struct { int k, n, gu, m; } sh[] = {
         {1536, 1000, 0, 200}, {1536, 2 * 520, 1, 333}, {128, 4104, 0, 1000}, {4096, 6144, 0, 1024}};
     for (int si = 0; si < 4 && !test_failed(); si++) {
-        struct glayer h;
-        const int K = sh[si].k, N = sh[si].n, gu = sh[si].gu, M = sh[si].m, oc = gu ? N / 2 : N;
-        glayer_make(&h, K, N, 128, gu, 1);
-        ASSERT_OK_SO_FAR();
-        size_t ny = (size_t)M * oc;
-        uint16_t *hx = malloc((size_t)M * K * 2), *ya = malloc(ny * 2), *yb = malloc(ny * 2), *dx = NULL, *dy = NULL;
-        ASSERT(hx && ya && yb);
-        for (size_t i = 0; i < (size_t)M * K; i++) hx[i] = h_from_f(2.f * grnd_unit() - 1.f);
-        GCK(cudaMalloc((void **)&dx, (size_t)M * K * 2));
-        GCK(cudaMalloc((void **)&dy, ny * 2));
-        GCK(cudaMemcpy(dx, hx, (size_t)M * K * 2, cudaMemcpyHostToDevice));
+        struct gcase c;
+        gcase_make(&c, sh[si].k, sh[si].n, sh[si].gu, sh[si].m);
+        if (test_failed()) {
+            gcase_free(&c);
+            return;
+        }
+        const int K = c.K, N = c.N, gu = c.gu, M = c.M, oc = c.oc;
+        const size_t ny = c.ny;
+        struct glayer *const hp = &c.h;
+        uint16_t *const ya = c.ya, *const yb = c.yb, *const dx = c.dx, *const dy = c.dy;
         static const int kss[] = {1, 2, 3, 8};
         for (int ci = 0; ci < ntiles && !test_failed(); ci++)
             for (int i = 0; i < 4 && !test_failed(); i++) {
                 if (kss[i] > K / 64) continue;
-                run_cfg(&h, dx, dy, NULL, 0, M, gu, CFGS[ci][0], CFGS[ci][1], kss[i], ma, ya, ny);
+                run_cfg(hp, dx, dy, NULL, 0, M, gu, CFGS[ci][0], CFGS[ci][1], kss[i], ma, ya, ny);
                 if (test_failed()) break;
-                run_cfg(&h, dx, dy, NULL, 0, M, gu, CFGS[ci][0], CFGS[ci][1], kss[i], mb, yb, ny);
+                run_cfg(hp, dx, dy, NULL, 0, M, gu, CFGS[ci][0], CFGS[ci][1], kss[i], mb, yb, ny);
                 if (test_failed()) break;
                 float ymax = 0.f, dmax = 0.f;
                 size_t at = ny;
@@ -346,13 +381,7 @@ static void compare_modes(int ma, int mb, int ntiles, float bound) {
                            (at < ny ? at : 0) / oc, (at < ny ? at : 0) % oc, f_from_h(yb[at < ny ? at : 0]),
                            f_from_h(ya[at < ny ? at : 0]), ymax);
             }
-        cudaFree(dx);
-        cudaFree(dy);
-        free(hx);
-        free(ya);
-        free(yb);
-        glayer_free(&h);
-        ASSERT_OK_SO_FAR();
+        gcase_free(&c);
     }
 }
 
@@ -378,6 +407,78 @@ TEST(w4a16_gemm, natural_k_matches_warp_specialized) {
 TEST(w4a16_gemm, smem_a_matches_natural_k) {
     NEED_GEMM();
     compare_modes(4, 5, 5, -1.f);
+}
+
+/* Mode 4's stream-K (split 1, equal shares of the chunk steps per block,
+ * cut tiles summed by their head block from parked pieces) against mode 4
+ * split 1 with whole tiles: the same fp16 products in other fp32 groupings,
+ * so within 2e-3 of max|y|, not bitwise; every element written; two calls
+ * bitwise equal (the order of the pieces is fixed). Shapes: a tile cut
+ * across ~17 blocks (K = 12288, 8 tiles), gate|up + bias, ragged M and N,
+ * two chunks per tile (pieces of one chunk), Qwen3-8B q|k|v at M = 512. */
+TEST(w4a16_gemm, stream_k_matches_natural_k) {
+    NEED_GEMM();
+    static const struct { int k, n, gu, m; } sh[] = {
+        {12288, 1000, 0, 64}, {1536, 2 * 520, 1, 333}, {128, 4104, 0, 1000}, {4096, 6144, 0, 512}};
+    const size_t wsb = (size_t)64 << 20;
+    void *ws = NULL;
+    GCK(cudaMalloc(&ws, wsb));
+    for (int si = 0; si < 4 && !test_failed(); si++) {
+        struct gcase c;
+        gcase_make(&c, sh[si].k, sh[si].n, sh[si].gu, sh[si].m);
+        const int K = c.K, N = c.N, gu = c.gu, M = c.M, oc = c.oc;
+        const size_t ny = c.ny;
+        struct glayer *const hp = &c.h;
+        uint16_t *const ya = c.ya, *const yb = c.yb, *const yc = c.yc, *const dx = c.dx, *const dy = c.dy;
+        for (int ci = 0; ci < 5 && !test_failed(); ci++) {
+            run_cfg(hp, dx, dy, NULL, 0, M, gu, CFGS[ci][0], CFGS[ci][1], 1, 4, ya, ny);
+            const unsigned long sk0 = w4a16_gemm_sk_launches();
+            if (!test_failed()) run_cfg(hp, dx, dy, ws, wsb, M, gu, CFGS[ci][0], CFGS[ci][1], 0, 4, yb, ny);
+            ASSERT_MSG(w4a16_gemm_sk_launches() == sk0 + 1, "K=%d N=%d M=%d cfg %dx%d: stream-K did not run", K, N,
+                       M, CFGS[ci][0], CFGS[ci][1]);
+            if (!test_failed()) run_cfg(hp, dx, dy, ws, wsb, M, gu, CFGS[ci][0], CFGS[ci][1], 0, 4, yc, ny);
+            if (test_failed()) break;
+            ASSERT_MSG(memcmp(yb, yc, ny * 2) == 0, "K=%d N=%d M=%d cfg %dx%d: two stream-K calls differ", K, N, M,
+                       CFGS[ci][0], CFGS[ci][1]);
+            float ymax = 0.f, dmax = 0.f;
+            size_t at = 0, same = 0;
+            for (size_t e = 0; e < ny; e++) {
+                const float a = f_from_h(ya[e]), b = f_from_h(yb[e]);
+                ASSERT_MSG(a == a && b == b, "K=%d N=%d M=%d cfg %dx%d: NaN at y[%zu][%zu] (stream-K %g)", K, N, M,
+                           CFGS[ci][0], CFGS[ci][1], e / oc, e % oc, b);
+                if (fabsf(a) > ymax) ymax = fabsf(a);
+                if (fabsf(a - b) > dmax) dmax = fabsf(a - b), at = e;
+                same += ya[e] == yb[e];
+            }
+            ASSERT_MSG(dmax <= 2e-3f * ymax, "K=%d N=%d%s M=%d cfg %dx%d: stream-K %g vs %g at y[%zu][%zu] (max|y| %g)",
+                       K, N, gu ? " gate|up" : "", M, CFGS[ci][0], CFGS[ci][1], f_from_h(yb[at]), f_from_h(ya[at]),
+                       at / oc, at % oc, ymax);
+            if (getenv("AWQD_TEST_VERBOSE"))
+                fprintf(stderr, "  stream-K K=%d N=%d M=%d cfg %dx%d: max diff %.3g of max|y| %.3g, %.1f%% bitwise\n",
+                        K, N, M, CFGS[ci][0], CFGS[ci][1], dmax, ymax, 100.0 * same / ny);
+        }
+        gcase_free(&c);
+    }
+    cudaFree(ws);
+}
+
+/* Every tile with stream-K forced, against the reference (the shapes and M
+ * of check_configs; where the chunk steps are too few for the grid the call
+ * runs split 1 with whole tiles). */
+TEST(w4a16_gemm, configs_stream_k) {
+    NEED_GEMM();
+    struct glayer h;
+    glayer_make(&h, 4096, 1000, 128, 0, 1);
+    ASSERT_OK_SO_FAR();
+    static const int ms[] = {64, 100, 257};
+    for (int ci = 0; ci < 5 && !test_failed(); ci++) {
+        ASSERT(w4a16_gemm_config(CFGS[ci][0], CFGS[ci][1], 0, 4) == 0);
+        char what[64];
+        snprintf(what, sizeof what, "cfg %dx%d stream-K", CFGS[ci][0], CFGS[ci][1]);
+        for (int i = 0; i < 3 && !test_failed(); i++) gcheck(&h, 0, ms[i], 1, W4A16_KERNEL_WGMMA, 0, 0, what);
+    }
+    w4a16_gemm_config(0, 0, 0, 0);
+    glayer_free(&h);
 }
 
 /* Qwen3-8B q|k|v, o, gate|up (silu epilogue), down at the M values. */

@@ -62,6 +62,7 @@
 #include "kernels/cuda/smem_limit.cuh"
 #include "kernels/cuda/w4a16_common.cuh"
 #include "kernels/cuda/w4a16_gemm.h"
+#include "kernels/cuda/gemm_sk.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_ENABLED 1
@@ -897,7 +898,8 @@ static __device__ __forceinline__ void g_quad_natural(const uint4 &wv, int c, ui
     }
 }
 
-/* A block's work in k_w4gemm_ws, one piece at a time: tile `tile`, chunks
+/* A block's work in k_w4gemm_ws, one piece at a time (kernels/cuda/gemm_sk.h,
+ * whose invariants tests/test_gemm_sk.c checks on the CPU): tile `tile`, chunks
  * [kb, ke) of it. First whole tiles blockIdx.x, + gridDim.x, ... below
  * a.skD (all tiles without stream-K: a.skT == 0); then stream-K over the
  * rest: its a.skT chunk steps (tile-major) cut into gridDim.x contiguous,
@@ -911,33 +913,20 @@ static __device__ __forceinline__ void g_quad_natural(const uint4 &wv, int c, ui
  * the first stream-K piece of a later block, parked in the workspace) in
  * block order and stores the tile: every tile's sum has a fixed order
  * (deterministic), and a block parks at most one piece. */
-struct ws_work {
-    int d;     /* next whole tile */
-    int i, i1; /* next stream-K step, end */
-    int tile, kb, ke;
-};
+typedef struct sk_work ws_work; /* kernels/cuda/gemm_sk.h */
 static __device__ __forceinline__ int ws_share(int b, const gk_args &a, int nk) {
-    return a.skD * nk + (int)((long long)b * a.skT / gridDim.x);
+    return sk_share(b, gridDim.x, a.skD, a.skT, nk);
 }
 static __device__ __forceinline__ void ws_work_init(ws_work &w, const gk_args &a, int nk) {
+    /* sk_work_init's three assignments, written out: through the call ptxas
+     * orders the block's first instructions differently (session 19 kept the
+     * binary the GPU tests ran, byte for byte) */
     w.d = blockIdx.x;
     w.i = a.skT ? ws_share(blockIdx.x, a, nk) : 0;
     w.i1 = a.skT ? ws_share(blockIdx.x + 1, a, nk) : 0;
 }
 static __device__ __forceinline__ bool ws_work_next(ws_work &w, const gk_args &a, int nk) {
-    if (w.d < a.skD) {
-        w.tile = w.d;
-        w.kb = 0;
-        w.ke = nk;
-        w.d += gridDim.x;
-        return true;
-    }
-    if (w.i >= w.i1) return false;
-    w.tile = w.i / nk;
-    w.kb = w.i - w.tile * nk;
-    w.ke = min(nk, w.kb + (w.i1 - w.i));
-    w.i += w.ke - w.kb;
-    return true;
+    return sk_work_next(&w, gridDim.x, a.skD, nk);
 }
 
 /* Stream-K pieces (ws_work). A piece that is not its tile's head parks its
@@ -1580,8 +1569,7 @@ static int tiles_of(const struct w4a16_gemm_args *a, int mt, int bn) {
  * 2 chunk steps per block; the workspace holds one parked piece per block. */
 static int sk_grid(const struct w4a16_gemm_args *a) { return a->sms > 0 ? a->sms : 1; }
 static int sk_whole(const struct w4a16_gemm_args *a, int mt, int bn) {
-    const int g = sk_grid(a), q = tiles_of(a, mt, bn) / g;
-    return q > 1 ? (q - 1) * g : 0;
+    return sk_whole_tiles(tiles_of(a, mt, bn), sk_grid(a));
 }
 /* x must fit well inside L2: a stream-K block reads its tiles' x at its own
  * chunk step, not in step with the blocks of the same token tile, so where x

@@ -1,0 +1,122 @@
+/* test_gemm_sk.c — the work partition of the INT4 wgmma GEMM's persistent
+ * grid (kernels/cuda/gemm_sk.h): whole tiles, then stream-K shares cut at
+ * tile boundaries. The kernel (sm_90a only; tests/gpu/test_w4a16_gemm.c runs
+ * it) relies on these invariants for its results and for not hanging: its
+ * head blocks wait for the pieces of later blocks. Every block of a grid is
+ * simulated here on the CPU, over many tile counts, chunk counts and grid
+ * sizes. */
+#include "tests/harness/test.h"
+
+#include "kernels/cuda/gemm_sk.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* One grid of G blocks over ntiles tiles of nk chunk steps, stream-K on or
+ * off (the host's sk_whole / skT rule, w4a16_gemm.cu). */
+static void check_grid(int ntiles, int nk, int G, int sk) {
+    const int skD = sk ? sk_whole_tiles(ntiles, G) : ntiles;
+    const int skT = sk ? (ntiles - skD) * nk : 0;
+    if (sk && skT < G) return; /* never run: the host asks for >= 2 steps per block */
+    unsigned char *seen = calloc((size_t)ntiles * nk, 1);
+    int *head = malloc(sizeof(int) * (size_t)ntiles);  /* block holding a cut tile's chunk 0 */
+    int *parked = malloc(sizeof(int) * (size_t)G);     /* tile of the block's parked piece, or -1 */
+    unsigned char *gathered = calloc((size_t)G, 1);
+    ASSERT(seen && head && parked && gathered);
+    for (int t = 0; t < ntiles; t++) head[t] = -1;
+    for (int b = 0; b < G; b++) parked[b] = -1;
+    int min_share = 1 << 30, max_share = 0;
+    for (int b = 0; b < G && !test_failed(); b++) {
+        struct sk_work w;
+        sk_work_init(&w, b, G, skD, skT, nk);
+        if (skT) {
+            const int n = w.i1 - w.i;
+            if (n < min_share) min_share = n;
+            if (n > max_share) max_share = n;
+        }
+        int pieces = 0, sk_pieces = 0, head_at = -1, last_tile = -1, last_kb = -1;
+        while (sk_work_next(&w, G, skD, nk)) {
+            const int t = w.tile, kb = w.kb, ke = w.ke;
+            ASSERT_MSG(t >= 0 && t < ntiles && kb >= 0 && kb < ke && ke <= nk,
+                       "ntiles %d nk %d G %d: block %d piece tile %d [%d, %d)", ntiles, nk, G, b, t, kb, ke);
+            ASSERT_MSG(t > last_tile || (t == last_tile && kb > last_kb), "block %d: pieces out of order", b);
+            last_tile = t, last_kb = kb;
+            for (int c = kb; c < ke; c++) {
+                ASSERT_MSG(!seen[(size_t)t * nk + c], "ntiles %d nk %d G %d sk %d: tile %d chunk %d twice", ntiles,
+                           nk, G, sk, t, c);
+                seen[(size_t)t * nk + c] = 1;
+            }
+            if (t < skD) { /* whole tiles: b, b + G, ... */
+                ASSERT_MSG(kb == 0 && ke == nk && t % G == b, "block %d: whole tile %d cut or not its own", b, t);
+            } else {
+                if (kb > 0) { /* not the tile's head: only as the block's first stream-K piece */
+                    ASSERT_MSG(sk_pieces == 0 && parked[b] < 0, "block %d parks tile %d after other work", b, t);
+                    parked[b] = t;
+                }
+                if (kb == 0 && ke < nk) {
+                    ASSERT_MSG(head[t] < 0, "tile %d has two heads", t);
+                    head[t] = b;
+                    head_at = pieces;
+                }
+                sk_pieces++;
+            }
+            pieces++;
+        }
+        ASSERT_MSG(head_at < 0 || head_at == pieces - 1, "ntiles %d nk %d G %d: block %d's head piece is not its last",
+                   ntiles, nk, G, b);
+    }
+    for (size_t e = 0; e < (size_t)ntiles * nk && !test_failed(); e++)
+        ASSERT_MSG(seen[e], "ntiles %d nk %d G %d sk %d: tile %zu chunk %zu never run", ntiles, nk, G, sk,
+                   e / (size_t)nk, e % (size_t)nk);
+    if (skT) /* equal shares */
+        ASSERT_MSG(max_share - min_share <= 1 && min_share >= 1, "shares %d..%d steps", min_share, max_share);
+    /* each head gathers (the kernel's loop, ws_sk_gather) exactly the parked
+     * pieces of its tile, each once */
+    for (int t = 0; t < ntiles && !test_failed(); t++) {
+        if (head[t] < 0) continue;
+        const int end = (t + 1) * nk;
+        int got = 0;
+        for (int b = head[t] + 1; b < G && sk_share(b, G, skD, skT, nk) < end; b++) {
+            ASSERT_MSG(parked[b] == t, "ntiles %d nk %d G %d: tile %d's head waits for block %d, which parked %d",
+                       ntiles, nk, G, t, b, parked[b]);
+            ASSERT_MSG(!gathered[b], "block %d's piece gathered twice", b);
+            gathered[b] = 1;
+            got++;
+        }
+        ASSERT_MSG(got > 0, "tile %d has a head but no other piece", t);
+    }
+    for (int b = 0; b < G && !test_failed(); b++)
+        ASSERT_MSG(parked[b] < 0 || gathered[b], "ntiles %d nk %d G %d: block %d's piece of tile %d never gathered",
+                   ntiles, nk, G, b, parked[b]);
+    free(seen);
+    free(head);
+    free(parked);
+    free(gathered);
+}
+
+TEST(gemm_sk, partition_invariants) {
+    static const int gs[] = {1, 2, 3, 7, 16, 114, 132, 144};
+    static const int ts[] = {1, 2, 5, 16, 96, 131, 132, 133, 160, 263, 264, 265, 400, 1000};
+    static const int ks[] = {1, 2, 3, 16, 64, 80, 192, 400};
+    int grids = 0;
+    for (size_t gi = 0; gi < sizeof gs / sizeof gs[0]; gi++)
+        for (size_t ti = 0; ti < sizeof ts / sizeof ts[0]; ti++)
+            for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+                for (int sk = 0; sk < 2; sk++) {
+                    check_grid(ts[ti], ks[ki], gs[gi], sk);
+                    ASSERT_OK_SO_FAR();
+                    grids++;
+                }
+    /* a real case of many waves: Qwen3-8B gate|up at M = 4096, 1 x 256 */
+    check_grid(3072, 64, 132, 1);
+    ASSERT(grids == 8 * 14 * 8 * 2);
+}
+
+/* The whole-tile rule: all but the last full wave and the ragged one. */
+TEST(gemm_sk, whole_tiles_before_stream_k) {
+    ASSERT_EQ_INT(sk_whole_tiles(96, 132), 0);   /* under one wave: all stream-K */
+    ASSERT_EQ_INT(sk_whole_tiles(132, 132), 0);  /* one wave */
+    ASSERT_EQ_INT(sk_whole_tiles(264, 132), 132);
+    ASSERT_EQ_INT(sk_whole_tiles(265, 132), 132);
+    ASSERT_EQ_INT(sk_whole_tiles(3072, 132), 22 * 132);
+}

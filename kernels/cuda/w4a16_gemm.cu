@@ -1518,7 +1518,7 @@ struct gk_choice {
 };
 
 static std::atomic<int> g_force_set{-1}; /* -1: env not read yet, 0: auto, 1: forced */
-static gk_choice g_force = {0, 0, 0, 0};
+static gk_choice g_force = {0, 0, 0, 0, 0};
 
 /* tiles of every mode; 1 x 256 (m64n256 wgmma) in modes 3, 4 and 5 only */
 static int cfg_valid(int mt, int bn, int mode) {
@@ -1576,9 +1576,47 @@ static int sk_whole(const struct w4a16_gemm_args *a, int mt, int bn) {
  * comes from DRAM it is read once per column tile (H100, session 19: Qwen3-32B
  * down at M = 1024, x 52 MB, 682 us against 490 for dequantize + cuBLAS;
  * Qwen3-8B down at M = 4096, x 100 MB, 667 against 585 with whole tiles). */
+/* SMs the current context may use, per device, cached (cuCtxGetExecAffinity:
+ * fewer than the device has under MPS with an active-thread percentage
+ * below 100); 0 where unknown. Stream-K's head blocks wait for later blocks
+ * of its one-per-SM grid, so it needs them all resident at once. */
+static int ws_ctx_sms(void) {
+    static std::atomic<int> cache[16]; /* 0: not asked yet, -1: unknown */
+    static std::atomic<void *> fn{nullptr};
+    static std::atomic<int> tried{0};
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) {
+        cudaGetLastError();
+        return 0;
+    }
+    int v = cache[dev].load();
+    if (v) return v > 0 ? v : 0;
+    void *f = fn.load();
+    if (!f && !tried.load()) {
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuCtxGetExecAffinity", &f, 11040, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            f = nullptr;
+        cudaGetLastError();
+        fn.store(f);
+        tried.store(1);
+    }
+    v = -1;
+    CUexecAffinityParam p;
+    memset(&p, 0, sizeof p);
+    if (f && ((PFN_cuCtxGetExecAffinity_v11040)f)(&p, CU_EXEC_AFFINITY_TYPE_SM_COUNT) == CUDA_SUCCESS &&
+        p.param.smCount.val > 0)
+        v = (int)p.param.smCount.val;
+    cache[dev].store(v);
+    return v > 0 ? v : 0;
+}
+
 static int sk_fits(const struct w4a16_gemm_args *a, int mt, int bn) {
+    const int lim = ws_ctx_sms();
     return (long long)(tiles_of(a, mt, bn) - sk_whole(a, mt, bn)) * a->kc >= 2ll * sk_grid(a) &&
-           a->cnt_len >= sk_grid(a) && (size_t)a->m * a->k * 2 <= W4A16_GEMM_SK_X_MAX_BYTES;
+           a->cnt_len >= sk_grid(a) && (size_t)a->m * a->k * 2 <= W4A16_GEMM_SK_X_MAX_BYTES &&
+           !(lim > 0 && lim < sk_grid(a));
 }
 static size_t ws_sk_bytes(const struct w4a16_gemm_args *a, int mt, int bn) {
     return (size_t)sk_grid(a) * (mt * bn / 2) * GK_THREADS * sizeof(float);
@@ -1702,7 +1740,7 @@ extern "C" unsigned long w4a16_gemm_sk_launches(void) { return g_sk_launches.loa
 
 static gk_choice gk_choose_cfg4(const struct w4a16_gemm_args *a) {
     static const int cands[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}};
-    gk_choice ch = {1, 64, 1, 4};
+    gk_choice ch = {1, 64, 1, 4, 0};
     /* the device and its cluster slots once per choice (a host hot path) */
     int dev = -1;
     if (cudaGetDevice(&dev) != cudaSuccess) {

@@ -949,8 +949,9 @@ static __device__ __forceinline__ void ws_sk_park(const gk_args &a, const float 
 /* The head of a cut tile: waits for the flags of the later blocks holding
  * the rest of the tile (blocks b + 1, ... whose shares begin before the
  * tile's end), adds their parked pieces in block order and lowers the flags.
- * Every block of the grid is resident (one per SM, grid <= SMs), and the
- * pieces it waits for are the first work of their blocks. */
+ * Every block of the grid is resident (one per SM, grid = the device's SMs;
+ * the host runs no stream-K where the context may use fewer: ws_ctx_sms),
+ * and the pieces it waits for are the first stream-K work of their blocks. */
 template <int MT, int BN>
 static __device__ __forceinline__ void ws_sk_gather(const gk_args &a, float (&acc)[MT][BN / 2], int tile, int nk,
                                                     int tid) {

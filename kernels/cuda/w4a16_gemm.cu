@@ -1577,6 +1577,22 @@ static int sk_whole(const struct w4a16_gemm_args *a, int mt, int bn) {
  * comes from DRAM it is read once per column tile (H100, session 19: Qwen3-32B
  * down at M = 1024, x 52 MB, 682 us against 490 for dequantize + cuBLAS;
  * Qwen3-8B down at M = 4096, x 100 MB, 667 against 585 with whole tiles). */
+/* A driver function through the runtime's driver entry point (no -lcuda),
+ * looked up once (fn, tried: the caller's statics); NULL where unavailable. */
+static void *ws_driver_fn(const char *name, int version, std::atomic<void *> &fn, std::atomic<int> &tried) {
+    void *f = fn.load();
+    if (!f && !tried.load()) {
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion(name, &f, version, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            f = nullptr;
+        cudaGetLastError();
+        fn.store(f);
+        tried.store(1);
+    }
+    return f;
+}
+
 /* SMs the current context may use, per device, cached (cuCtxGetExecAffinity:
  * fewer than the device has under MPS with an active-thread percentage
  * below 100); 0 where unknown. Stream-K's head blocks wait for later blocks
@@ -1592,17 +1608,7 @@ static int ws_ctx_sms(void) {
     }
     int v = cache[dev].load();
     if (v) return v > 0 ? v : 0;
-    void *f = fn.load();
-    if (!f && !tried.load()) {
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuCtxGetExecAffinity", &f, 11040, cudaEnableDefault, &q) !=
-                cudaSuccess ||
-            q != cudaDriverEntryPointSuccess)
-            f = nullptr;
-        cudaGetLastError();
-        fn.store(f);
-        tried.store(1);
-    }
+    void *f = ws_driver_fn("cuCtxGetExecAffinity", 11040, fn, tried);
     v = -1;
     CUexecAffinityParam p;
     memset(&p, 0, sizeof p);
@@ -1939,18 +1945,7 @@ static int gk_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char
 static PFN_cuTensorMapEncodeTiled_v12000 ws_encoder(void) {
     static std::atomic<void *> fn{nullptr};
     static std::atomic<int> tried{0};
-    void *f = fn.load();
-    if (!f && !tried.load()) {
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
-                cudaSuccess ||
-            q != cudaDriverEntryPointSuccess)
-            f = nullptr;
-        cudaGetLastError();
-        fn.store(f);
-        tried.store(1);
-    }
-    return (PFN_cuTensorMapEncodeTiled_v12000)f;
+    return (PFN_cuTensorMapEncodeTiled_v12000)ws_driver_fn("cuTensorMapEncodeTiled", 12000, fn, tried);
 }
 
 /* an fp16 [rows][cols] matrix (row stride ld elements) as a 2-D tensor map

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/w4a16_gemm.h"
 
 extern "C" {
 #include "engine/ckpt.h"
@@ -105,6 +106,13 @@ extern "C" int cuda_mem_plan_make(const struct model_config *cfg, int tp, int de
             uint64_t b = (n + 15) / 16 * ks * 4096;
             if (b > lin) lin = b;
         }
+        /* prefill rows: the wgmma GEMM's stream-K parks one piece per SM
+         * (w4a16_stream_k_bytes; more than the 64-row partials only for
+         * small shards, e.g. Llama-3-70B at tp = 8) */
+        int sms = 0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), err, errlen);
+        const uint64_t sk = w4a16_gemm_sk_workspace(sms);
+        if (sk > lin) lin = sk;
         const char *wr = getenv("AWQD_W4A16_WS_ROWS");
         if (wr && atoi(wr) >= 256) {
             uint64_t rows = (uint64_t)atoi(wr) < T ? (uint64_t)atoi(wr) : T;

@@ -453,6 +453,8 @@ static struct op_linear *cu_upload_linear(void *ctx, const struct awq_linear *l,
     o->n = l->n;
     o->has_bias = l->bias != NULL;
     size_t ws = w4a16_workspace_bytes(o->w, ops_cuda_ws_rows());
+    const size_t wsk = w4a16_stream_k_bytes(o->w); /* prefill rows: the wgmma GEMM's stream-K */
+    if (wsk > ws) ws = wsk;
     if (ws > c->lin_ws_bytes) {
         cudaStreamSynchronize(c->stream);
         if (ops_cuda__retire(c, c->lin_ws)) {

@@ -1793,6 +1793,10 @@ extern "C" size_t w4a16_workspace_bytes(const struct w4a16_weight *w, int max_m)
     return best;
 }
 
+extern "C" size_t w4a16_stream_k_bytes(const struct w4a16_weight *w) {
+    return w ? w4a16_gemm_sk_workspace(w->sms) : 0;
+}
+
 /* Programmatic dependent launch: on by default on sm_90+, AWQD_CUDA_PDL=0 turns it
  * off, w4a16_pdl() overrides both. */
 static env_switch g_pdl = {{-1}, "AWQD_CUDA_PDL"};

@@ -125,6 +125,10 @@ int w4a16_clone(const struct w4a16_weight *src, struct w4a16_weight **out, char 
 /* Workspace bytes that let every call with M <= max_m use its preferred split. */
 size_t w4a16_workspace_bytes(const struct w4a16_weight *w, int max_m);
 
+/* Workspace bytes that let the wgmma GEMM's calls of any M use stream-K on
+ * this weight's device (w4a16_gemm_sk_workspace; 0 where it does not run). */
+size_t w4a16_stream_k_bytes(const struct w4a16_weight *w);
+
 /* y = epilogue(x @ W). x: fp16 [m, K] device; y: fp16 [m, out_cols] device.
  * Enqueued on stream s; returns once launched. */
 int w4a16_linear(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_t *y,

@@ -1864,6 +1864,11 @@ extern "C" void w4a16_gemm_choice(const struct w4a16_gemm_args *a, int *mt, int 
 
 extern "C" size_t w4a16_gemm_workspace(const struct w4a16_gemm_args *a) { return ws_of(a, gk_choose(a)); }
 
+extern "C" size_t w4a16_gemm_sk_workspace(int sms) {
+    if (sms < 1 || !sk_default() || !w4a16_gemm_available()) return 0;
+    return (size_t)sms * (256 / 2) * GK_THREADS * sizeof(float); /* ws_sk_bytes at mt x bn = 256 */
+}
+
 /* Probe: its static shared memory is 64 bytes in an sm_90a image (wgmma
  * compiled in) and 32 in any other (an sm_90 build without "a" has no-op
  * stubs). cudaFuncGetAttributes reads that from the image the driver loaded

@@ -47,6 +47,13 @@ int w4a16_gemm_available(void);
  * partial sums; 0 when it does not split). */
 size_t w4a16_gemm_workspace(const struct w4a16_gemm_args *a);
 
+/* Workspace bytes stream-K needs (one parked piece per block of its
+ * one-per-SM grid at the largest tile, 1 x 256 or 2 x 128) on a device of sms
+ * SMs; 0 where the GEMM is not available here or stream-K is off
+ * (AWQD_W4A16_GEMM_SK=0). A smaller workspace runs those calls with whole
+ * tiles (still correct, slower). */
+size_t w4a16_gemm_sk_workspace(int sms);
+
 /* Enqueues the GEMM on s. pdl: launch with programmatic stream serialization
  * (the kernel prefetches weights before griddepcontrol.wait and reads x after).
  * A workspace smaller than w4a16_gemm_workspace() lowers the split (still

@@ -462,6 +462,49 @@ TEST(w4a16_gemm, stream_k_matches_natural_k) {
     cudaFree(ws);
 }
 
+/* The engine sizes its linear workspace with w4a16_stream_k_bytes too: for a
+ * small shard (Llama-3-70B gate|up at tp = 8, K = 8192, N = 2 x 3584) the
+ * 64-row split-K partials need less than stream-K's parked pieces, and a
+ * call with the 64-row size alone ran whole tiles. With exactly
+ * w4a16_stream_k_bytes the forced 1 x 256 stream-K runs (launch counter),
+ * one byte less falls back to whole tiles, and both agree within 2e-3 of
+ * max|y|. */
+TEST(w4a16_gemm, stream_k_workspace) {
+    NEED_GEMM();
+    int dev = 0, sms = 0;
+    GCK(cudaGetDevice(&dev));
+    GCK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    struct gcase c;
+    gcase_make(&c, 8192, 2 * 3584, 1, 1024);
+    ASSERT_OK_SO_FAR();
+    const size_t wsk = w4a16_stream_k_bytes(c.h.dw);
+    if (!w4a16_gemm_stream_k()) {
+        ASSERT(wsk == 0);
+        gcase_free(&c);
+        return;
+    }
+    ASSERT_MSG(wsk == (size_t)sms * 128 * 256 * 4, "stream-K bytes %zu for %d SMs", wsk, sms);
+    ASSERT_MSG(wsk > w4a16_workspace_bytes(c.h.dw, 64), "64-row workspace %zu already holds stream-K's %zu",
+               w4a16_workspace_bytes(c.h.dw, 64), wsk);
+    void *ws = NULL;
+    GCK(cudaMalloc(&ws, wsk));
+    const unsigned long n0 = w4a16_gemm_sk_launches();
+    run_cfg(&c.h, c.dx, c.dy, ws, wsk, c.M, 1, 1, 256, 0, 4, c.ya, c.ny);
+    ASSERT_MSG(w4a16_gemm_sk_launches() == n0 + 1, "stream-K did not run with %zu bytes", wsk);
+    run_cfg(&c.h, c.dx, c.dy, ws, wsk - 1, c.M, 1, 1, 256, 0, 4, c.yb, c.ny);
+    ASSERT_MSG(w4a16_gemm_sk_launches() == n0 + 1, "stream-K ran with %zu bytes", wsk - 1);
+    float ymax = 0.f, dmax = 0.f;
+    for (size_t e = 0; e < c.ny && !test_failed(); e++) {
+        const float a = f_from_h(c.ya[e]), b = f_from_h(c.yb[e]);
+        ASSERT_MSG(a == a && b == b, "NaN at y[%zu]", e);
+        if (fabsf(b) > ymax) ymax = fabsf(b);
+        if (fabsf(a - b) > dmax) dmax = fabsf(a - b);
+    }
+    ASSERT_MSG(dmax <= 2e-3f * ymax, "stream-K vs whole tiles: %g (max|y| %g)", dmax, ymax);
+    cudaFree(ws);
+    gcase_free(&c);
+}
+
 /* Every tile with stream-K forced, against the reference (the shapes and M
  * of check_configs; where the chunk steps are too few for the grid the call
  * runs split 1 with whole tiles). */

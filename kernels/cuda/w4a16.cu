@@ -1686,6 +1686,20 @@ static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) 
 /* The skinny kernel's last M in the dispatch (w4a16_skinny_max_m). */
 static std::atomic<int> g_skinny_max_m{DISPATCH_SKINNY_MAX_M};
 
+/* gate|up from M = 28 to the skinny kernel's default last M: tc64 instead
+ * (H100, session 20, single cold calls at M = 28 / 32: Qwen3-8B gate|up 1.11x
+ * / 1.14x, Qwen3-32B 1.04x / 1.06x; its tp = 2 and tp = 4 shards 1.3-1.5%
+ * slower, kept for one simple rule; at M = 20-24 skinny wins by 4-13%;
+ * batch-32 decode of Qwen3-8B 5190 -> 5347 tok/s; docs/PERFORMANCE.md
+ * "Session 20"). Not where w4a16_skinny_max_m moved the skinny kernel's
+ * range. AWQD_W4A16_GU_TC64=0 turns it off. */
+#define DISPATCH_GU_TC64_MIN_M 28
+static env_switch g_gu_tc64 = {{-1}, "AWQD_W4A16_GU_TC64"};
+static int gu_tc64(const struct w4a16_weight *w, int m) {
+    return w->layout == W4A16_LAYOUT_GATE_UP && m >= DISPATCH_GU_TC64_MIN_M && m <= DISPATCH_SKINNY_MAX_M &&
+           g_skinny_max_m.load(std::memory_order_relaxed) == DISPATCH_SKINNY_MAX_M && switch_get(&g_gu_tc64);
+}
+
 extern "C" int w4a16_skinny_max_m(int m) {
     if (m > 0) g_skinny_max_m.store(m > 64 ? 64 : m, std::memory_order_relaxed);
     return g_skinny_max_m.load(std::memory_order_relaxed);
@@ -1712,7 +1726,7 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
         }
     }
     if (k == W4A16_KERNEL_AUTO)
-        k = m <= g_skinny_max_m.load(std::memory_order_relaxed) ? W4A16_KERNEL_SKINNY
+        k = m <= g_skinny_max_m.load(std::memory_order_relaxed) && !gu_tc64(w, m) ? W4A16_KERNEL_SKINNY
             : m < DISPATCH_CUBLAS_MIN_M ? W4A16_KERNEL_TC64
                                         : W4A16_KERNEL_CUBLAS;
     if (k == W4A16_KERNEL_SKINNY && m > 64) k = W4A16_KERNEL_TC64;

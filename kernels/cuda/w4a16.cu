@@ -1691,12 +1691,14 @@ static std::atomic<int> g_skinny_max_m{DISPATCH_SKINNY_MAX_M};
  * / 1.14x, Qwen3-32B 1.04x / 1.06x; its tp = 2 and tp = 4 shards 1.3-1.5%
  * slower, kept for one simple rule; at M = 20-24 skinny wins by 4-13%;
  * batch-32 decode of Qwen3-8B 5190 -> 5347 tok/s; docs/PERFORMANCE.md
- * "Session 20"). Not where w4a16_skinny_max_m moved the skinny kernel's
+ * "Session 20"). Hopper only (measured there; tc64 reduces its split in a
+ * cluster there), and not where w4a16_skinny_max_m moved the skinny kernel's
  * range. AWQD_W4A16_GU_TC64=0 turns it off. */
 #define DISPATCH_GU_TC64_MIN_M 28
 static env_switch g_gu_tc64 = {{-1}, "AWQD_W4A16_GU_TC64"};
 static int gu_tc64(const struct w4a16_weight *w, int m) {
-    return w->layout == W4A16_LAYOUT_GATE_UP && m >= DISPATCH_GU_TC64_MIN_M && m <= DISPATCH_SKINNY_MAX_M &&
+    return w->layout == W4A16_LAYOUT_GATE_UP && w->cc_major >= 9 && m >= DISPATCH_GU_TC64_MIN_M &&
+           m <= DISPATCH_SKINNY_MAX_M &&
            g_skinny_max_m.load(std::memory_order_relaxed) == DISPATCH_SKINNY_MAX_M && switch_get(&g_gu_tc64);
 }
 

@@ -50,6 +50,8 @@ extern "C" int cuda_mem_plan_make(const struct model_config *cfg, int tp, int de
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaSetDevice(device), err, errlen);
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), err, errlen);
+    int sms = 0; /* the linear workspace's stream-K pieces and the attention partials */
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), err, errlen);
     p->device = device;
     p->total = total_b;
     p->in_use = total_b - free_b;
@@ -109,8 +111,6 @@ extern "C" int cuda_mem_plan_make(const struct model_config *cfg, int tp, int de
         /* prefill rows: the wgmma GEMM's stream-K parks one piece per SM
          * (w4a16_stream_k_bytes; more than the 64-row partials only for
          * small shards, e.g. Llama-3-70B at tp = 8) */
-        int sms = 0;
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), err, errlen);
         const uint64_t sk = w4a16_gemm_sk_workspace(sms);
         if (sk > lin) lin = sk;
         const char *wr = getenv("AWQD_W4A16_WS_ROWS");
@@ -125,9 +125,6 @@ extern "C" int cuda_mem_plan_make(const struct model_config *cfg, int tp, int de
      * partials for every batch up to max(64, max_seqs) sequences (exact, the
      * split rule at its default 4,4), prefill partials < 4 x SMs x 64 pairs */
     {
-        int sms = 0;
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), err,
-                   errlen);
         uint64_t dec = 0;
         int smax = max_seqs > 64 ? max_seqs : 64;
         for (int s = 1; s <= smax; s++) {

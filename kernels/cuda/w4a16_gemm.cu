@@ -1866,7 +1866,10 @@ extern "C" size_t w4a16_gemm_workspace(const struct w4a16_gemm_args *a) { return
 
 extern "C" size_t w4a16_gemm_sk_workspace(int sms) {
     if (sms < 1 || !sk_default() || !w4a16_gemm_available()) return 0;
-    return (size_t)sms * (256 / 2) * GK_THREADS * sizeof(float); /* ws_sk_bytes at mt x bn = 256 */
+    struct w4a16_gemm_args a;
+    memset(&a, 0, sizeof a);
+    a.sms = sms;
+    return ws_sk_bytes(&a, 1, 256); /* the largest tile (2 x 128 parks as much) */
 }
 
 /* Probe: its static shared memory is 64 bytes in an sm_90a image (wgmma

@@ -158,11 +158,23 @@ extern "C" int bench_kernels(int argc, char **argv) {
     int reps = 30, variants = 0, sweep = 0, sweep_gemm = 0, b2b_only = 0;
     const char *csv_path = NULL, *ms_arg = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096";
     const char *only = NULL, *set = "8b", *b2b_arg = "1,2,4,8,16";
+    int b2b_kernel = W4A16_KERNEL_AUTO; /* --b2b-kernel: forces the "new" column's kernel */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--set") && i + 1 < argc) set = argv[++i];
         else if (!strcmp(argv[i], "--b2b-m") && i + 1 < argc) b2b_arg = argv[++i];
         else if (!strcmp(argv[i], "--b2b-only")) b2b_only = 1;
+        else if (!strcmp(argv[i], "--b2b-kernel") && i + 1 < argc) {
+            const char *kn = argv[++i];
+            b2b_kernel = !strcmp(kn, "decode") ? W4A16_KERNEL_DECODE
+                         : !strcmp(kn, "skinny") ? W4A16_KERNEL_SKINNY
+                         : !strcmp(kn, "tc64")   ? W4A16_KERNEL_TC64
+                                                 : -1;
+            if (b2b_kernel < 0) {
+                fprintf(stderr, "awqd bench kernels: --b2b-kernel decode|skinny|tc64\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
         else if (!strcmp(argv[i], "--m") && i + 1 < argc) ms_arg = argv[++i];
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = argv[++i];
@@ -172,9 +184,10 @@ extern "C" int bench_kernels(int argc, char **argv) {
         else {
             fprintf(stderr,
                     "usage: awqd bench kernels [--reps N] [--m 1,2,4,...] [--shape NAME] [--set 8b|32b|all]\n"
-                    "                          [--b2b-m 1,2,4,8,16] [--b2b-only] [--variants] [--csv FILE]\n"
+                    "                          [--b2b-m 1,2,4,8,16] [--b2b-only] [--b2b-kernel K] [--variants] [--csv FILE]\n"
                     "  --set       Qwen3-8B shapes (default), Qwen3-32B at tp = 1, 2, 4, or both\n"
-                    "  --b2b-only  only the back-to-back table (no single cold calls, no cuBLAS)\n"
+                    "  --b2b-only  only the back-to-back table (no single cold calls, no cuBLAS at all)\n"
+                    "  --b2b-kernel decode|skinny|tc64  the back-to-back \"new\" column with that kernel forced\n"
                     "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, decode, wgmma) at each M\n"
                     "  --sweep     time the split counts of skinny (M = 1, 2, 4, 16), tc64 (64, 128)\n"
                     "  --sweep-gemm  time every tile and split of the wgmma GEMM (mode 4, 5 or 3) at each --m\n"
@@ -382,6 +395,20 @@ extern "C" int bench_kernels(int argc, char **argv) {
                             s0, qn * 16 / (s0 * 1e-6) / 1e9, 100.0 * qn * 16 / (s0 * 1e-6) / 1e9 / copy_gbs);
                 cudaFree(big);
             }
+            /* the baseline back to back too: cuBLAS FP16 over Rc device copies of
+             * the dequantized weight (> 2x L2 together), the same calls on the
+             * same stream (not with --b2b-only, which makes no fp16 weight) */
+            const double fpb = (double)K * N * 2;
+            const int Rc = wd.empty() ? 0 : (int)std::min<double>(64.0, std::ceil(2.0 * prop.l2CacheSize / fpb)) + 1;
+            std::vector<uint16_t *> cw(Rc, nullptr);
+            for (int i = 0; i < Rc; i++) {
+                if (i == 0) {
+                    cw[0] = dW;
+                    continue;
+                }
+                CUDA_CHECK_ABORT(cudaMalloc(&cw[i], (size_t)fpb));
+                CUDA_CHECK_ABORT(cudaMemcpy(cw[i], dW, (size_t)fpb, cudaMemcpyDeviceToDevice));
+            }
             const int pdl0 = w4a16_pdl(-1), cl0 = w4a16_cluster_reduce(-1), dc0 = w4a16_decode_kernel(-1);
             /* modes: 0 = this session's dispatch (decode kernel, PDL), 1 = the
              * session-2 default (skinny + cluster split-K, PDL), 2 = decode
@@ -398,17 +425,38 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     w4a16_cluster_reduce(mode == 3 ? 0 : cl0);
                     w4a16_decode_kernel(mode == 0 || mode == 2);
                     us_mode[mode] = b2b_us(t.a, t.b, bs, calls, [&](int i) {
-                        rc2 |= w4a16_linear(cp[i % R], dx, mm, dy, epi, ws, wsb, bs, err, sizeof err);
+                        if (mode == 0 && b2b_kernel != W4A16_KERNEL_AUTO)
+                            rc2 |= w4a16_linear_ex(cp[i % R], dx, mm, dy, epi, (enum w4a16_kernel)b2b_kernel, 0,
+                                                   ws, wsb_var, bs, err, sizeof err);
+                        else
+                            rc2 |= w4a16_linear(cp[i % R], dx, mm, dy, epi, ws, wsb, bs, err, sizeof err);
                     });
                 }
                 w4a16_pdl(pdl0);
                 w4a16_cluster_reduce(cl0);
                 w4a16_decode_kernel(dc0);
-                printf("%-8s b2b M=%-2d %-6s over %2d copies:", sh.name, mm, kname(kc), R);
+                printf("%-8s b2b M=%-2d %-6s over %2d copies:", sh.name, mm,
+                       kname(b2b_kernel != W4A16_KERNEL_AUTO ? (enum w4a16_kernel)b2b_kernel : kc), R);
                 for (int mode = 0; mode < (variants ? 4 : 2); mode++)
                     printf("  %s %.2f us (%.1f%%)", mname[mode], us_mode[mode],
                            100.0 * wbytes / (us_mode[mode] * 1e-6) / 1e9 / copy_gbs);
-                printf("  new/old %.2fx%s\n", us_mode[1] / us_mode[0], rc2 ? " (error)" : "");
+                printf("  new/old %.2fx", us_mode[1] / us_mode[0]);
+                if (Rc) {
+                    const float fone = 1.f, fzero = 0.f;
+                    CUBLAS_CHECK_ABORT(cublasSetStream(cb, bs));
+                    const double cus = b2b_us(t.a, t.b, bs, std::max(Rc * 4, 64), [&](int i) {
+                        cublasGemmEx(cb, CUBLAS_OP_N, CUBLAS_OP_N, N, mm, K, &fone, cw[i % Rc], CUDA_R_16F, N, dx,
+                                     CUDA_R_16F, K, &fzero, dyc, CUDA_R_16F, N, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT);
+                    });
+                    CUBLAS_CHECK_ABORT(cublasSetStream(cb, 0));
+                    CUDA_CHECK_ABORT(cudaGetLastError());
+                    printf("  cuBLAS b2b over %d copies %.2f us, vs cuBLAS %.2fx", Rc, cus, cus / us_mode[0]);
+                    if (csv)
+                        fprintf(csv, "%s,%d,%d,%d,b2b_cublas,0,%.3f,%.1f,%.2f,,,,,,,,,\n", sh.name, K, N, mm, cus,
+                                fpb / (cus * 1e-6) / 1e9, 100.0 * fpb / (cus * 1e-6) / 1e9 / copy_gbs);
+                }
+                printf("%s\n", rc2 ? " (error)" : "");
                 if (csv)
                     for (int mode = 0; mode < (variants ? 4 : 2); mode++)
                         fprintf(csv, "%s,%d,%d,%d,b2b_%s,0,%.3f,%.1f,%.2f,,,,,,,,,\n", sh.name, K, N, mm,
@@ -419,6 +467,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
             fflush(stdout);
             CUDA_CHECK_ABORT(cudaStreamDestroy(bs));
             for (int i = 1; i < R; i++) w4a16_free(cp[i]);
+            for (int i = 1; i < Rc; i++) cudaFree(cw[i]);
         }
         /* single cold calls (sweep, table): PDL off, so that no kernel
          * overlaps the L2 flush kernel */

@@ -117,6 +117,18 @@ static __device__ __forceinline__ void cp_async16(void *dst, const void *src, in
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src),
                  "r"(bytes));
 }
+/* the same through L1 (.ca): for data that other blocks on the SM read too */
+static __device__ __forceinline__ void cp_async16_ca(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, 16;" ::"r"(smem_u32(dst)), "l"(src));
+}
+
+/* The decode and skinny kernels stage x through L1 (session 21, H200:
+ * docs/PERFORMANCE.md "Session 21"); AWQD_W4A16_XCG=1 stages it through L2
+ * only, as before, for measurements. Read once. */
+static int x_via_l2(void) {
+    static const int v = getenv("AWQD_W4A16_XCG") && !strcmp(getenv("AWQD_W4A16_XCG"), "1");
+    return v;
+}
 
 /* Programmatic dependent launch (pdl_wait / pdl_launch, w4a16_common.cuh):
  * x, y, workspace and counters are written by earlier kernels and are read
@@ -286,7 +298,7 @@ static __global__ void __launch_bounds__(SK_WARPS * 32)
 k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a,
          int KC, int G, int cps, int ksplit, epi_args ep, float *__restrict__ part,
-         int *__restrict__ cnt) {
+         int *__restrict__ cnt, int xcg) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int nb = blockIdx.x, split = blockIdx.y;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -322,11 +334,15 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         cp_async_commit();
     }
     pdl_wait();
-    {   /* x rows [0, M) x K range */
+    {   /* x rows [0, M) x K range, through L1: the column blocks of one
+         * split on an SM read the same x (xcg: L2 only, as before session 21) */
         const int cpr = n * 8; /* 16-byte chunks per row */
         for (int i = tid; i < ep.m * cpr; i += SK_WARPS * 32) {
             int row = i / cpr, ch = i - row * cpr;
-            cp_async16(sx + row * L.xstride + ch * 8, x + (size_t)row * K + kc0 * 64 + ch * 8, 16);
+            uint16_t *d = sx + row * L.xstride + ch * 8;
+            const uint16_t *g = x + (size_t)row * K + kc0 * 64 + ch * 8;
+            if (xcg) cp_async16(d, g, 16);
+            else cp_async16_ca(d, g);
         }
         cp_async_commit();
     }
@@ -464,10 +480,17 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 /* of the two mma cancel the 1024 offset after every k16 step. One scale     */
 /* multiply-add per group. x (M rows of the warp's K range) goes to shared   */
 /* memory after the wait; lanes of rows >= M read row M - 1 (their mma       */
-/* columns are never stored), so no lane needs a predicate.                  */
+/* columns are never stored), so no lane needs a predicate. Every block      */
+/* reads all of x (M x K x 2 bytes; at M = 8 and 2 tiles per block as many   */
+/* bytes as its weights), so x goes through L1 (cp.async.ca): the blocks on  */
+/* one SM share its lines. Through L2 only (.cg) Qwen3-8B q|k|v took 5.9 /   */
+/* 7.2 / 8.8 / 9.9 us at M = 1 / 2 / 4 / 8 back to back, through L1 6.0 /    */
+/* 6.1 / 6.4 / 8.0 (H200, session 21; AWQD_W4A16_XCG=1 goes back).           */
 /* ------------------------------------------------------------------------ */
 
 #define DC_WARPS 8
+#define DC_F_LATE 1 /* k_decode flags: trigger the dependents after the main loop */
+#define DC_F_XCG 2  /* x staged through L2 only (cp.async.cg), as before session 21 */
 #define DC_MAX_M 16              /* MT = 1 (M <= 8) or 2 (M <= 16) mma column blocks */
 #define DC_SMEM_MAX (200 * 1024) /* x of M x K + the reduction area */
 
@@ -755,7 +778,7 @@ template <int MT, int TB, bool NORM, bool SUM>
 static __global__ void __launch_bounds__(DC_WARPS * 32, 2)
 k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
-         int late, epi_args ep, norm_args na, w4a16_sum xsum) {
+         int flags, epi_args ep, norm_args na, w4a16_sum xsum) {
     typedef dc_state<MT, TB> S;
     extern __shared__ __align__(16) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -777,6 +800,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     constexpr int PRE = dc_norm_pre<TB>::n;
     uint4 wpre[PRE > 0 ? PRE : 1];
     if (NORM) dc_norm_w_prefetch<PRE>(na, gw0 * 128, ng * 16, lane, wpre);
+    const int late = flags & DC_F_LATE;
     if (!late) pdl_launch();
     pdl_wait();
 
@@ -786,9 +810,13 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     if (NORM) {
         dc_norm_prologue<PRE>(na, wpre, sx, xs, K, ep.m, k0, n8, warp, lane);
     } else {
+        const bool via_l1 = !(flags & DC_F_XCG);
         for (int i = lane; i < ep.m * n8; i += 32) {
             const int row = i / n8, p = i - row * n8;
-            cp_async16(sx + row * xs + k0 + p * 8, x + (size_t)row * K + k0 + p * 8, 16);
+            uint16_t *d = sx + row * xs + k0 + p * 8;
+            const uint16_t *g = x + (size_t)row * K + k0 + p * 8;
+            if (via_l1) cp_async16_ca(d, g);
+            else cp_async16(d, g, 16);
         }
         cp_async_commit();
         cp_async_wait<0>();
@@ -1375,11 +1403,13 @@ fail:
 #define SK_SPLIT_CAP 8 /* skinny splits when the grid is large enough anyway */
 
 /* Crossovers measured on an H100 (docs/PERFORMANCE.md). */
-/* The decode kernel (measured, H200, session 4): faster than skinny at M <= 2
- * everywhere, at M = 3..4 where K <= 8192 (x is read once per block: at
- * larger K and M it loses), slower at M = 8. */
-#define DISPATCH_DECODE_MAX_M 4
-#define DISPATCH_DECODE_WIDE_K 8192 /* M = 3..4 only up to this K */
+/* The decode kernel (H200; session 4: faster than skinny at M <= 2
+ * everywhere; session 21, with x staged through L1, back to back on the 16
+ * Qwen3-8B / 32B / tp shapes: faster or equal at M = 3..8 but where its
+ * shared memory (x of M x K) leaves one block per SM and the grid is more
+ * than one wave of them — Qwen3-32B o at M = 7-8, down at M = 3, its tp = 2
+ * down at M = 5-7 — see dc_in_dispatch). */
+#define DISPATCH_DECODE_MAX_M 8
 #define DISPATCH_SKINNY_MAX_M 32
 /* tc64 up to M = 256 (H100, session 11: at 256 10-30% faster than
  * dequantize + cuBLAS on every Qwen3-8B shape, at 384 4-33% slower; its
@@ -1683,6 +1713,27 @@ static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) 
     return 1;
 }
 
+/* Blocks of the decode kernel one SM holds (at most 2: __launch_bounds__)
+ * with smem bytes of dynamic shared memory each; the runtime reserves 1 KB
+ * per block and the NORM variant has 256 bytes of static shared memory. */
+static int dc_blocks_per_sm(const struct w4a16_weight *w, size_t smem) {
+    if (w->smem_sm <= 0) return 2;
+    const size_t per = smem + 2048;
+    const int n = (int)((size_t)w->smem_sm / per);
+    return n < 2 ? n : 2;
+}
+
+/* Whether the automatic dispatch runs the decode kernel at M = m (above,
+ * DISPATCH_DECODE_MAX_M; AWQD_W4A16_DC_MAX_M=2..8 lowers the last M, for
+ * measurements). */
+static int dc_in_dispatch(const struct w4a16_weight *w, int m) {
+    static const int max_m = dc_env_int("AWQD_W4A16_DC_MAX_M", DISPATCH_DECODE_MAX_M, 2, DISPATCH_DECODE_MAX_M);
+    struct dc_plan pl;
+    if (m > max_m || !decode_plan(w, m, &pl)) return 0;
+    if (m <= 2) return 1;
+    return dc_blocks_per_sm(w, pl.smem) >= 2 || pl.blocks <= w->sms;
+}
+
 /* The skinny kernel's last M in the dispatch (w4a16_skinny_max_m). */
 static std::atomic<int> g_skinny_max_m{DISPATCH_SKINNY_MAX_M};
 
@@ -1715,9 +1766,7 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
     k = *kern;
     {   /* the decode kernel for small M */
         struct dc_plan pl;
-        if (k == W4A16_KERNEL_AUTO && decode_mode() &&
-            (m <= 2 || (m <= DISPATCH_DECODE_MAX_M && w->k <= DISPATCH_DECODE_WIDE_K)))
-            k = W4A16_KERNEL_DECODE;
+        if (k == W4A16_KERNEL_AUTO && decode_mode() && dc_in_dispatch(w, m)) k = W4A16_KERNEL_DECODE;
         if (k == W4A16_KERNEL_DECODE) {
             if (decode_plan(w, m, &pl)) {
                 *kern = k;
@@ -2094,21 +2143,22 @@ static int launch_skinny_st(const struct w4a16_weight *w, const uint16_t *x, epi
         if (rc) return rc;
         CUDA_CHECK(launch_pdl_cl(w, k_skinny<MT, ST, true>, grid, dim3(SK_WARPS * 32), L.total, s,
                                  dim3(1, ksplit, 1), w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc,
-                                 w->group, cps, ksplit, ep, part, w->cnt),
+                                 w->group, cps, ksplit, ep, part, w->cnt, x_via_l2()),
                    err, errlen);
         return 0;
     }
     CUDA_CHECK(launch_pdl(w, k_skinny<MT, ST, false>, grid, dim3(SK_WARPS * 32), L.total, s, w->qw,
                           w->sc, w->zr, x, w->k, w->n16a, w->kc, w->group, cps, ksplit, ep, part,
-                          w->cnt),
+                          w->cnt, x_via_l2()),
                err, errlen);
     return 0;
 }
 
 /* For measurements: AWQD_W4A16_DC_LATE=1 triggers the dependents after the
  * decode kernel's main loop instead of at its start. */
-static int dc_late(void) {
-    static const int v = getenv("AWQD_W4A16_DC_LATE") && !strcmp(getenv("AWQD_W4A16_DC_LATE"), "1");
+static int dc_flags(void) {
+    static const int v = (getenv("AWQD_W4A16_DC_LATE") && !strcmp(getenv("AWQD_W4A16_DC_LATE"), "1") ? DC_F_LATE : 0) |
+                         (x_via_l2() ? DC_F_XCG : 0);
     return v;
 }
 
@@ -2127,7 +2177,7 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
         if (rc) return rc;
         CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, true, false>, dim3(pl->blocks),
                               dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
-                              w->n16a, w->kc, dc_late(), ep, *na, nosum),
+                              w->n16a, w->kc, dc_flags(), ep, *na, nosum),
                    err, errlen);
         return 0;
     }
@@ -2138,7 +2188,7 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
         if (rc) return rc;
         CUDA_CHECK(launch_pdl(w, k_decode<1, TB, false, true>, dim3(pl->blocks),
                               dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
-                              w->n16a, w->kc, dc_late(), ep, none, *xs),
+                              w->n16a, w->kc, dc_flags(), ep, none, *xs),
                    err, errlen);
         return 0;
     }
@@ -2146,7 +2196,7 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
                               err, errlen);
     if (rc) return rc;
     CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false>, dim3(pl->blocks), dim3(DC_WARPS * 32),
-                          pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, dc_late(), ep,
+                          pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, dc_flags(), ep,
                           none, nosum),
                err, errlen);
     return 0;

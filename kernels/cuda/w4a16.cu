@@ -53,6 +53,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dc_plan.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/smem_limit.cuh"
 #include "kernels/cuda/w4a16.h"
@@ -488,21 +489,10 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 /* 6.1 / 6.4 / 8.0 (H200, session 21; AWQD_W4A16_XCG=1 goes back).           */
 /* ------------------------------------------------------------------------ */
 
-#define DC_WARPS 8
+/* DC_WARPS, DC_MAX_M, DC_SMEM_MAX, the shared memory layout and the launch
+ * plan: kernels/cuda/dc_plan.h (plain C, also checked by a CPU test) */
 #define DC_F_LATE 1 /* k_decode flags: trigger the dependents after the main loop */
 #define DC_F_XCG 2  /* x staged through L2 only (cp.async.cg), as before session 21 */
-#define DC_MAX_M 16              /* MT = 1 (M <= 8) or 2 (M <= 16) mma column blocks */
-#define DC_SMEM_MAX (200 * 1024) /* x of M x K + the reduction area */
-
-/* Shared memory of a decode block: x [m][K + 8] fp16 (the 16-byte pad puts
- * the 8 rows' LDS.128 on distinct banks), then the reduction area
- * [TB][MT*4][8 warps][32 lanes] fp32. */
-static __host__ __device__ inline size_t dc_x_bytes(int m, int K) {
-    return ((size_t)m * (K + 8) * 2 + 15) / 16 * 16;
-}
-static __host__ __device__ inline size_t dc_smem_bytes(int m, int K, int tb, int mt) {
-    return dc_x_bytes(m, K) + (size_t)tb * mt * 4 * DC_WARPS * 32 * 4;
-}
 
 /* Predicated loads (pred == 0: dst keeps its value; no branch). Weights:
  * read-only path, no L1 allocation (each byte is read once). */
@@ -1403,13 +1393,8 @@ fail:
 #define SK_SPLIT_CAP 8 /* skinny splits when the grid is large enough anyway */
 
 /* Crossovers measured on an H100 (docs/PERFORMANCE.md). */
-/* The decode kernel (H200; session 4: faster than skinny at M <= 2
- * everywhere; session 21, with x staged through L1, back to back on the 16
- * Qwen3-8B / 32B / tp shapes: faster or equal at M = 3..8 but where its
- * shared memory (x of M x K) leaves one block per SM and the grid is more
- * than one wave of them — Qwen3-32B o at M = 7-8, down at M = 3, its tp = 2
- * down at M = 5-7 — see dc_in_dispatch). */
-#define DISPATCH_DECODE_MAX_M 8
+/* The decode kernel: M <= 2 everywhere, M = 3..8 by dc_dispatch_takes
+ * (kernels/cuda/dc_plan.h; H200, sessions 4 and 21). */
 #define DISPATCH_SKINNY_MAX_M 32
 /* tc64 up to M = 256 (H100, session 11: at 256 10-30% faster than
  * dequantize + cuBLAS on every Qwen3-8B shape, at 384 4-33% slower; its
@@ -1660,78 +1645,40 @@ static int decode_mode(void) { return switch_get(&g_decode); }
 
 extern "C" int w4a16_decode_kernel(int mode) { return switch_set(&g_decode, mode); }
 
-/* The decode kernel's launch: TB tiles per block, M <= 8 in one mma column
- * block (MT = 1), M <= 16 in two (then TB = 2: MT = 2 with TB = 1 spills at
- * 128 registers). TB (measured, H200, session 4): the widest block that still
- * leaves at least 1.2 blocks per SM (fewer, wider blocks read x fewer times
- * and amortize the block's fixed costs; more blocks spread the stream), and
- * at least 2 from M = 3 on (x is read once per block: M x K x 2 bytes
- * against the block's 8 x TB x K bytes of weights); at M <= 2 halved where
- * the grid would be 1 to 1.5 waves of 2 blocks per SM (session 7, H100;
- * AWQD_W4A16_DC_WAVES=0 keeps the width). AWQD_W4A16_DC_TB=1|2|4 forces it,
- * for measurements. 0 when the kernel does not apply (M, a group
- * size other than 128, shared memory): the skinny kernel runs instead. */
-struct dc_plan {
-    int mt, tb, blocks;
-    size_t smem;
-};
-
 static int dc_env_int(const char *name, int def, int lo, int hi) {
     const char *e = getenv(name);
     int v = e ? atoi(e) : def;
     return v < lo || v > hi ? def : v;
 }
 
+static struct dc_gpu dc_gpu_of(const struct w4a16_weight *w) {
+    struct dc_gpu g;
+    g.sms = w->sms;
+    g.smem_sm = w->smem_sm;
+    g.smem_optin = w->smem_optin;
+    return g;
+}
+
+/* The decode kernel's launch plan (dc_plan_make, kernels/cuda/dc_plan.h);
+ * 0 where it does not apply (the skinny kernel runs instead). Measurement
+ * knobs, read once: AWQD_W4A16_DC_TB=1|2|4 forces the tiles per block,
+ * AWQD_W4A16_DC_WAVES=0 keeps the width where the M <= 2 rule would halve
+ * it. */
 static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
     static const int tb_env = dc_env_int("AWQD_W4A16_DC_TB", 0, 1, 4);
-    if (m < 1 || m > DC_MAX_M || w->group != 128) return 0;
-    const int mt = m > 8 ? 2 : 1, sms = w->sms > 0 ? w->sms : 1;
     static const int waves_env = dc_env_int("AWQD_W4A16_DC_WAVES", 1, 0, 1);
-    int tb = tb_env;
-    if (tb != 1 && tb != 2 && tb != 4) {
-        const int want = sms + sms / 5;
-        tb = ceil_div(w->n16, 4) >= want ? 4 : ceil_div(w->n16, 2) >= want ? 2 : 1;
-        if (waves_env && m <= 2 && tb > 1) {
-            /* a grid of 1 to 1.5 waves of 2 blocks per SM (__launch_bounds__)
-             * leaves a half-empty last wave: halve the tiles per block.
-             * Qwen3-8B gate|up at M = 1 (384 blocks of 4 tiles on 132 SMs),
-             * H100 session 7, back to back: 83.1 -> 91.0% of the copy rate;
-             * a general fill rule (also moving Qwen3-32B q|k|v and the tp=2
-             * gate|up shard to 1 tile per block) lost 11-14 points there. */
-            const int slots = 2 * sms, b = ceil_div(w->n16, tb);
-            if (b > slots && 2 * b <= 3 * slots) tb /= 2;
-        }
-        if (m >= 3 && tb < 2) tb = 2;
-    }
-    if (mt == 2) tb = 2;
-    const size_t smem = dc_smem_bytes(m, w->k, tb, mt);
-    if (smem > DC_SMEM_MAX || (w->smem_optin > 0 && smem > (size_t)w->smem_optin)) return 0;
-    pl->mt = mt;
-    pl->tb = tb;
-    pl->blocks = ceil_div(w->n16, tb);
-    pl->smem = smem;
-    return 1;
+    const struct dc_gpu g = dc_gpu_of(w);
+    return dc_plan_make(m, w->k, w->n16, w->group, &g, tb_env, waves_env, pl);
 }
 
-/* Blocks of the decode kernel one SM holds (at most 2: __launch_bounds__)
- * with smem bytes of dynamic shared memory each; the runtime reserves 1 KB
- * per block and the NORM variant has 256 bytes of static shared memory. */
-static int dc_blocks_per_sm(const struct w4a16_weight *w, size_t smem) {
-    if (w->smem_sm <= 0) return 2;
-    const size_t per = smem + 2048;
-    const int n = (int)((size_t)w->smem_sm / per);
-    return n < 2 ? n : 2;
-}
-
-/* Whether the automatic dispatch runs the decode kernel at M = m (above,
- * DISPATCH_DECODE_MAX_M; AWQD_W4A16_DC_MAX_M=2..8 lowers the last M, for
+/* Whether the automatic dispatch runs the decode kernel at M = m
+ * (dc_dispatch_takes; AWQD_W4A16_DC_MAX_M=2..8 lowers the last M, for
  * measurements). */
 static int dc_in_dispatch(const struct w4a16_weight *w, int m) {
-    static const int max_m = dc_env_int("AWQD_W4A16_DC_MAX_M", DISPATCH_DECODE_MAX_M, 2, DISPATCH_DECODE_MAX_M);
+    static const int max_m = dc_env_int("AWQD_W4A16_DC_MAX_M", DC_DISPATCH_MAX_M, 2, DC_DISPATCH_MAX_M);
     struct dc_plan pl;
-    if (m > max_m || !decode_plan(w, m, &pl)) return 0;
-    if (m <= 2) return 1;
-    return dc_blocks_per_sm(w, pl.smem) >= 2 || pl.blocks <= w->sms;
+    const struct dc_gpu g = dc_gpu_of(w);
+    return dc_dispatch_takes(m, max_m, decode_plan(w, m, &pl) ? &pl : NULL, &g);
 }
 
 /* The skinny kernel's last M in the dispatch (w4a16_skinny_max_m). */

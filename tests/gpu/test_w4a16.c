@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include "engine/ckpt.h"
+#include "kernels/cuda/dc_plan.h"
 #include "kernels/cuda/w4a16.h"
 #include "tests/gpu/w4a16_ref.h"
 #include "tests/harness/test.h"
@@ -343,36 +344,31 @@ TEST(w4a16, decode_kernel_shapes) {
     }
 }
 
-/* The automatic dispatch's decode rule at M = 3..8 (session 21): the decode
- * kernel where it keeps two blocks per SM, or where one block per SM (x of
- * M x K fills the shared memory) still runs the grid in one wave; the skinny
- * kernel where the rule says the decode kernel lost (measured, H200). The
- * expectations are written out for a GPU of 228 KB shared memory per SM and
- * 128..159 SMs (H100 SXM, H200); elsewhere the test skips. Only the choice is
- * checked here: decode_kernel_shapes runs the kernel itself at these M. */
+/* The automatic dispatch follows the decode kernel's rule
+ * (kernels/cuda/dc_plan.h, session 21; its expectations on the measured
+ * shapes are pinned by the CPU test dc_plan.dispatch_rule_on_measured_shapes):
+ * w4a16_choice picks the decode kernel at M = 1..8 exactly where
+ * dc_dispatch_takes says so for this GPU's SMs and shared memory, on shapes
+ * on both sides of the rule (on a 132-SM GPU with 228 KB per SM: Qwen3-32B
+ * o leaves the decode kernel at M = 7, its down at M = 3, the tp = 2 down at
+ * M = 5, Qwen3-8B down at M = 8). Only the choice is checked here:
+ * decode_kernel_shapes runs the kernel itself at these M. */
 TEST(w4a16, decode_dispatch_rule) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     if (!w4a16_decode_kernel(-1)) TEST_SKIP("decode kernel turned off (AWQD_W4A16_DECODE=0)");
-    if (getenv("AWQD_W4A16_DC_MAX_M")) TEST_SKIP("AWQD_W4A16_DC_MAX_M set");
-    int dev = 0, smem_sm = 0, sms = 0;
+    if (getenv("AWQD_W4A16_DC_MAX_M") || getenv("AWQD_W4A16_DC_TB") || getenv("AWQD_W4A16_DC_WAVES"))
+        TEST_SKIP("a decode-plan knob is set");
+    int dev = 0;
+    struct dc_gpu g;
     ASSERT(cudaGetDevice(&dev) == cudaSuccess);
-    ASSERT(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess);
-    ASSERT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess);
-    if (smem_sm != 228 * 1024 || sms < 128 || sms > 159)
-        TEST_SKIP("expectations written for 228 KB shared memory per SM and 128..159 SMs");
-    /* per shape, for M = 1..8: 1 = decode kernel, 0 = another kernel */
-    static const struct { int k, n, gate_up; const char *name; int dec[8]; } cs[] = {
-        {4096, 6144, 0, "Qwen3-8B q|k|v", {1, 1, 1, 1, 1, 1, 1, 1}},
-        {4096, 24576, 1, "Qwen3-8B gate|up", {1, 1, 1, 1, 1, 1, 1, 1}},
-        /* 128 blocks: one wave even at one block per SM (M = 5..7); M = 8
-         * needs more shared memory than the kernel takes */
-        {12288, 4096, 0, "Qwen3-8B down", {1, 1, 1, 1, 1, 1, 1, 0}},
-        /* 160 blocks: one block per SM from M = 7 */
-        {8192, 5120, 0, "Qwen3-32B o", {1, 1, 1, 1, 1, 1, 0, 0}},
-        {25600, 5120, 0, "Qwen3-32B down", {1, 1, 0, 0, 0, 0, 0, 0}},
-        {12800, 5120, 0, "Qwen3-32B down tp=2", {1, 1, 1, 1, 0, 0, 0, 0}},
-        {2048, 5120, 0, "Qwen3-32B o tp=4", {1, 1, 1, 1, 1, 1, 1, 1}},
+    ASSERT(cudaDeviceGetAttribute(&g.sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess);
+    ASSERT(cudaDeviceGetAttribute(&g.smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess);
+    ASSERT(cudaDeviceGetAttribute(&g.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess);
+    static const struct { int k, n, gate_up; } cs[] = {
+        {4096, 6144, 0}, {4096, 24576, 1}, {12288, 4096, 0}, {8192, 5120, 0},
+        {25600, 5120, 0}, {12800, 5120, 0}, {2048, 5120, 0},
     };
+    int both = 0, neither = 0; /* the rule must be seen to go both ways */
     for (int ci = 0; ci < NM(cs); ci++) {
         struct ref_layer h;
         layer_make(&h, cs[ci].k, cs[ci].n, 128, 0);
@@ -383,14 +379,19 @@ TEST(w4a16, decode_dispatch_rule) {
         for (int m = 1; m <= 8; m++) {
             enum w4a16_kernel k;
             int ks;
+            struct dc_plan pl;
+            const int has = dc_plan_make(m, cs[ci].k, (cs[ci].n + 15) / 16, 128, &g, 0, 1, &pl);
+            const int want = dc_dispatch_takes(m, DC_DISPATCH_MAX_M, has ? &pl : NULL, &g);
             w4a16_choice(dw, m, &k, &ks);
-            ASSERT_MSG((k == W4A16_KERNEL_DECODE) == cs[ci].dec[m - 1], "%s (K %d, N %d) M=%d: kernel %d, want %s",
-                       cs[ci].name, cs[ci].k, cs[ci].n, m, (int)k, cs[ci].dec[m - 1] ? "decode" : "not decode");
+            ASSERT_MSG((k == W4A16_KERNEL_DECODE) == want, "K %d N %d M=%d: kernel %d, the rule says %s", cs[ci].k,
+                       cs[ci].n, m, (int)k, want ? "decode" : "not decode");
+            both += want, neither += !want;
         }
         w4a16_free(dw);
         ref_layer_free(&h);
         ASSERT_OK_SO_FAR();
     }
+    ASSERT_MSG(both > 0 && neither > 0, "decode at %d of %d points", both, both + neither);
 }
 
 /* A workspace too small (or none) must still give the right answer. */

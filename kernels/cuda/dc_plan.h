@@ -1,0 +1,108 @@
+/* dc_plan.h — the W4A16 decode kernel's launch plan and its place in the
+ * automatic dispatch (kernels/cuda/w4a16.cu, k_decode): tiles per block,
+ * blocks, shared memory, and whether the dispatch takes it at M rows. Plain
+ * integer arithmetic, shared by the CUDA backend (host and device code) and
+ * a CPU test (tests/test_dc_plan.c), so that the rules measured on the GPU
+ * are checked in CI, where no GPU runs. The measurements behind each rule
+ * are in docs/KERNELS.md ("The decode kernel") and docs/PERFORMANCE.md
+ * (sessions 4, 7 and 21). */
+#ifndef AWQD_DC_PLAN_H
+#define AWQD_DC_PLAN_H
+
+#include <stddef.h>
+
+#ifdef __CUDACC__
+#define DC_FN static __host__ __device__ __forceinline__
+#else
+#define DC_FN static inline
+#endif
+
+#define DC_WARPS 8
+#define DC_MAX_M 16              /* MT = 1 (M <= 8) or 2 (M <= 16) mma column blocks */
+#define DC_SMEM_MAX (200 * 1024) /* x of M x K + the reduction area */
+#define DC_DISPATCH_MAX_M 8      /* the dispatch's last M (session 21) */
+
+/* Shared memory of a decode block: x [m][K + 8] fp16 (the 16-byte pad puts
+ * the 8 rows' LDS.128 on distinct banks), then the reduction area
+ * [TB][MT*4][8 warps][32 lanes] fp32. */
+DC_FN size_t dc_x_bytes(int m, int K) { return ((size_t)m * (K + 8) * 2 + 15) / 16 * 16; }
+DC_FN size_t dc_smem_bytes(int m, int K, int tb, int mt) {
+    return dc_x_bytes(m, K) + (size_t)tb * mt * 4 * DC_WARPS * 32 * 4;
+}
+
+/* What the plan needs to know of the GPU. */
+struct dc_gpu {
+    int sms;        /* multiprocessors */
+    int smem_sm;    /* shared memory per multiprocessor, bytes (0: unknown) */
+    int smem_optin; /* largest dynamic shared memory per block, bytes (0: unknown) */
+};
+
+struct dc_plan {
+    int mt, tb, blocks;
+    size_t smem;
+};
+
+/* The plan for m rows of a weight of K inputs, n16 tiles of 16 columns and
+ * the given group size; 0 when the kernel does not apply (M, a group size
+ * other than 128, shared memory). tb_force: 1, 2 or 4 tiles per block (a
+ * measurement knob), else 0; halve: the M <= 2 halving below (1 = on).
+ *
+ * TB (H200, session 4): the widest block that still leaves at least 1.2
+ * blocks per SM (fewer, wider blocks read x fewer times and amortize the
+ * block's fixed costs; more blocks spread the stream), and at least 2 from
+ * M = 3 on (x is read once per block: M x K x 2 bytes against the block's
+ * 8 x TB x K bytes of weights); at M <= 2 halved where the grid would be 1
+ * to 1.5 waves of 2 blocks per SM (its last wave half empty: Qwen3-8B
+ * gate|up at M = 1, 384 -> 768 blocks, H100 session 7, back to back 83.1 ->
+ * 91.0% of the copy rate; a general fill rule, also moving Qwen3-32B q|k|v
+ * and the tp=2 gate|up shard to 1 tile per block, lost 11-14 points there).
+ * MT = 2 (M = 9..16) uses TB = 2 (TB = 1 spills at 128 registers). */
+DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g, int tb_force, int halve,
+                       struct dc_plan *pl) {
+    if (m < 1 || m > DC_MAX_M || group != 128 || n16 < 1) return 0;
+    const int mt = m > 8 ? 2 : 1, sms = g->sms > 0 ? g->sms : 1;
+    int tb = tb_force;
+    if (tb != 1 && tb != 2 && tb != 4) {
+        const int want = sms + sms / 5;
+        tb = (n16 + 3) / 4 >= want ? 4 : (n16 + 1) / 2 >= want ? 2 : 1;
+        if (halve && m <= 2 && tb > 1) {
+            const int slots = 2 * sms, b = (n16 + tb - 1) / tb;
+            if (b > slots && 2 * b <= 3 * slots) tb /= 2;
+        }
+        if (m >= 3 && tb < 2) tb = 2;
+    }
+    if (mt == 2) tb = 2;
+    const size_t smem = dc_smem_bytes(m, K, tb, mt);
+    if (smem > DC_SMEM_MAX || (g->smem_optin > 0 && smem > (size_t)g->smem_optin)) return 0;
+    pl->mt = mt;
+    pl->tb = tb;
+    pl->blocks = (n16 + tb - 1) / tb;
+    pl->smem = smem;
+    return 1;
+}
+
+/* Blocks of the decode kernel one SM holds (at most 2: __launch_bounds__)
+ * with smem bytes of dynamic shared memory each; the runtime reserves 1 KB
+ * per block and the NORM variant has 256 bytes of static shared memory. */
+DC_FN int dc_blocks_per_sm(const struct dc_gpu *g, size_t smem) {
+    if (g->smem_sm <= 0) return 2;
+    const int n = (int)((size_t)g->smem_sm / (smem + 2048));
+    return n < 2 ? n : 2;
+}
+
+/* Whether the automatic dispatch runs the decode kernel for a plan pl at m
+ * rows (pl: its plan, or NULL when there is none), with max_m the last M
+ * allowed (DC_DISPATCH_MAX_M, or lower for measurements). M <= 2: wherever
+ * the kernel applies (faster than the skinny kernel on every shape, H200
+ * session 4). M = 3..8 (H200 session 21, back to back, x staged through
+ * L1): faster or equal but where x fills so much shared memory that one
+ * block fits per SM *and* the grid has more blocks than SMs (Qwen3-32B o at
+ * M = 7-8, its down at M = 3, the tp = 2 down at M = 5-7); one block per
+ * SM in one wave still wins (Qwen3-8B down at M = 5-7). */
+DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const struct dc_gpu *g) {
+    if (!pl || m > max_m) return 0;
+    if (m <= 2) return 1;
+    return dc_blocks_per_sm(g, pl->smem) >= 2 || pl->blocks <= g->sms;
+}
+
+#endif

@@ -329,6 +329,12 @@ extern "C" int bench_kernels(int argc, char **argv) {
         CUDA_CHECK_ABORT(cudaMemcpy(dx, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
         CUDA_CHECK_ABORT(cudaMalloc(&dy, (size_t)maxm * N * 2));
         CUDA_CHECK_ABORT(cudaMalloc(&dyc, (size_t)maxm * N * 2));
+        /* the baseline: cuBLAS FP16 on a dequantized weight W (K x N), M rows of x */
+        auto cublas_ref = [&](const uint16_t *W, int M) {
+            const float fone = 1.f, fzero = 0.f;
+            cublasGemmEx(cb, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &fone, W, CUDA_R_16F, N, dx, CUDA_R_16F, K, &fzero,
+                         dyc, CUDA_R_16F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        };
         size_t wsb = w4a16_workspace_bytes(w, maxm);
         { /* room for the session-2 dispatch (decode kernel off) too */
             const int dc0 = w4a16_decode_kernel(-1);
@@ -400,12 +406,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
              * same stream (not with --b2b-only, which makes no fp16 weight) */
             const double fpb = (double)K * N * 2;
             const int Rc = wd.empty() ? 0 : (int)std::min<double>(64.0, std::ceil(2.0 * prop.l2CacheSize / fpb)) + 1;
-            std::vector<uint16_t *> cw(Rc, nullptr);
-            for (int i = 0; i < Rc; i++) {
-                if (i == 0) {
-                    cw[0] = dW;
-                    continue;
-                }
+            std::vector<uint16_t *> cw(Rc, dW); /* cw[0]: the weight itself */
+            for (int i = 1; i < Rc; i++) {
                 CUDA_CHECK_ABORT(cudaMalloc(&cw[i], (size_t)fpb));
                 CUDA_CHECK_ABORT(cudaMemcpy(cw[i], dW, (size_t)fpb, cudaMemcpyDeviceToDevice));
             }
@@ -442,13 +444,9 @@ extern "C" int bench_kernels(int argc, char **argv) {
                            100.0 * wbytes / (us_mode[mode] * 1e-6) / 1e9 / copy_gbs);
                 printf("  new/old %.2fx", us_mode[1] / us_mode[0]);
                 if (Rc) {
-                    const float fone = 1.f, fzero = 0.f;
                     CUBLAS_CHECK_ABORT(cublasSetStream(cb, bs));
-                    const double cus = b2b_us(t.a, t.b, bs, std::max(Rc * 4, 64), [&](int i) {
-                        cublasGemmEx(cb, CUBLAS_OP_N, CUBLAS_OP_N, N, mm, K, &fone, cw[i % Rc], CUDA_R_16F, N, dx,
-                                     CUDA_R_16F, K, &fzero, dyc, CUDA_R_16F, N, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT);
-                    });
+                    const double cus =
+                        b2b_us(t.a, t.b, bs, std::max(Rc * 4, 64), [&](int i) { cublas_ref(cw[i % Rc], mm); });
                     CUBLAS_CHECK_ABORT(cublasSetStream(cb, 0));
                     CUDA_CHECK_ABORT(cudaGetLastError());
                     printf("  cuBLAS b2b over %d copies %.2f us, vs cuBLAS %.2fx", Rc, cus, cus / us_mode[0]);
@@ -530,15 +528,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
                 fprintf(stderr, "w4a16_linear %s M=%d: %s\n", sh.name, M, err);
                 return 1;
             }
-            const __half one = __float2half(1.f), zero = __float2half(0.f);
-            float fone = 1.f, fzero = 0.f;
-            (void)one;
-            (void)zero;
-            double cus = time_median_us(t, reps, [&] {
-                cublasGemmEx(cb, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &fone, dW, CUDA_R_16F, N, dx,
-                             CUDA_R_16F, K, &fzero, dyc, CUDA_R_16F, N, CUBLAS_COMPUTE_32F,
-                             CUBLAS_GEMM_DEFAULT);
-            });
+            double cus = time_median_us(t, reps, [&] { cublas_ref(dW, M); });
             CUDA_CHECK_ABORT(cudaGetLastError());
             double var[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if (kc == W4A16_KERNEL_DECODE) { /* the session-2 dispatch (skinny) for the same M */

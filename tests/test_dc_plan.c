@@ -19,22 +19,34 @@ TEST(dc_plan, tiles_per_block_on_real_shapes) {
     static const struct { int k, n, m, tb, blocks; const char *what; } cs[] = {
         /* 384 tiles: 192 blocks of 2 leave >= 1.2 per SM, 96 of 4 do not */
         {4096, 6144, 1, 2, 192, "Qwen3-8B q|k|v"},
-        /* 256 tiles: 1 per block at M <= 2, at least 2 from M = 3 */
+        /* 256 tiles: 1 per block (session 21 had at least 2 from M = 3) */
         {4096, 4096, 1, 1, 256, "Qwen3-8B o"},
-        {4096, 4096, 3, 2, 128, "Qwen3-8B o"},
-        /* 1536 tiles: 384 blocks of 4 would be 1.45 waves of 2 per SM: halved at M <= 2 */
+        {4096, 4096, 3, 1, 256, "Qwen3-8B o"},
+        {4096, 4096, 8, 1, 256, "Qwen3-8B o"},
+        /* 1536 tiles: 384 blocks of 4 would be 1.45 waves of 2 per SM: halved at M <= 4 */
         {4096, 24576, 1, 2, 768, "Qwen3-8B gate|up"},
-        {4096, 24576, 3, 4, 384, "Qwen3-8B gate|up"},
+        {4096, 24576, 4, 2, 768, "Qwen3-8B gate|up"},
+        {4096, 24576, 5, 4, 384, "Qwen3-8B gate|up"},
         {12288, 4096, 2, 1, 256, "Qwen3-8B down"},
+        {12288, 4096, 4, 1, 256, "Qwen3-8B down"},
+        /* M = 5-7: x leaves room for one block per SM; 256 blocks widened to one wave of 128 */
         {12288, 4096, 5, 2, 128, "Qwen3-8B down"},
+        /* M = 8: the widened block would not fit (205 KB > 200 KB): 2 waves, left to the dispatch */
+        {12288, 4096, 8, 1, 256, "Qwen3-8B down"},
         /* 640 tiles: 160 blocks of 4 */
         {5120, 10240, 1, 4, 160, "Qwen3-32B q|k|v"},
         /* 3200 tiles: 800 blocks of 4 (3 waves: not halved) */
         {5120, 51200, 1, 4, 800, "Qwen3-32B gate|up"},
         {8192, 5120, 6, 2, 160, "Qwen3-32B o"},
-        /* 160 tiles of the tp = 4 q|k|v shard: 1 per block, 2 from M = 3 */
+        /* one block per SM from M = 7: 160 blocks widened to 80 */
+        {8192, 5120, 7, 4, 80, "Qwen3-32B o"},
+        {25600, 5120, 3, 4, 80, "Qwen3-32B down"},
+        /* 160 tiles of the tp = 4 q|k|v shard: 1 per block at every M */
         {5120, 2560, 1, 1, 160, "Qwen3-32B q|k|v tp=4"},
-        {5120, 2560, 8, 2, 80, "Qwen3-32B q|k|v tp=4"},
+        {5120, 2560, 8, 1, 160, "Qwen3-32B q|k|v tp=4"},
+        /* Llama-3-70B down: one block per SM already at M = 2 (x 112 KB + 8 KB) */
+        {28672, 8192, 1, 2, 256, "Llama-3-70B down"},
+        {28672, 8192, 2, 4, 128, "Llama-3-70B down"},
         /* MT = 2 always 2 tiles */
         {4096, 24576, 16, 2, 768, "Qwen3-8B gate|up"},
     };
@@ -50,6 +62,13 @@ TEST(dc_plan, tiles_per_block_on_real_shapes) {
     struct dc_plan pl;
     ASSERT(dc_plan_make(1, 4096, n16_of(24576), 128, &H200, 0, 0, &pl) && pl.tb == 4 && pl.blocks == 384);
     ASSERT(dc_plan_make(1, 4096, n16_of(6144), 128, &H200, 4, 1, &pl) && pl.tb == 4 && pl.blocks == 96);
+    ASSERT(dc_plan_make(6, 12288, n16_of(4096), 128, &H200, 1, 1, &pl) && pl.tb == 1 && pl.blocks == 256);
+    /* session 21's rules (AWQD_W4A16_DC_PLAN=21): at least 2 tiles from M = 3, halving at M <= 2, no widening */
+    const int s21 = DC_PLAN_HALVE | DC_PLAN_S21;
+    ASSERT(dc_plan_make(3, 4096, n16_of(4096), 128, &H200, 0, s21, &pl) && pl.tb == 2 && pl.blocks == 128);
+    ASSERT(dc_plan_make(3, 4096, n16_of(24576), 128, &H200, 0, s21, &pl) && pl.tb == 4 && pl.blocks == 384);
+    ASSERT(dc_plan_make(7, 8192, n16_of(5120), 128, &H200, 0, s21, &pl) && pl.tb == 2 && pl.blocks == 160);
+    ASSERT(dc_plan_make(2, 28672, n16_of(8192), 128, &H200, 0, s21, &pl) && pl.tb == 2 && pl.blocks == 256);
 }
 
 TEST(dc_plan, where_the_kernel_does_not_apply) {
@@ -57,55 +76,86 @@ TEST(dc_plan, where_the_kernel_does_not_apply) {
     ASSERT(!dc_plan_make(0, 4096, 256, 128, &H200, 0, 1, &pl));
     ASSERT(!dc_plan_make(17, 4096, 256, 128, &H200, 0, 1, &pl));
     ASSERT(!dc_plan_make(1, 4096, 256, 64, &H200, 0, 1, &pl)); /* group 128 only */
-    /* x of 8 rows at K = 12288 + the reduction area: 205 KB > 200 KB */
-    ASSERT(dc_plan_make(7, 12288, 256, 128, &H200, 0, 1, &pl));
-    ASSERT(!dc_plan_make(8, 12288, 256, 128, &H200, 0, 1, &pl));
+    /* x of 8 rows at K = 12800 alone: 205 KB > 200 KB; at K = 12288 x + the
+     * reduction area of 1 tile fit (200.8 KB), of 2 tiles not */
+    ASSERT(dc_plan_make(8, 12288, 256, 128, &H200, 0, 1, &pl) && pl.tb == 1);
+    ASSERT(!dc_plan_make(8, 12288, 256, 128, &H200, 2, 1, &pl));
+    ASSERT(!dc_plan_make(8, 12800, 320, 128, &H200, 0, 1, &pl));
     /* a GPU whose blocks may hold less (A100: 163 KB) */
     const struct dc_gpu a100 = {108, 164 * 1024, 163 * 1024};
     ASSERT(dc_plan_make(7, 12288, 256, 128, &H200, 0, 1, &pl));
     ASSERT(!dc_plan_make(7, 12288, 256, 128, &a100, 0, 1, &pl));
 }
 
-/* The session-21 rule on the 16 measured shapes at M = 1..8 (H200, back to
- * back against the skinny kernel, docs/PERFORMANCE.md "Session 21"). */
+/* The rule on the 28 measured shapes at M = 1..8 (H200, back to back
+ * against the skinny kernel: docs/PERFORMANCE.md "Session 21" and
+ * "Session 22"). */
 TEST(dc_plan, dispatch_rule_on_measured_shapes) {
     static const struct { int k, n; const char *what; int dec[8]; } cs[] = {
         {4096, 6144, "Qwen3-8B q|k|v", {1, 1, 1, 1, 1, 1, 1, 1}},
         {4096, 4096, "Qwen3-8B o", {1, 1, 1, 1, 1, 1, 1, 1}},
         {4096, 24576, "Qwen3-8B gate|up", {1, 1, 1, 1, 1, 1, 1, 1}},
-        /* 128 blocks: one wave at one block per SM (M = 5-7); M = 8 no plan */
+        /* 128 blocks: one wave at one block per SM (M = 5-7); M = 8: 2 waves of 1 tile */
         {12288, 4096, "Qwen3-8B down", {1, 1, 1, 1, 1, 1, 1, 0}},
         {5120, 10240, "Qwen3-32B q|k|v", {1, 1, 1, 1, 1, 1, 1, 1}},
-        /* 160 blocks, one per SM from M = 7: measured 15.4-15.7 vs skinny 13.0-13.6 us */
-        {8192, 5120, "Qwen3-32B o", {1, 1, 1, 1, 1, 1, 0, 0}},
+        /* M = 7-8: widened to 80 blocks of 256 KB (12.2-12.5 us vs skinny 12.5-13.1) */
+        {8192, 5120, "Qwen3-32B o", {1, 1, 1, 1, 1, 1, 1, 1}},
         {5120, 51200, "Qwen3-32B gate|up", {1, 1, 1, 1, 1, 1, 1, 1}},
-        /* one block per SM from M = 3 (36.2 vs 27.4 us), no plan from M = 4 */
+        /* one block per SM from M = 3, 80 blocks of 800 KB (30.7 vs 26.3 us), no plan from M = 4 */
         {25600, 5120, "Qwen3-32B down", {1, 1, 0, 0, 0, 0, 0, 0}},
         {5120, 5120, "Qwen3-32B q|k|v tp=2", {1, 1, 1, 1, 1, 1, 1, 1}},
         {4096, 5120, "Qwen3-32B o tp=2", {1, 1, 1, 1, 1, 1, 1, 1}},
         {5120, 25600, "Qwen3-32B gate|up tp=2", {1, 1, 1, 1, 1, 1, 1, 1}},
-        /* one block per SM from M = 5 (21.8-23.2 vs 17.1 us) */
+        /* one block per SM from M = 5: 80 blocks of 400 KB (M = 6: 17.6 vs 16.5 us) */
         {12800, 5120, "Qwen3-32B down tp=2", {1, 1, 1, 1, 0, 0, 0, 0}},
         {5120, 2560, "Qwen3-32B q|k|v tp=4", {1, 1, 1, 1, 1, 1, 1, 1}},
         {2048, 5120, "Qwen3-32B o tp=4", {1, 1, 1, 1, 1, 1, 1, 1}},
         {5120, 12800, "Qwen3-32B gate|up tp=4", {1, 1, 1, 1, 1, 1, 1, 1}},
         {6400, 5120, "Qwen3-32B down tp=4", {1, 1, 1, 1, 1, 1, 1, 1}},
+        /* 160 blocks of 4 tiles, one per SM from M = 6 */
+        {8192, 10240, "Llama-3-70B q|k|v", {1, 1, 1, 1, 1, 0, 0, 0}},
+        /* widened to 128 blocks at M = 7-8 */
+        {8192, 8192, "Llama-3-70B o", {1, 1, 1, 1, 1, 1, 1, 1}},
+        {8192, 57344, "Llama-3-70B gate|up", {1, 1, 1, 1, 1, 0, 0, 0}},
+        /* widened to 128 blocks at M = 2-3 (M = 3: 37.1 vs skinny 40.7 us), no plan from M = 4 */
+        {28672, 8192, "Llama-3-70B down", {1, 1, 1, 0, 0, 0, 0, 0}},
+        /* M = 7-8: 80 blocks of 256 KB */
+        {8192, 5120, "Llama-3-70B q|k|v tp=2", {1, 1, 1, 1, 1, 1, 1, 1}},
+        {4096, 8192, "Llama-3-70B o tp=2", {1, 1, 1, 1, 1, 1, 1, 1}},
+        {8192, 28672, "Llama-3-70B gate|up tp=2", {1, 1, 1, 1, 1, 0, 0, 0}},
+        /* widened to 128 blocks at M = 4-6 (20.1-21.0 vs skinny 22.1-27.5 us) */
+        {14336, 8192, "Llama-3-70B down tp=2", {1, 1, 1, 1, 1, 1, 0, 0}},
+        /* M = 7-8: 80 blocks of 128 KB (8.4-8.6 vs skinny 9.1-9.6 us) */
+        {8192, 2560, "Llama-3-70B q|k|v tp=4", {1, 1, 1, 1, 1, 1, 1, 1}},
+        {2048, 8192, "Llama-3-70B o tp=4", {1, 1, 1, 1, 1, 1, 1, 1}},
+        {8192, 14336, "Llama-3-70B gate|up tp=4", {1, 1, 1, 1, 1, 0, 0, 0}},
+        {7168, 8192, "Llama-3-70B down tp=4", {1, 1, 1, 1, 1, 1, 1, 1}},
     };
     for (int i = 0; i < (int)(sizeof cs / sizeof cs[0]); i++)
         for (int m = 1; m <= 8; m++) {
             struct dc_plan pl;
-            const int has = dc_plan_make(m, cs[i].k, n16_of(cs[i].n), 128, &H200, 0, 1, &pl);
+            const int has = dc_plan_make(m, cs[i].k, n16_of(cs[i].n), 128, &H200, 0, DC_PLAN_HALVE, &pl);
             const int takes = dc_dispatch_takes(m, DC_DISPATCH_MAX_M, has ? &pl : 0, &H200);
             ASSERT_MSG(takes == cs[i].dec[m - 1], "%s (K %d, N %d) M=%d: %s, want %s", cs[i].what, cs[i].k,
                        cs[i].n, m, takes ? "decode" : "not decode", cs[i].dec[m - 1] ? "decode" : "not decode");
             /* a lower last M (AWQD_W4A16_DC_MAX_M) only removes M above it */
             ASSERT(dc_dispatch_takes(m, 4, has ? &pl : 0, &H200) == (m <= 4 && takes));
         }
+    /* session 21's rule: Qwen3-32B o at M = 7 (160 blocks, one per SM) and
+     * the Llama-3-70B tp = 2 down at M = 4 (256 of 2 tiles, one per SM) not
+     * decode; its tp = 4 q|k|v at M = 7 (80 of 2 tiles) decode */
+    const int s21 = DC_PLAN_HALVE | DC_PLAN_S21;
+    struct dc_plan pl;
+    ASSERT(dc_plan_make(7, 8192, n16_of(5120), 128, &H200, 0, s21, &pl) && !dc_dispatch_takes(7, 8, &pl, &H200));
+    ASSERT(dc_plan_make(4, 14336, n16_of(8192), 128, &H200, 0, s21, &pl) && !dc_dispatch_takes(4, 8, &pl, &H200));
+    ASSERT(dc_plan_make(7, 8192, n16_of(2560), 128, &H200, 0, s21, &pl) && dc_dispatch_takes(7, 8, &pl, &H200));
 }
 
 /* Invariants over many shapes: the plan covers every tile, fits its shared
- * memory, and the dispatch takes it at M <= 2 wherever it applies and never
- * where one block per SM leaves a second wave. */
+ * memory, leaves a second wave of one block per SM only where no wider block
+ * fits, and the dispatch takes it at M <= 2 wherever it applies and never
+ * where one block per SM leaves a second wave or a short wave of large
+ * blocks. */
 TEST(dc_plan, invariants) {
     static const struct dc_gpu gpus[] = {{132, 228 * 1024, 227 * 1024}, {108, 164 * 1024, 163 * 1024},
                                          {114, 228 * 1024, 227 * 1024}, {1, 0, 0}};
@@ -122,12 +172,16 @@ TEST(dc_plan, invariants) {
                     ASSERT((long)pl.blocks * pl.tb >= n16 && (long)(pl.blocks - 1) * pl.tb < n16);
                     ASSERT(pl.smem == dc_smem_bytes(m, k, pl.tb, pl.mt) && pl.smem <= DC_SMEM_MAX);
                     ASSERT(gpus[gi].smem_optin == 0 || pl.smem <= (size_t)gpus[gi].smem_optin);
-                    ASSERT(m < 3 || pl.tb >= 2);
+                    const int one = dc_blocks_per_sm(&gpus[gi], pl.smem) < 2;
+                    /* one block per SM and a second wave only where no wider block fits */
+                    if (pl.mt == 1 && one && pl.blocks > gpus[gi].sms)
+                        ASSERT(pl.tb == 4 || dc_smem_bytes(m, k, 2 * pl.tb, 1) > DC_SMEM_MAX);
                     const int takes = dc_dispatch_takes(m, DC_DISPATCH_MAX_M, &pl, &gpus[gi]);
                     if (m <= 2) ASSERT(takes);
                     if (m > DC_DISPATCH_MAX_M) ASSERT(!takes);
-                    if (takes && m >= 3)
-                        ASSERT(dc_blocks_per_sm(&gpus[gi], pl.smem) >= 2 || pl.blocks <= gpus[gi].sms);
+                    if (takes && m >= 3 && one)
+                        ASSERT(pl.blocks <= gpus[gi].sms &&
+                               (10 * pl.blocks >= 9 * gpus[gi].sms || pl.wbytes <= DC_ONE_WAVE_WBYTES));
                     if (test_failed()) return;
                 }
 }

@@ -183,9 +183,9 @@ extern "C" int bench_kernels(int argc, char **argv) {
         else if (!strcmp(argv[i], "--sweep-gemm")) sweep_gemm = 1;
         else {
             fprintf(stderr,
-                    "usage: awqd bench kernels [--reps N] [--m 1,2,4,...] [--shape NAME] [--set 8b|32b|all]\n"
+                    "usage: awqd bench kernels [--reps N] [--m 1,2,4,...] [--shape NAME] [--set 8b|32b|70b|all]\n"
                     "                          [--b2b-m 1,2,4,8,16] [--b2b-only] [--b2b-kernel K] [--variants] [--csv FILE]\n"
-                    "  --set       Qwen3-8B shapes (default), Qwen3-32B at tp = 1, 2, 4, or both\n"
+                    "  --set       Qwen3-8B shapes (default), Qwen3-32B or Llama-3-70B at tp = 1, 2, 4, or all\n"
                     "  --b2b-only  only the back-to-back table (no single cold calls, no cuBLAS at all)\n"
                     "  --b2b-kernel decode|skinny|tc64  the back-to-back \"new\" column with that kernel forced\n"
                     "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, decode, wgmma) at each M\n"
@@ -256,7 +256,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
     /* Qwen3-8B (hidden 4096, 32/8 heads x 128, inter 12288) and Qwen3-32B
      * (hidden 5120, 64/8 heads x 128, inter 25600) and its tensor-parallel
      * shards: q|k|v 5120 -> (64 + 16) 128 / tp, o (64 128 / tp) -> 5120,
-     * gate|up 5120 -> 2 25600 / tp, down 25600 / tp -> 5120. */
+     * gate|up 5120 -> 2 25600 / tp, down 25600 / tp -> 5120; Llama-3-70B
+     * (hidden 8192, 64/8 heads x 128, inter 28672) and its shards. */
     static const shape shapes[] = {
         {"qkv", 4096, 6144, 0},
         {"o", 4096, 4096, 0},
@@ -274,6 +275,18 @@ extern "C" int bench_kernels(int argc, char **argv) {
         {"32b.o.tp4", 2048, 5120, 0},
         {"32b.gate_up.tp4", 5120, 12800, 1},
         {"32b.down.tp4", 6400, 5120, 0},
+        {"70b.qkv", 8192, 10240, 0},
+        {"70b.o", 8192, 8192, 0},
+        {"70b.gate_up", 8192, 57344, 1},
+        {"70b.down", 28672, 8192, 0},
+        {"70b.qkv.tp2", 8192, 5120, 0},
+        {"70b.o.tp2", 4096, 8192, 0},
+        {"70b.gate_up.tp2", 8192, 28672, 1},
+        {"70b.down.tp2", 14336, 8192, 0},
+        {"70b.qkv.tp4", 8192, 2560, 0},
+        {"70b.o.tp4", 2048, 8192, 0},
+        {"70b.gate_up.tp4", 8192, 14336, 1},
+        {"70b.down.tp4", 7168, 8192, 0},
     };
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv)
@@ -286,8 +299,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
 
     for (const shape &sh : shapes) {
         if (only && strcmp(only, sh.name)) continue;
-        const int is32 = !strncmp(sh.name, "32b.", 4);
-        if (!only && strcmp(set, "all") && (is32 != !strcmp(set, "32b"))) continue;
+        const char *sset = !strncmp(sh.name, "32b.", 4) ? "32b" : !strncmp(sh.name, "70b.", 4) ? "70b" : "8b";
+        if (!only && strcmp(set, "all") && strcmp(set, sset)) continue;
         int K = sh.k, N = sh.n, G = 128;
         size_t nq = (size_t)K * N / 8, nz = (size_t)K / G * N / 8, ns = (size_t)K / G * N;
         std::vector<uint32_t> qw(nq), qz(nz);

@@ -37,49 +37,17 @@ struct dc_gpu {
     int smem_optin; /* largest dynamic shared memory per block, bytes (0: unknown) */
 };
 
+/* dc_plan_make's flags */
+#define DC_PLAN_HALVE 1 /* the halving of wide grids at M <= DC_HALVE_MAX_M (the default) */
+#define DC_PLAN_S21 2   /* session 21's rules instead (AWQD_W4A16_DC_PLAN=21, for measurements) */
+#define DC_HALVE_MAX_M 4
+
 struct dc_plan {
     int mt, tb, blocks;
     size_t smem;
+    size_t wbytes; /* INT4 weight bytes of one block: TB x 16 columns x K / 2 */
+    int flags;     /* those it was made with */
 };
-
-/* The plan for m rows of a weight of K inputs, n16 tiles of 16 columns and
- * the given group size; 0 when the kernel does not apply (M, a group size
- * other than 128, shared memory). tb_force: 1, 2 or 4 tiles per block (a
- * measurement knob), else 0; halve: the M <= 2 halving below (1 = on).
- *
- * TB (H200, session 4): the widest block that still leaves at least 1.2
- * blocks per SM (fewer, wider blocks read x fewer times and amortize the
- * block's fixed costs; more blocks spread the stream), and at least 2 from
- * M = 3 on (x is read once per block: M x K x 2 bytes against the block's
- * 8 x TB x K bytes of weights); at M <= 2 halved where the grid would be 1
- * to 1.5 waves of 2 blocks per SM (its last wave half empty: Qwen3-8B
- * gate|up at M = 1, 384 -> 768 blocks, H100 session 7, back to back 83.1 ->
- * 91.0% of the copy rate; a general fill rule, also moving Qwen3-32B q|k|v
- * and the tp=2 gate|up shard to 1 tile per block, lost 11-14 points there).
- * MT = 2 (M = 9..16) uses TB = 2 (TB = 1 spills at 128 registers). */
-DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g, int tb_force, int halve,
-                       struct dc_plan *pl) {
-    if (m < 1 || m > DC_MAX_M || group != 128 || n16 < 1) return 0;
-    const int mt = m > 8 ? 2 : 1, sms = g->sms > 0 ? g->sms : 1;
-    int tb = tb_force;
-    if (tb != 1 && tb != 2 && tb != 4) {
-        const int want = sms + sms / 5;
-        tb = (n16 + 3) / 4 >= want ? 4 : (n16 + 1) / 2 >= want ? 2 : 1;
-        if (halve && m <= 2 && tb > 1) {
-            const int slots = 2 * sms, b = (n16 + tb - 1) / tb;
-            if (b > slots && 2 * b <= 3 * slots) tb /= 2;
-        }
-        if (m >= 3 && tb < 2) tb = 2;
-    }
-    if (mt == 2) tb = 2;
-    const size_t smem = dc_smem_bytes(m, K, tb, mt);
-    if (smem > DC_SMEM_MAX || (g->smem_optin > 0 && smem > (size_t)g->smem_optin)) return 0;
-    pl->mt = mt;
-    pl->tb = tb;
-    pl->blocks = (n16 + tb - 1) / tb;
-    pl->smem = smem;
-    return 1;
-}
 
 /* Blocks of the decode kernel one SM holds (at most 2: __launch_bounds__)
  * with smem bytes of dynamic shared memory each; the runtime reserves 1 KB
@@ -90,19 +58,85 @@ DC_FN int dc_blocks_per_sm(const struct dc_gpu *g, size_t smem) {
     return n < 2 ? n : 2;
 }
 
+/* The plan for m rows of a weight of K inputs, n16 tiles of 16 columns and
+ * the given group size; 0 when the kernel does not apply (M, a group size
+ * other than 128, shared memory). tb_force: 1, 2 or 4 tiles per block (a
+ * measurement knob), else 0; flags: DC_PLAN_*.
+ *
+ * TB (H200, session 4): the widest block that still leaves at least 1.2
+ * blocks per SM (fewer, wider blocks read x fewer times and amortize the
+ * block's fixed costs; more blocks spread the stream). Halved at M <= 4
+ * where the grid would be 1 to 1.5 waves of 2 blocks per SM (its last wave
+ * half empty: Qwen3-8B gate|up, 384 -> 768 blocks; at M = 1 H100 session 7,
+ * back to back 83.1 -> 91.0% of the copy rate; at M = 3-4 H200 session 22,
+ * 18.2 -> 17.1 us; at M = 6-8 the 4-wide blocks are faster again; a
+ * general fill rule, also moving Qwen3-32B q|k|v and the tp=2 gate|up shard
+ * to 1 tile per block, lost 11-14 points at M = 1). Where x fills so much
+ * shared memory that one block fits per SM and the grid would need a second
+ * wave, the blocks are widened (to 4 tiles) until it does not: one wave of
+ * wide blocks beats two of narrow ones (H200 session 22, back to back:
+ * Qwen3-8B down M = 6 15.1 -> 12.2 us, Qwen3-32B o M = 8 15.7 -> 12.4,
+ * its down M = 3 36.1 -> 30.7, the tp = 2 down M = 6 22.3 -> 17.6).
+ * MT = 2 (M = 9..16) uses TB = 2 (TB = 1 spills at 128 registers).
+ *
+ * Session 21's rules (DC_PLAN_S21): the halving at M <= 2 only, at least 2
+ * tiles per block from M = 3 (from session 4, when x went through L2 only:
+ * with x through L1, 1 tile per block is faster where the width rule gives
+ * it: Qwen3-8B o M = 3-8 6.1-7.4 -> 5.1-5.8 us, its down M = 3-4 14.1-15.3
+ * -> 10.2-11.2, the Qwen3-32B tp = 4 q|k|v shard 7.1-8.3 -> 5.7-6.7), no
+ * widening. */
+DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g, int tb_force, int flags,
+                       struct dc_plan *pl) {
+    if (m < 1 || m > DC_MAX_M || group != 128 || n16 < 1) return 0;
+    const int mt = m > 8 ? 2 : 1, sms = g->sms > 0 ? g->sms : 1, s21 = flags & DC_PLAN_S21;
+    int tb = tb_force;
+    if (tb != 1 && tb != 2 && tb != 4) {
+        const int want = sms + sms / 5;
+        tb = (n16 + 3) / 4 >= want ? 4 : (n16 + 1) / 2 >= want ? 2 : 1;
+        if ((flags & DC_PLAN_HALVE) && m <= (s21 ? 2 : DC_HALVE_MAX_M) && tb > 1) {
+            const int slots = 2 * sms, b = (n16 + tb - 1) / tb;
+            if (b > slots && 2 * b <= 3 * slots) tb /= 2;
+        }
+        if (s21 && m >= 3 && tb < 2) tb = 2;
+        if (!s21 && mt == 1)
+            while (tb < 4 && (n16 + tb - 1) / tb > sms && dc_blocks_per_sm(g, dc_smem_bytes(m, K, tb, mt)) < 2 &&
+                   dc_smem_bytes(m, K, 2 * tb, mt) <= DC_SMEM_MAX)
+                tb *= 2;
+    }
+    if (mt == 2) tb = 2;
+    const size_t smem = dc_smem_bytes(m, K, tb, mt);
+    if (smem > DC_SMEM_MAX || (g->smem_optin > 0 && smem > (size_t)g->smem_optin)) return 0;
+    pl->mt = mt;
+    pl->tb = tb;
+    pl->blocks = (n16 + tb - 1) / tb;
+    pl->smem = smem;
+    pl->wbytes = (size_t)tb * 8 * K;
+    pl->flags = flags;
+    return 1;
+}
+
 /* Whether the automatic dispatch runs the decode kernel for a plan pl at m
  * rows (pl: its plan, or NULL when there is none), with max_m the last M
  * allowed (DC_DISPATCH_MAX_M, or lower for measurements). M <= 2: wherever
  * the kernel applies (faster than the skinny kernel on every shape, H200
- * session 4). M = 3..8 (H200 session 21, back to back, x staged through
- * L1): faster or equal but where x fills so much shared memory that one
- * block fits per SM *and* the grid has more blocks than SMs (Qwen3-32B o at
- * M = 7-8, its down at M = 3, the tp = 2 down at M = 5-7); one block per
- * SM in one wave still wins (Qwen3-8B down at M = 5-7). */
+ * session 4). M = 3..8 (H200 sessions 21-22, back to back, x staged
+ * through L1): where two blocks fit per SM, or where one does and the grid
+ * is one wave that either fills at least 90% of the SMs (Qwen3-8B down at
+ * M = 5-7, 128 blocks) or gives each block at most 256 KB of weights
+ * (DC_ONE_WAVE_WBYTES). One block per SM on fewer SMs with more to stream
+ * leaves the stream short of loads in flight: the widened Qwen3-32B down at
+ * M = 3 (80 blocks of 800 KB) 30.7 us against the skinny kernel's 26.3, its
+ * tp = 2 down at M = 6 (80 of 400 KB) 17.6 against 16.5; the Llama-3-70B
+ * tp = 4 q|k|v shard at M = 7-8 (80 of 128 KB) 8.4-8.6 against 9.0-9.4,
+ * Qwen3-32B o at M = 8 (80 of 256 KB) 12.4 against 12.8. Session 21's rule
+ * (pl made with DC_PLAN_S21): one block per SM in one wave of any size. */
+#define DC_ONE_WAVE_WBYTES (256 * 1024)
 DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const struct dc_gpu *g) {
     if (!pl || m > max_m) return 0;
     if (m <= 2) return 1;
-    return dc_blocks_per_sm(g, pl->smem) >= 2 || pl->blocks <= g->sms;
+    if (dc_blocks_per_sm(g, pl->smem) >= 2) return 1;
+    if (pl->blocks > g->sms) return 0;
+    return (pl->flags & DC_PLAN_S21) || 10 * pl->blocks >= 9 * g->sms || pl->wbytes <= DC_ONE_WAVE_WBYTES;
 }
 
 #endif

@@ -1662,13 +1662,14 @@ static struct dc_gpu dc_gpu_of(const struct w4a16_weight *w) {
 /* The decode kernel's launch plan (dc_plan_make, kernels/cuda/dc_plan.h);
  * 0 where it does not apply (the skinny kernel runs instead). Measurement
  * knobs, read once: AWQD_W4A16_DC_TB=1|2|4 forces the tiles per block,
- * AWQD_W4A16_DC_WAVES=0 keeps the width where the M <= 2 rule would halve
- * it. */
+ * AWQD_W4A16_DC_WAVES=0 keeps the width where the M <= 4 rule would halve
+ * it, AWQD_W4A16_DC_PLAN=21 plans as session 21 did. */
 static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
     static const int tb_env = dc_env_int("AWQD_W4A16_DC_TB", 0, 1, 4);
-    static const int waves_env = dc_env_int("AWQD_W4A16_DC_WAVES", 1, 0, 1);
+    static const int flags = (dc_env_int("AWQD_W4A16_DC_WAVES", 1, 0, 1) ? DC_PLAN_HALVE : 0) |
+                             (dc_env_int("AWQD_W4A16_DC_PLAN", 22, 21, 22) == 21 ? DC_PLAN_S21 : 0);
     const struct dc_gpu g = dc_gpu_of(w);
-    return dc_plan_make(m, w->k, w->n16, w->group, &g, tb_env, waves_env, pl);
+    return dc_plan_make(m, w->k, w->n16, w->group, &g, tb_env, flags, pl);
 }
 
 /* Whether the automatic dispatch runs the decode kernel at M = m

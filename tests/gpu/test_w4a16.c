@@ -302,7 +302,8 @@ TEST(w4a16, forced_kernels_and_splits) {
  * last tile), bias, gate|up, and x too large for shared memory from M = 8
  * with K = 24576 (skinny again); M = 1 to 8 (one m8 block) and 9 to 16
  * (two). With the kernel on (the default), the dispatch must pick it for
- * M <= 2, and for M <= 4 up to K = 8192, wherever the group is 128. */
+ * M <= 2, and for M <= 4 up to K = 8192 (two blocks per SM there), wherever
+ * the group is 128. */
 TEST(w4a16, decode_kernel_shapes) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     static const struct { int k, n, g, gate_up, bias; } shp[] = {
@@ -350,13 +351,15 @@ TEST(w4a16, decode_kernel_shapes) {
  * w4a16_choice picks the decode kernel at M = 1..8 exactly where
  * dc_dispatch_takes says so for this GPU's SMs and shared memory, on shapes
  * on both sides of the rule (on a 132-SM GPU with 228 KB per SM: Qwen3-32B
- * o leaves the decode kernel at M = 7, its down at M = 3, the tp = 2 down at
- * M = 5, Qwen3-8B down at M = 8). Only the choice is checked here:
+ * down leaves the decode kernel at M = 3, the tp = 2 down at M = 5, Qwen3-8B
+ * down at M = 8; Qwen3-32B o stays to M = 8 on 80 widened blocks). Only the
+ * choice is checked here:
  * decode_kernel_shapes runs the kernel itself at these M. */
 TEST(w4a16, decode_dispatch_rule) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     if (!w4a16_decode_kernel(-1)) TEST_SKIP("decode kernel turned off (AWQD_W4A16_DECODE=0)");
-    if (getenv("AWQD_W4A16_DC_MAX_M") || getenv("AWQD_W4A16_DC_TB") || getenv("AWQD_W4A16_DC_WAVES"))
+    if (getenv("AWQD_W4A16_DC_MAX_M") || getenv("AWQD_W4A16_DC_TB") || getenv("AWQD_W4A16_DC_WAVES") ||
+        getenv("AWQD_W4A16_DC_PLAN"))
         TEST_SKIP("a decode-plan knob is set");
     int dev = 0;
     struct dc_gpu g;
@@ -380,7 +383,7 @@ TEST(w4a16, decode_dispatch_rule) {
             enum w4a16_kernel k;
             int ks;
             struct dc_plan pl;
-            const int has = dc_plan_make(m, cs[ci].k, (cs[ci].n + 15) / 16, 128, &g, 0, 1, &pl);
+            const int has = dc_plan_make(m, cs[ci].k, (cs[ci].n + 15) / 16, 128, &g, 0, DC_PLAN_HALVE, &pl);
             const int want = dc_dispatch_takes(m, DC_DISPATCH_MAX_M, has ? &pl : NULL, &g);
             w4a16_choice(dw, m, &k, &ks);
             ASSERT_MSG((k == W4A16_KERNEL_DECODE) == want, "K %d N %d M=%d: kernel %d, the rule says %s", cs[ci].k,

@@ -159,6 +159,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
     const char *csv_path = NULL, *ms_arg = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096";
     const char *only = NULL, *set = "8b", *b2b_arg = "1,2,4,8,16";
     int b2b_kernel = W4A16_KERNEL_AUTO; /* --b2b-kernel: forces the "new" column's kernel */
+    int b2b_split = 0;                  /* --b2b-split: and its split count (0: its own rule) */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--set") && i + 1 < argc) set = argv[++i];
@@ -175,6 +176,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
                 return 2;
             }
         }
+        else if (!strcmp(argv[i], "--b2b-split") && i + 1 < argc) b2b_split = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
         else if (!strcmp(argv[i], "--m") && i + 1 < argc) ms_arg = argv[++i];
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = argv[++i];
@@ -184,10 +186,12 @@ extern "C" int bench_kernels(int argc, char **argv) {
         else {
             fprintf(stderr,
                     "usage: awqd bench kernels [--reps N] [--m 1,2,4,...] [--shape NAME] [--set 8b|32b|70b|all]\n"
-                    "                          [--b2b-m 1,2,4,8,16] [--b2b-only] [--b2b-kernel K] [--variants] [--csv FILE]\n"
+                    "                          [--b2b-m 1,2,4,8,16] [--b2b-only] [--b2b-kernel K [--b2b-split N]]\n"
+                    "                          [--variants] [--csv FILE]\n"
                     "  --set       Qwen3-8B shapes (default), Qwen3-32B or Llama-3-70B at tp = 1, 2, 4, or all\n"
                     "  --b2b-only  only the back-to-back table (no single cold calls, no cuBLAS at all)\n"
                     "  --b2b-kernel decode|skinny|tc64  the back-to-back \"new\" column with that kernel forced\n"
+                    "  --b2b-split N  and with N splits of K (skinny, tc64; 0: the dispatch's count)\n"
                     "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, decode, wgmma) at each M\n"
                     "  --sweep     time the split counts of skinny (M = 1, 2, 4, 16), tc64 (64, 128)\n"
                     "  --sweep-gemm  time every tile and split of the wgmma GEMM (mode 4, 5 or 3) at each --m\n"
@@ -441,8 +445,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     w4a16_decode_kernel(mode == 0 || mode == 2);
                     us_mode[mode] = b2b_us(t.a, t.b, bs, calls, [&](int i) {
                         if (mode == 0 && b2b_kernel != W4A16_KERNEL_AUTO)
-                            rc2 |= w4a16_linear_ex(cp[i % R], dx, mm, dy, epi, (enum w4a16_kernel)b2b_kernel, 0,
-                                                   ws, wsb_var, bs, err, sizeof err);
+                            rc2 |= w4a16_linear_ex(cp[i % R], dx, mm, dy, epi, (enum w4a16_kernel)b2b_kernel,
+                                                   b2b_split, ws, wsb_var, bs, err, sizeof err);
                         else
                             rc2 |= w4a16_linear(cp[i % R], dx, mm, dy, epi, ws, wsb, bs, err, sizeof err);
                     });
@@ -466,6 +470,14 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     if (csv)
                         fprintf(csv, "%s,%d,%d,%d,b2b_cublas,0,%.3f,%.1f,%.2f,,,,,,,,,\n", sh.name, K, N, mm, cus,
                                 fpb / (cus * 1e-6) / 1e9, 100.0 * fpb / (cus * 1e-6) / 1e9 / copy_gbs);
+                }
+                if (b2b_kernel != W4A16_KERNEL_AUTO && b2b_split > 0) { /* and the "old" column's split */
+                    enum w4a16_kernel ko;
+                    int kso;
+                    w4a16_decode_kernel(0);
+                    w4a16_choice(w, mm, &ko, &kso);
+                    w4a16_decode_kernel(dc0);
+                    printf("  split %d (old: %s, split %d)", b2b_split, kname(ko), kso);
                 }
                 printf("%s\n", rc2 ? " (error)" : "");
                 if (csv)

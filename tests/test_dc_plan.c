@@ -87,52 +87,61 @@ TEST(dc_plan, where_the_kernel_does_not_apply) {
     ASSERT(!dc_plan_make(7, 12288, 256, 128, &a100, 0, 1, &pl));
 }
 
-/* The rule on the 28 measured shapes at M = 1..8 (H200, back to back
+/* The rule on the 28 measured shapes at M = 1..16 (H200, back to back
  * against the skinny kernel: docs/PERFORMANCE.md "Session 21" and
- * "Session 22"). */
+ * "Session 22"). M = 9..16 (MT = 2): only K <= 4096, where two blocks per SM
+ * give between one and two SMs' worth of blocks or one per SM a wave of
+ * >= 90% of the SMs. Four points at M = 6 (Llama-3-70B q|k|v and gate|up
+ * at tp = 1 / 2 / 4) moved to the decode kernel with the exact per-block
+ * reserve (two blocks of 115 KB fit per SM) and were not measured there;
+ * at M = 5, with two blocks per SM as well, it won by 8-38%. */
 TEST(dc_plan, dispatch_rule_on_measured_shapes) {
-    static const struct { int k, n; const char *what; int dec[8]; } cs[] = {
-        {4096, 6144, "Qwen3-8B q|k|v", {1, 1, 1, 1, 1, 1, 1, 1}},
-        {4096, 4096, "Qwen3-8B o", {1, 1, 1, 1, 1, 1, 1, 1}},
-        {4096, 24576, "Qwen3-8B gate|up", {1, 1, 1, 1, 1, 1, 1, 1}},
+    static const struct { int k, n; const char *what; int dec[16]; } cs[] = {
+        /* M = 9-12: 192 blocks, two per SM (0.83-0.89x the skinny kernel's time); 13-16 one per SM, 2 waves */
+        {4096, 6144, "Qwen3-8B q|k|v", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0}},
+        /* M = 9-12: two per SM on 128 blocks lost (1.07-1.11x); 13-16: one per SM, one wave (0.83-0.84x) */
+        {4096, 4096, "Qwen3-8B o", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1}},
+        /* M = 9-16: 768 blocks (1.04-1.46x) */
+        {4096, 24576, "Qwen3-8B gate|up", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* 128 blocks: one wave at one block per SM (M = 5-7); M = 8: 2 waves of 1 tile */
-        {12288, 4096, "Qwen3-8B down", {1, 1, 1, 1, 1, 1, 1, 0}},
-        {5120, 10240, "Qwen3-32B q|k|v", {1, 1, 1, 1, 1, 1, 1, 1}},
+        {12288, 4096, "Qwen3-8B down", {1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {5120, 10240, "Qwen3-32B q|k|v", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* M = 7-8: widened to 80 blocks of 256 KB (12.2-12.5 us vs skinny 12.5-13.1) */
-        {8192, 5120, "Qwen3-32B o", {1, 1, 1, 1, 1, 1, 1, 1}},
-        {5120, 51200, "Qwen3-32B gate|up", {1, 1, 1, 1, 1, 1, 1, 1}},
+        {8192, 5120, "Qwen3-32B o", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {5120, 51200, "Qwen3-32B gate|up", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* one block per SM from M = 3, 80 blocks of 800 KB (30.7 vs 26.3 us), no plan from M = 4 */
-        {25600, 5120, "Qwen3-32B down", {1, 1, 0, 0, 0, 0, 0, 0}},
-        {5120, 5120, "Qwen3-32B q|k|v tp=2", {1, 1, 1, 1, 1, 1, 1, 1}},
-        {4096, 5120, "Qwen3-32B o tp=2", {1, 1, 1, 1, 1, 1, 1, 1}},
-        {5120, 25600, "Qwen3-32B gate|up tp=2", {1, 1, 1, 1, 1, 1, 1, 1}},
+        {25600, 5120, "Qwen3-32B down", {1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {5120, 5120, "Qwen3-32B q|k|v tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {4096, 5120, "Qwen3-32B o tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0}},
+        {5120, 25600, "Qwen3-32B gate|up tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* one block per SM from M = 5: 80 blocks of 400 KB (M = 6: 17.6 vs 16.5 us) */
-        {12800, 5120, "Qwen3-32B down tp=2", {1, 1, 1, 1, 0, 0, 0, 0}},
-        {5120, 2560, "Qwen3-32B q|k|v tp=4", {1, 1, 1, 1, 1, 1, 1, 1}},
-        {2048, 5120, "Qwen3-32B o tp=4", {1, 1, 1, 1, 1, 1, 1, 1}},
-        {5120, 12800, "Qwen3-32B gate|up tp=4", {1, 1, 1, 1, 1, 1, 1, 1}},
-        {6400, 5120, "Qwen3-32B down tp=4", {1, 1, 1, 1, 1, 1, 1, 1}},
-        /* 160 blocks of 4 tiles, one per SM from M = 6 */
-        {8192, 10240, "Llama-3-70B q|k|v", {1, 1, 1, 1, 1, 0, 0, 0}},
+        {12800, 5120, "Qwen3-32B down tp=2", {1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {5120, 2560, "Qwen3-32B q|k|v tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        /* K = 2048: two blocks per SM to M = 16 (0.67-0.71x) */
+        {2048, 5120, "Qwen3-32B o tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+        {5120, 12800, "Qwen3-32B gate|up tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {6400, 5120, "Qwen3-32B down tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        /* 160 blocks of 4 tiles: two per SM to M = 6 (115 KB each), one from M = 7 */
+        {8192, 10240, "Llama-3-70B q|k|v", {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* widened to 128 blocks at M = 7-8 */
-        {8192, 8192, "Llama-3-70B o", {1, 1, 1, 1, 1, 1, 1, 1}},
-        {8192, 57344, "Llama-3-70B gate|up", {1, 1, 1, 1, 1, 0, 0, 0}},
+        {8192, 8192, "Llama-3-70B o", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {8192, 57344, "Llama-3-70B gate|up", {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* widened to 128 blocks at M = 2-3 (M = 3: 37.1 vs skinny 40.7 us), no plan from M = 4 */
-        {28672, 8192, "Llama-3-70B down", {1, 1, 1, 0, 0, 0, 0, 0}},
+        {28672, 8192, "Llama-3-70B down", {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* M = 7-8: 80 blocks of 256 KB */
-        {8192, 5120, "Llama-3-70B q|k|v tp=2", {1, 1, 1, 1, 1, 1, 1, 1}},
-        {4096, 8192, "Llama-3-70B o tp=2", {1, 1, 1, 1, 1, 1, 1, 1}},
-        {8192, 28672, "Llama-3-70B gate|up tp=2", {1, 1, 1, 1, 1, 0, 0, 0}},
+        {8192, 5120, "Llama-3-70B q|k|v tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {4096, 8192, "Llama-3-70B o tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0}},
+        {8192, 28672, "Llama-3-70B gate|up tp=2", {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* widened to 128 blocks at M = 4-6 (20.1-21.0 vs skinny 22.1-27.5 us) */
-        {14336, 8192, "Llama-3-70B down tp=2", {1, 1, 1, 1, 1, 1, 0, 0}},
+        {14336, 8192, "Llama-3-70B down tp=2", {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* M = 7-8: 80 blocks of 128 KB (8.4-8.6 vs skinny 9.1-9.6 us) */
-        {8192, 2560, "Llama-3-70B q|k|v tp=4", {1, 1, 1, 1, 1, 1, 1, 1}},
-        {2048, 8192, "Llama-3-70B o tp=4", {1, 1, 1, 1, 1, 1, 1, 1}},
-        {8192, 14336, "Llama-3-70B gate|up tp=4", {1, 1, 1, 1, 1, 0, 0, 0}},
-        {7168, 8192, "Llama-3-70B down tp=4", {1, 1, 1, 1, 1, 1, 1, 1}},
+        {8192, 2560, "Llama-3-70B q|k|v tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {2048, 8192, "Llama-3-70B o tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+        {8192, 14336, "Llama-3-70B gate|up tp=4", {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {7168, 8192, "Llama-3-70B down tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
     };
     for (int i = 0; i < (int)(sizeof cs / sizeof cs[0]); i++)
-        for (int m = 1; m <= 8; m++) {
+        for (int m = 1; m <= 16; m++) {
             struct dc_plan pl;
             const int has = dc_plan_make(m, cs[i].k, n16_of(cs[i].n), 128, &H200, 0, DC_PLAN_HALVE, &pl);
             const int takes = dc_dispatch_takes(m, DC_DISPATCH_MAX_M, has ? &pl : 0, &H200);
@@ -182,6 +191,9 @@ TEST(dc_plan, invariants) {
                     if (takes && m >= 3 && one)
                         ASSERT(pl.blocks <= gpus[gi].sms &&
                                (10 * pl.blocks >= 9 * gpus[gi].sms || pl.wbytes <= DC_ONE_WAVE_WBYTES));
+                    if (takes && pl.mt == 2)
+                        ASSERT(k <= DC_MT2_MAX_K && (one ? 10 * pl.blocks >= 9 * gpus[gi].sms
+                                                         : pl.blocks > gpus[gi].sms && pl.blocks <= 2 * gpus[gi].sms));
                     if (test_failed()) return;
                 }
 }

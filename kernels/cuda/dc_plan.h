@@ -20,7 +20,8 @@
 #define DC_WARPS 8
 #define DC_MAX_M 16              /* MT = 1 (M <= 8) or 2 (M <= 16) mma column blocks */
 #define DC_SMEM_MAX (200 * 1024) /* x of M x K + the reduction area */
-#define DC_DISPATCH_MAX_M 8      /* the dispatch's last M (session 21) */
+#define DC_DISPATCH_MAX_M 16     /* the dispatch's last M (session 22; 8 in session 21) */
+#define DC_MT2_MAX_K 4096        /* M = 9..16: the largest K the dispatch takes (session 22) */
 
 /* Shared memory of a decode block: x [m][K + 8] fp16 (the 16-byte pad puts
  * the 8 rows' LDS.128 on distinct banks), then the reduction area
@@ -43,7 +44,7 @@ struct dc_gpu {
 #define DC_HALVE_MAX_M 4
 
 struct dc_plan {
-    int mt, tb, blocks;
+    int mt, tb, blocks, k;
     size_t smem;
     size_t wbytes; /* INT4 weight bytes of one block: TB x 16 columns x K / 2 */
     int flags;     /* those it was made with */
@@ -51,10 +52,12 @@ struct dc_plan {
 
 /* Blocks of the decode kernel one SM holds (at most 2: __launch_bounds__)
  * with smem bytes of dynamic shared memory each; the runtime reserves 1 KB
- * per block and the NORM variant has 256 bytes of static shared memory. */
+ * per block and the NORM variant has 256 bytes of static shared memory
+ * (until session 22 this counted 2 KB per block: Qwen3-8B o at M = 12, 112
+ * KB, was taken for one block per SM where the GPU placed two). */
 DC_FN int dc_blocks_per_sm(const struct dc_gpu *g, size_t smem) {
     if (g->smem_sm <= 0) return 2;
-    const int n = (int)((size_t)g->smem_sm / (smem + 2048));
+    const int n = (int)((size_t)g->smem_sm / (smem + 1024 + 256));
     return n < 2 ? n : 2;
 }
 
@@ -109,6 +112,7 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
     pl->mt = mt;
     pl->tb = tb;
     pl->blocks = (n16 + tb - 1) / tb;
+    pl->k = K;
     pl->smem = smem;
     pl->wbytes = (size_t)tb * 8 * K;
     pl->flags = flags;
@@ -128,15 +132,35 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
  * M = 3 (80 blocks of 800 KB) 30.7 us against the skinny kernel's 26.3, its
  * tp = 2 down at M = 6 (80 of 400 KB) 17.6 against 16.5; the Llama-3-70B
  * tp = 4 q|k|v shard at M = 7-8 (80 of 128 KB) 8.4-8.6 against 9.0-9.4,
- * Qwen3-32B o at M = 8 (80 of 256 KB) 12.4 against 12.8. Session 21's rule
- * (pl made with DC_PLAN_S21): one block per SM in one wave of any size. */
+ * Qwen3-32B o at M = 8 (80 of 256 KB) 12.4 against 12.8.
+ *
+ * M = 9..16 (MT = 2, H200 session 22, 28 shapes at M = 9-16 against the
+ * skinny kernel in the same process): only up to K = 4096 (DC_MT2_MAX_K;
+ * above it the kernel lost at every M on 14 of the 16 shapes that have a
+ * plan there, 4-60%, and won on two: Qwen3-32B q|k|v at M = 9 by 6%, its
+ * tp = 4 shard at M = 10-16 by 6-11%), and there
+ * where two blocks fit per SM in more than one SM's worth and at most two
+ * (Qwen3-8B q|k|v at M = 9-12, 192 blocks: 0.83-0.89x the skinny kernel's
+ * time; the o shards of Qwen3-32B / Llama-3-70B at tp = 4, K = 2048:
+ * 0.64-0.71x) — two blocks on a grid of at most one per SM lost (Qwen3-8B
+ * o at M = 9 and 12, 128 blocks: 1.07-1.11x) and many more blocks too
+ * (gate|up, 768: 1.04-1.07x) — or where one fits in a wave of at least 90%
+ * of the SMs (Qwen3-8B o at M = 14-16: 0.83-0.84x). Session 21's rule (pl
+ * made with DC_PLAN_S21): M <= 8 only, one block per SM in one wave of any
+ * size. */
 #define DC_ONE_WAVE_WBYTES (256 * 1024)
 DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const struct dc_gpu *g) {
-    if (!pl || m > max_m) return 0;
+    const int s21 = pl && (pl->flags & DC_PLAN_S21);
+    if (!pl || m > max_m || (s21 && m > 8)) return 0;
     if (m <= 2) return 1;
-    if (dc_blocks_per_sm(g, pl->smem) >= 2) return 1;
+    const int two = dc_blocks_per_sm(g, pl->smem) >= 2, wave = 10 * pl->blocks >= 9 * g->sms;
+    if (pl->mt == 2) {
+        if (pl->k > DC_MT2_MAX_K) return 0;
+        return two ? pl->blocks > g->sms && pl->blocks <= 2 * g->sms : pl->blocks <= g->sms && wave;
+    }
+    if (two) return 1;
     if (pl->blocks > g->sms) return 0;
-    return (pl->flags & DC_PLAN_S21) || 10 * pl->blocks >= 9 * g->sms || pl->wbytes <= DC_ONE_WAVE_WBYTES;
+    return s21 || wave || pl->wbytes <= DC_ONE_WAVE_WBYTES;
 }
 
 #endif

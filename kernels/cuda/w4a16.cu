@@ -1673,7 +1673,7 @@ static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) 
 }
 
 /* Whether the automatic dispatch runs the decode kernel at M = m
- * (dc_dispatch_takes; AWQD_W4A16_DC_MAX_M=2..8 lowers the last M, for
+ * (dc_dispatch_takes; AWQD_W4A16_DC_MAX_M=2..16 lowers the last M, for
  * measurements). */
 static int dc_in_dispatch(const struct w4a16_weight *w, int m) {
     static const int max_m = dc_env_int("AWQD_W4A16_DC_MAX_M", DC_DISPATCH_MAX_M, 2, DC_DISPATCH_MAX_M);

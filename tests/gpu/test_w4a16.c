@@ -379,7 +379,7 @@ TEST(w4a16, decode_dispatch_rule) {
         char err[256];
         ASSERT_MSG(w4a16_upload(&h.l, cs[ci].gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &dw, err,
                                 sizeof err) == 0, "%s", err);
-        for (int m = 1; m <= 8; m++) {
+        for (int m = 1; m <= DC_DISPATCH_MAX_M; m++) {
             enum w4a16_kernel k;
             int ks;
             struct dc_plan pl;

@@ -5,7 +5,7 @@
  * a CPU test (tests/test_dc_plan.c), so that the rules measured on the GPU
  * are checked in CI, where no GPU runs. The measurements behind each rule
  * are in docs/KERNELS.md ("The decode kernel") and docs/PERFORMANCE.md
- * (sessions 4, 7 and 21). */
+ * (sessions 4, 7, 21 and 22). */
 #ifndef AWQD_DC_PLAN_H
 #define AWQD_DC_PLAN_H
 
@@ -40,7 +40,8 @@ struct dc_gpu {
 
 /* dc_plan_make's flags */
 #define DC_PLAN_HALVE 1 /* the halving of wide grids at M <= DC_HALVE_MAX_M (the default) */
-#define DC_PLAN_S21 2   /* session 21's rules instead (AWQD_W4A16_DC_PLAN=21, for measurements) */
+#define DC_PLAN_S21 2   /* session 21's rules instead (AWQD_W4A16_DC_PLAN=21, for measurements;
+                           blocks per SM counted as since session 22) */
 #define DC_HALVE_MAX_M 4
 
 struct dc_plan {

@@ -9,7 +9,8 @@
 #
 # env: OUT (logs; default /tmp/gpu_check), BUILD (default build-gpu),
 #      LIMIT (seconds this script may take, default 540),
-#      PHASES (default "build tests kernels e2e serve"),
+#      PHASES (default "build tests kernels e2e serve"; also "audit": the
+#      decode-size dispatch's picks against the alternatives, back to back),
 #      CUDA (default 1; CUDA=0 dry-runs the build and serve phases on the
 #      CPU backend), MODEL (a checkpoint to use instead of making one:
 #      e.g. a fixture for a CPU dry run), PRESET (mkmodel preset, default
@@ -18,7 +19,7 @@
 #      holds qwen3/),
 #      E2E_ARGS (extra `bench e2e` arguments), LOAD_N (requests per load
 #      test, default 128), PORT (default 8100).
-# Logs under $OUT: build.log test.log kernels.txt e2e.txt serve.log load.txt
+# Logs under $OUT: build.log test.log kernels.txt audit.txt e2e.txt serve.log load.txt
 # summary.txt.
 # Through the device tool: point OUT below the tool's $OUT and tar it at the
 # end (only a handful of files come back per call), carry only the .device
@@ -89,6 +90,17 @@ if has kernels && [ "$CUDA" != 0 ]; then
     run kernels 60 "$OUT/kernels.txt" "$BIN" bench kernels --reps 20 \
         --m 1,2,4,8,16,32,64,128,256,512,1024,2048,4096
     grep -E "^\||copy|cuBLAS" "$OUT/kernels.txt" | head -120 >>"$SUM"
+fi
+
+# 4b. the decode-size dispatch audited (phase "audit", not in the default
+#     PHASES): on the Qwen3-8B / 32B / Llama-3-70B shapes and their tp
+#     shards at M = 1-16, back to back, the dispatch's pick against the
+#     decode kernel forced and against the dispatch without it, in one
+#     process; points where the pick is > 3% slower are marked SLOW
+if has audit && [ "$CUDA" != 0 ]; then
+    run audit 60 "$OUT/audit.txt" "$BIN" bench kernels --b2b-only --b2b-audit --set all \
+        --b2b-m 1,2,3,4,5,6,7,8,9,10,12,14,16
+    grep -E "SLOW|^audit:" "$OUT/audit.txt" >>"$SUM"
 fi
 
 # 5. the whole model: decode tok/s, TTFT, memory (as the scheduler samples;

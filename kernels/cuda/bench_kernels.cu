@@ -155,7 +155,7 @@ static const char *kname(enum w4a16_kernel k) {
 static float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
 extern "C" int bench_kernels(int argc, char **argv) {
-    int reps = 30, variants = 0, sweep = 0, sweep_gemm = 0, b2b_only = 0;
+    int reps = 30, variants = 0, sweep = 0, sweep_gemm = 0, b2b_only = 0, audit = 0;
     const char *csv_path = NULL, *ms_arg = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096";
     const char *only = NULL, *set = "8b", *b2b_arg = "1,2,4,8,16";
     int b2b_kernel = W4A16_KERNEL_AUTO; /* --b2b-kernel: forces the "new" column's kernel */
@@ -165,6 +165,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
         else if (!strcmp(argv[i], "--set") && i + 1 < argc) set = argv[++i];
         else if (!strcmp(argv[i], "--b2b-m") && i + 1 < argc) b2b_arg = argv[++i];
         else if (!strcmp(argv[i], "--b2b-only")) b2b_only = 1;
+        else if (!strcmp(argv[i], "--b2b-audit")) audit = 1;
         else if (!strcmp(argv[i], "--b2b-kernel") && i + 1 < argc) {
             const char *kn = argv[++i];
             b2b_kernel = !strcmp(kn, "decode") ? W4A16_KERNEL_DECODE
@@ -186,12 +187,14 @@ extern "C" int bench_kernels(int argc, char **argv) {
         else {
             fprintf(stderr,
                     "usage: awqd bench kernels [--reps N] [--m 1,2,4,...] [--shape NAME] [--set 8b|32b|70b|all]\n"
-                    "                          [--b2b-m 1,2,4,8,16] [--b2b-only] [--b2b-kernel K [--b2b-split N]]\n"
+                    "                          [--b2b-m 1,2,4,8,16] [--b2b-only] [--b2b-kernel K [--b2b-split N]] [--b2b-audit]\n"
                     "                          [--variants] [--csv FILE]\n"
                     "  --set       Qwen3-8B shapes (default), Qwen3-32B or Llama-3-70B at tp = 1, 2, 4, or all\n"
                     "  --b2b-only  only the back-to-back table (no single cold calls, no cuBLAS at all)\n"
                     "  --b2b-kernel decode|skinny|tc64  the back-to-back \"new\" column with that kernel forced\n"
                     "  --b2b-split N  and with N splits of K (skinny, tc64; 0: the dispatch's count)\n"
+                    "  --b2b-audit also time the decode kernel forced (M <= 16) and print, per point, the\n"
+                    "              dispatch's pick against the faster of decode / without decode, and a summary\n"
                     "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, decode, wgmma) at each M\n"
                     "  --sweep     time the split counts of skinny (M = 1, 2, 4, 16), tc64 (64, 128)\n"
                     "  --sweep-gemm  time every tile and split of the wgmma GEMM (mode 4, 5 or 3) at each --m\n"
@@ -301,6 +304,9 @@ extern "C" int bench_kernels(int argc, char **argv) {
     if (variants) printf(" %9s %9s %9s %9s %9s %9s %9s", "skinny", "tc64", "tc128", "deq+cubl", "decode", "nocluster", "wgmma");
     printf("\n");
 
+    int audit_n = 0, audit_slow = 0, audit_wm = 0;
+    double audit_worst = 0;
+    const char *audit_ws = "";
     for (const shape &sh : shapes) {
         if (only && strcmp(only, sh.name)) continue;
         const char *sset = !strncmp(sh.name, "32b.", 4) ? "32b" : !strncmp(sh.name, "70b.", 4) ? "70b" : "8b";
@@ -454,6 +460,25 @@ extern "C" int bench_kernels(int argc, char **argv) {
                 w4a16_pdl(pdl0);
                 w4a16_cluster_reduce(cl0);
                 w4a16_decode_kernel(dc0);
+                if (audit) { /* the pick against the decode kernel forced and against none */
+                    enum w4a16_kernel ko;
+                    int kso;
+                    w4a16_decode_kernel(0);
+                    w4a16_choice(w, mm, &ko, &kso);
+                    w4a16_decode_kernel(1);
+                    const double ud = mm > 16 ? us_mode[1] : b2b_us(t.a, t.b, bs, calls, [&](int i) {
+                        rc2 |= w4a16_linear_ex(cp[i % R], dx, mm, dy, epi, W4A16_KERNEL_DECODE, 0, ws, wsb_var,
+                                               bs, err, sizeof err);
+                    });
+                    w4a16_decode_kernel(dc0);
+                    const double best = std::min(ud, us_mode[1]), r = us_mode[0] / best;
+                    printf("audit %-16s M=%-2d pick %-6s %7.2f us | decode forced %7.2f | without decode (%s) %7.2f | "
+                           "pick/best %.3f%s\n", sh.name, mm, kname(kc), us_mode[0], ud, kname(ko), us_mode[1], r,
+                           r > 1.03 ? "  SLOW" : "");
+                    audit_n++;
+                    audit_slow += r > 1.03;
+                    if (r > audit_worst) audit_worst = r, audit_ws = sh.name, audit_wm = mm;
+                }
                 printf("%-8s b2b M=%-2d %-6s over %2d copies:", sh.name, mm,
                        kname(b2b_kernel != W4A16_KERNEL_AUTO ? (enum w4a16_kernel)b2b_kernel : kc), R);
                 for (int mode = 0; mode < (variants ? 4 : 2); mode++)
@@ -622,5 +647,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
     cublasDestroy(cb);
     cudaFree(t.flush);
     cudaFree(t.sink);
+    if (audit)
+        printf("audit: %d points, %d with the pick > 3%% slower than the faster of decode forced / without "
+               "decode; worst %.3f (%s M=%d)\n", audit_n, audit_slow, audit_worst, audit_ws, audit_wm);
     return 0;
 }

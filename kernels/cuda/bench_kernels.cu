@@ -459,12 +459,12 @@ extern "C" int bench_kernels(int argc, char **argv) {
                 }
                 w4a16_pdl(pdl0);
                 w4a16_cluster_reduce(cl0);
+                enum w4a16_kernel ko; /* the "old" column's choice (the dispatch without decode) */
+                int kso;
+                w4a16_decode_kernel(0);
+                w4a16_choice(w, mm, &ko, &kso);
                 w4a16_decode_kernel(dc0);
                 if (audit) { /* the pick against the decode kernel forced and against none */
-                    enum w4a16_kernel ko;
-                    int kso;
-                    w4a16_decode_kernel(0);
-                    w4a16_choice(w, mm, &ko, &kso);
                     w4a16_decode_kernel(1);
                     const double ud = mm > 16 ? us_mode[1] : b2b_us(t.a, t.b, bs, calls, [&](int i) {
                         rc2 |= w4a16_linear_ex(cp[i % R], dx, mm, dy, epi, W4A16_KERNEL_DECODE, 0, ws, wsb_var,
@@ -496,14 +496,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
                         fprintf(csv, "%s,%d,%d,%d,b2b_cublas,0,%.3f,%.1f,%.2f,,,,,,,,,\n", sh.name, K, N, mm, cus,
                                 fpb / (cus * 1e-6) / 1e9, 100.0 * fpb / (cus * 1e-6) / 1e9 / copy_gbs);
                 }
-                if (b2b_kernel != W4A16_KERNEL_AUTO && b2b_split > 0) { /* and the "old" column's split */
-                    enum w4a16_kernel ko;
-                    int kso;
-                    w4a16_decode_kernel(0);
-                    w4a16_choice(w, mm, &ko, &kso);
-                    w4a16_decode_kernel(dc0);
+                if (b2b_kernel != W4A16_KERNEL_AUTO && b2b_split > 0) /* and the "old" column's split */
                     printf("  split %d (old: %s, split %d)", b2b_split, kname(ko), kso);
-                }
                 printf("%s\n", rc2 ? " (error)" : "");
                 if (csv)
                     for (int mode = 0; mode < (variants ? 4 : 2); mode++)

@@ -1393,8 +1393,8 @@ fail:
 #define SK_SPLIT_CAP 8 /* skinny splits when the grid is large enough anyway */
 
 /* Crossovers measured on an H100 (docs/PERFORMANCE.md). */
-/* The decode kernel: M <= 2 everywhere, M = 3..8 by dc_dispatch_takes
- * (kernels/cuda/dc_plan.h; H200, sessions 4 and 21). */
+/* The decode kernel: M <= 2 everywhere, M = 3..16 by dc_dispatch_takes
+ * (kernels/cuda/dc_plan.h; H200, sessions 4, 21 and 22). */
 #define DISPATCH_SKINNY_MAX_M 32
 /* tc64 up to M = 256 (H100, session 11: at 256 10-30% faster than
  * dequantize + cuBLAS on every Qwen3-8B shape, at 384 4-33% slower; its
@@ -1672,14 +1672,13 @@ static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) 
     return dc_plan_make(m, w->k, w->n16, w->group, &g, tb_env, flags, pl);
 }
 
-/* Whether the automatic dispatch runs the decode kernel at M = m
- * (dc_dispatch_takes; AWQD_W4A16_DC_MAX_M=2..16 lowers the last M, for
- * measurements). */
-static int dc_in_dispatch(const struct w4a16_weight *w, int m) {
+/* Whether the automatic dispatch runs the decode kernel at M = m with plan
+ * pl (decode_plan's, or NULL when there is none; dc_dispatch_takes;
+ * AWQD_W4A16_DC_MAX_M=2..16 lowers the last M, for measurements). */
+static int dc_in_dispatch(const struct w4a16_weight *w, int m, const struct dc_plan *pl) {
     static const int max_m = dc_env_int("AWQD_W4A16_DC_MAX_M", DC_DISPATCH_MAX_M, 2, DC_DISPATCH_MAX_M);
-    struct dc_plan pl;
     const struct dc_gpu g = dc_gpu_of(w);
-    return dc_dispatch_takes(m, max_m, decode_plan(w, m, &pl) ? &pl : NULL, &g);
+    return dc_dispatch_takes(m, max_m, pl, &g);
 }
 
 /* The skinny kernel's last M in the dispatch (w4a16_skinny_max_m). */
@@ -1712,11 +1711,13 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
     enum w4a16_kernel k = *kern;
     if (gemm_pick(w, m, kern, ksplit)) return; /* gemm helper: large M on sm_90a */
     k = *kern;
-    {   /* the decode kernel for small M */
+    {   /* the decode kernel for small M (its plan made once for both questions) */
         struct dc_plan pl;
-        if (k == W4A16_KERNEL_AUTO && decode_mode() && dc_in_dispatch(w, m)) k = W4A16_KERNEL_DECODE;
+        const int has = decode_plan(w, m, &pl);
+        if (k == W4A16_KERNEL_AUTO && decode_mode() && dc_in_dispatch(w, m, has ? &pl : NULL))
+            k = W4A16_KERNEL_DECODE;
         if (k == W4A16_KERNEL_DECODE) {
-            if (decode_plan(w, m, &pl)) {
+            if (has) {
                 *kern = k;
                 *ksplit = 1;
                 return;

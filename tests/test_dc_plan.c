@@ -94,7 +94,10 @@ TEST(dc_plan, where_the_kernel_does_not_apply) {
  * >= 90% of the SMs. Four points at M = 6 (Llama-3-70B q|k|v and gate|up
  * at tp = 1 / 2 / 4) moved to the decode kernel with the exact per-block
  * reserve (two blocks of 115 KB fit per SM) and were not measured there;
- * at M = 5, with two blocks per SM as well, it won by 8-38%. */
+ * at M = 5, with two blocks per SM as well, it won by 8-38% (session 23's
+ * audit: at M = 6 1.02-1.39x). Session 23: one block per SM over several
+ * waves where the last wave is >= 80% full and x is at most the block's
+ * weight (the Llama-3-70B gate|up shards at M = 7-8). */
 TEST(dc_plan, dispatch_rule_on_measured_shapes) {
     static const struct { int k, n; const char *what; int dec[16]; } cs[] = {
         /* M = 9-12: 192 blocks, two per SM (0.83-0.89x the skinny kernel's time); 13-16 one per SM, 2 waves */
@@ -103,7 +106,8 @@ TEST(dc_plan, dispatch_rule_on_measured_shapes) {
         {4096, 4096, "Qwen3-8B o", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1}},
         /* M = 9-16: 768 blocks (1.04-1.46x) */
         {4096, 24576, "Qwen3-8B gate|up", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
-        /* 128 blocks: one wave at one block per SM (M = 5-7); M = 8: 2 waves of 1 tile */
+        /* 128 blocks: one wave at one block per SM (M = 5-7); M = 8: 2 waves of 1 tile, each
+         * block staging 192 KB of x for 96 KB of weight (16.6 us against skinny 14.7, session 23) */
         {12288, 4096, "Qwen3-8B down", {1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         {5120, 10240, "Qwen3-32B q|k|v", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* M = 7-8: widened to 80 blocks of 256 KB (12.2-12.5 us vs skinny 12.5-13.1) */
@@ -121,23 +125,27 @@ TEST(dc_plan, dispatch_rule_on_measured_shapes) {
         {2048, 5120, "Qwen3-32B o tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
         {5120, 12800, "Qwen3-32B gate|up tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
         {6400, 5120, "Qwen3-32B down tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
-        /* 160 blocks of 4 tiles: two per SM to M = 6 (115 KB each), one from M = 7 */
+        /* 160 blocks of 4 tiles: two per SM to M = 6 (115 KB each), one from M = 7 (a second wave
+         * 21% full: 23.7-24.0 us against skinny 18.6-20.1, session 23) */
         {8192, 10240, "Llama-3-70B q|k|v", {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* widened to 128 blocks at M = 7-8 */
         {8192, 8192, "Llama-3-70B o", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
-        {8192, 57344, "Llama-3-70B gate|up", {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        /* M = 7-8: one block per SM, 896 blocks (7 waves, the last 79% full), x 112-128 KB of 256 KB */
+        {8192, 57344, "Llama-3-70B gate|up", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* widened to 128 blocks at M = 2-3 (M = 3: 37.1 vs skinny 40.7 us), no plan from M = 4 */
         {28672, 8192, "Llama-3-70B down", {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* M = 7-8: 80 blocks of 256 KB */
         {8192, 5120, "Llama-3-70B q|k|v tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
         {4096, 8192, "Llama-3-70B o tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0}},
-        {8192, 28672, "Llama-3-70B gate|up tp=2", {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        /* M = 7-8: 448 blocks, one per SM (4 waves, 85% full) */
+        {8192, 28672, "Llama-3-70B gate|up tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* widened to 128 blocks at M = 4-6 (20.1-21.0 vs skinny 22.1-27.5 us) */
         {14336, 8192, "Llama-3-70B down tp=2", {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* M = 7-8: 80 blocks of 128 KB (8.4-8.6 vs skinny 9.1-9.6 us) */
         {8192, 2560, "Llama-3-70B q|k|v tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
         {2048, 8192, "Llama-3-70B o tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
-        {8192, 14336, "Llama-3-70B gate|up tp=4", {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        /* M = 7-8: 224 blocks, one per SM (2 waves, 85% full) */
+        {8192, 14336, "Llama-3-70B gate|up tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
         {7168, 8192, "Llama-3-70B down tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
     };
     for (int i = 0; i < (int)(sizeof cs / sizeof cs[0]); i++)
@@ -162,9 +170,9 @@ TEST(dc_plan, dispatch_rule_on_measured_shapes) {
 
 /* Invariants over many shapes: the plan covers every tile, fits its shared
  * memory, leaves a second wave of one block per SM only where no wider block
- * fits, and the dispatch takes it at M <= 2 wherever it applies and never
- * where one block per SM leaves a second wave or a short wave of large
- * blocks. */
+ * fits, and the dispatch takes it at M <= 2 wherever it applies and, at one
+ * block per SM, never on a short wave of large blocks nor on several waves
+ * whose last is under 80% full or whose blocks stage more x than weight. */
 TEST(dc_plan, invariants) {
     static const struct dc_gpu gpus[] = {{132, 228 * 1024, 227 * 1024}, {108, 164 * 1024, 163 * 1024},
                                          {114, 228 * 1024, 227 * 1024}, {1, 0, 0}};
@@ -188,9 +196,11 @@ TEST(dc_plan, invariants) {
                     const int takes = dc_dispatch_takes(m, DC_DISPATCH_MAX_M, &pl, &gpus[gi]);
                     if (m <= 2) ASSERT(takes);
                     if (m > DC_DISPATCH_MAX_M) ASSERT(!takes);
-                    if (takes && m >= 3 && one)
-                        ASSERT(pl.blocks <= gpus[gi].sms &&
-                               (10 * pl.blocks >= 9 * gpus[gi].sms || pl.wbytes <= DC_ONE_WAVE_WBYTES));
+                    const int sms = gpus[gi].sms, waves = (pl.blocks + sms - 1) / sms;
+                    if (takes && m >= 3 && one && pl.blocks <= sms)
+                        ASSERT(10 * pl.blocks >= 9 * sms || pl.wbytes <= DC_ONE_WAVE_WBYTES);
+                    if (takes && m >= 3 && one && pl.blocks > sms) /* several waves: the last >= 80% full */
+                        ASSERT(pl.mt == 1 && 5 * pl.blocks >= 4 * waves * sms && dc_x_bytes(m, k) <= pl.wbytes);
                     if (takes && pl.mt == 2)
                         ASSERT(k <= DC_MT2_MAX_K && (one ? 10 * pl.blocks >= 9 * gpus[gi].sms
                                                          : pl.blocks > gpus[gi].sms && pl.blocks <= 2 * gpus[gi].sms));

@@ -133,7 +133,15 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
  * M = 3 (80 blocks of 800 KB) 30.7 us against the skinny kernel's 26.3, its
  * tp = 2 down at M = 6 (80 of 400 KB) 17.6 against 16.5; the Llama-3-70B
  * tp = 4 q|k|v shard at M = 7-8 (80 of 128 KB) 8.4-8.6 against 9.0-9.4,
- * Qwen3-32B o at M = 8 (80 of 256 KB) 12.4 against 12.8.
+ * Qwen3-32B o at M = 8 (80 of 256 KB) 12.4 against 12.8. One block per SM
+ * over several waves (session 23, H200, the --b2b-audit of 28 shapes at
+ * M = 3-8; nine such points): where the last wave is at least 80% full
+ * (DC_WAVE_FILL_PCT; blocks >= 0.8 x waves x SMs) and x is no more than
+ * the block's weight: the Llama-3-70B gate|up and its tp = 2 / 4 shards at
+ * M = 7-8 (896 / 448 / 224 blocks of 256 KB, x 112-128 KB) 0.85-0.94x the
+ * skinny kernel's time (tp = 2 at M = 8: 1.00x); not its q|k|v (160
+ * blocks: the second wave 21% full, 1.19-1.27x) nor Qwen3-8B down at M = 8
+ * (256 blocks of 96 KB, each staging 192 KB of x: 1.13x).
  *
  * M = 9..16 (MT = 2, H200 session 22, 28 shapes at M = 9-16 against the
  * skinny kernel in the same process): only up to K = 4096 (DC_MT2_MAX_K;
@@ -150,6 +158,7 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
  * made with DC_PLAN_S21): M <= 8 only, one block per SM in one wave of any
  * size. */
 #define DC_ONE_WAVE_WBYTES (256 * 1024)
+#define DC_WAVE_FILL_PCT 80
 DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const struct dc_gpu *g) {
     const int s21 = pl && (pl->flags & DC_PLAN_S21);
     if (!pl || m > max_m || (s21 && m > 8)) return 0;
@@ -160,7 +169,10 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
         return two ? pl->blocks > g->sms && pl->blocks <= 2 * g->sms : pl->blocks <= g->sms && wave;
     }
     if (two) return 1;
-    if (pl->blocks > g->sms) return 0;
+    if (pl->blocks > g->sms) { /* one block per SM, several waves */
+        const int waves = (pl->blocks + g->sms - 1) / g->sms;
+        return !s21 && 100 * pl->blocks >= DC_WAVE_FILL_PCT * waves * g->sms && dc_x_bytes(m, pl->k) <= pl->wbytes;
+    }
     return s21 || wave || pl->wbytes <= DC_ONE_WAVE_WBYTES;
 }
 

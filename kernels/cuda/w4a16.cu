@@ -1672,6 +1672,11 @@ static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) 
     return dc_plan_make(m, w->k, w->n16, w->group, &g, tb_env, flags, pl);
 }
 
+extern "C" int w4a16_decode_applies(const struct w4a16_weight *w, int m) {
+    struct dc_plan pl;
+    return w && decode_plan(w, m, &pl);
+}
+
 /* Whether the automatic dispatch runs the decode kernel at M = m with plan
  * pl (decode_plan's, or NULL when there is none; dc_dispatch_takes;
  * AWQD_W4A16_DC_MAX_M=2..16 lowers the last M, for measurements). */

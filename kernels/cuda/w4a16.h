@@ -216,6 +216,10 @@ int w4a16_cluster_reduce(int mode);
  * only (another summation order); each is deterministic. It needs no
  * workspace. */
 int w4a16_decode_kernel(int mode);
+/* 1 when the decode kernel can run (w, m) at all (its launch plan exists:
+ * M <= 16, group 128, x in shared memory); forced where it cannot,
+ * w4a16_linear_ex runs the skinny kernel. For benchmarks. */
+int w4a16_decode_applies(const struct w4a16_weight *w, int m);
 
 /* Dequantize + cuBLAS (W4A16_KERNEL_CUBLAS, chosen from M >= 256) when the
  * workspace is smaller than the whole fp16 copy: mode 1 runs it in column

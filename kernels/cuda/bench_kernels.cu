@@ -93,6 +93,47 @@ static cudaError_t stream_pdl(const uint4 *p, size_t n, unsigned *sink, int sms,
     return cudaLaunchKernelEx(&cfg, k_stream_pdl<WAIT_FIRST>, p, n, sink);
 }
 
+/* The read-only stream with the decode kernel's memory-level parallelism
+ * (--mlp-sweep): B blocks of 256 threads, block b reading a contiguous 1/B
+ * of the buffer, every thread NL 16-byte loads in flight (NL = 8: 4 KB per
+ * warp, as k_decode's ring), all before the PDL wait. Its rate against B
+ * says whether a grid that fills only part of the SMs' block slots streams
+ * at that part of the rate (docs/PERFORMANCE.md "Session 23"). */
+template <int NL>
+static __global__ void __launch_bounds__(256, 2) k_stream_mlp(const uint4 *p, size_t n, unsigned *sink) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    const size_t per = (n + gridDim.x - 1) / gridDim.x, b0 = blockIdx.x * per;
+    const size_t e = b0 + per < n ? b0 + per : n;
+    unsigned acc = 0;
+    for (size_t i = b0 + threadIdx.x; i < e; i += (size_t)NL * 256) {
+        uint4 v[NL];
+#pragma unroll
+        for (int j = 0; j < NL; j++) v[j] = i + j * 256 < e ? __ldcs(p + i + j * 256) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < NL; j++) acc ^= v[j].x ^ v[j].w;
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+template <int NL>
+static cudaError_t stream_mlp(const uint4 *p, size_t n, unsigned *sink, int blocks, cudaStream_t s) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(256);
+    cfg.stream = s;
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, k_stream_mlp<NL>, p, n, sink);
+}
+
 /* Median µs per call of `calls` calls issued back to back on stream s. */
 template <typename F>
 static double b2b_us(cudaEvent_t a, cudaEvent_t b, cudaStream_t s, int calls, F fn) {
@@ -155,7 +196,7 @@ static const char *kname(enum w4a16_kernel k) {
 static float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
 extern "C" int bench_kernels(int argc, char **argv) {
-    int reps = 30, variants = 0, sweep = 0, sweep_gemm = 0, b2b_only = 0, audit = 0;
+    int reps = 30, variants = 0, sweep = 0, sweep_gemm = 0, b2b_only = 0, audit = 0, mlp_sweep = 0;
     const char *csv_path = NULL, *ms_arg = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096";
     const char *only = NULL, *set = "8b", *b2b_arg = "1,2,4,8,16";
     int b2b_kernel = W4A16_KERNEL_AUTO; /* --b2b-kernel: forces the "new" column's kernel */
@@ -166,6 +207,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
         else if (!strcmp(argv[i], "--b2b-m") && i + 1 < argc) b2b_arg = argv[++i];
         else if (!strcmp(argv[i], "--b2b-only")) b2b_only = 1;
         else if (!strcmp(argv[i], "--b2b-audit")) audit = 1;
+        else if (!strcmp(argv[i], "--mlp-sweep")) mlp_sweep = 1;
         else if (!strcmp(argv[i], "--b2b-kernel") && i + 1 < argc) {
             const char *kn = argv[++i];
             b2b_kernel = !strcmp(kn, "decode") ? W4A16_KERNEL_DECODE
@@ -187,12 +229,14 @@ extern "C" int bench_kernels(int argc, char **argv) {
         else {
             fprintf(stderr,
                     "usage: awqd bench kernels [--reps N] [--m 1,2,4,...] [--shape NAME] [--set 8b|32b|70b|all]\n"
-                    "                          [--b2b-m 1,2,4,8,16] [--b2b-only] [--b2b-kernel K [--b2b-split N]] [--b2b-audit]\n"
+                    "                          [--b2b-m 1,2,4,8,16] [--b2b-only] [--b2b-kernel K [--b2b-split N]] [--b2b-audit] [--mlp-sweep]\n"
                     "                          [--variants] [--csv FILE]\n"
                     "  --set       Qwen3-8B shapes (default), Qwen3-32B or Llama-3-70B at tp = 1, 2, 4, or all\n"
                     "  --b2b-only  only the back-to-back table (no single cold calls, no cuBLAS at all)\n"
                     "  --b2b-kernel decode|skinny|tc64  the back-to-back \"new\" column with that kernel forced\n"
                     "  --b2b-split N  and with N splits of K (skinny, tc64; 0: the dispatch's count)\n"
+                    "  --mlp-sweep the read-only stream with 4 / 8 KB in flight per warp on grids of 0.5-3x\n"
+                    "              two blocks per SM (beside the stream-read ceiling)\n"
                     "  --b2b-audit also time the decode kernel forced (M <= 16) and print, per point, the\n"
                     "              dispatch's pick against the faster of decode / without decode, and a summary\n"
                     "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, decode, wgmma) at each M\n"
@@ -422,6 +466,22 @@ extern "C" int bench_kernels(int argc, char **argv) {
                 if (csv)
                     fprintf(csv, "%s,%d,%d,0,b2b_stream_ceiling,0,%.3f,%.1f,%.2f,,,,,,,,,\n", sh.name, K, N,
                             s0, qn * 16 / (s0 * 1e-6) / 1e9, 100.0 * qn * 16 / (s0 * 1e-6) / 1e9 / copy_gbs);
+                if (mlp_sweep) { /* the same stream with k_decode's loads in flight, by grid size */
+                    const double f[] = {0.5, 0.61, 0.75, 0.91, 1.0, 1.5, 2.0, 3.0};
+                    for (int nl = 8; nl <= 16; nl += 8) {
+                        printf("%-8s b2b mlp %2d x 16 B per thread:", sh.name, nl);
+                        for (double fr : f) {
+                            const int B = (int)(fr * 2 * t.sms + 0.5);
+                            const double us = b2b_us(t.a, t.b, bs, calls, [&](int i) {
+                                const uint4 *pp = big + (size_t)(i % R) * qn;
+                                CUDA_CHECK_ABORT(nl == 8 ? stream_mlp<8>(pp, qn, t.sink, B, bs)
+                                                         : stream_mlp<16>(pp, qn, t.sink, B, bs));
+                            });
+                            printf("  %d blk %.2f us (%.0f%%)", B, us, 100.0 * qn * 16 / (us * 1e-6) / 1e9 / copy_gbs);
+                        }
+                        printf("\n");
+                    }
+                }
                 cudaFree(big);
             }
             /* the baseline back to back too: cuBLAS FP16 over Rc device copies of

@@ -79,18 +79,24 @@ static __global__ void __launch_bounds__(512) k_stream_pdl(const uint4 *p, size_
     if (acc == 0x9e3779b9u) *sink = acc;
 }
 
-template <int WAIT_FIRST>
-static cudaError_t stream_pdl(const uint4 *p, size_t n, unsigned *sink, int sms, cudaStream_t s) {
+/* kern<<<blocks, threads, 0, s>>>(p, n, sink) with programmatic dependent launch */
+static cudaError_t launch_stream(void (*kern)(const uint4 *, size_t, unsigned *), int blocks, int threads,
+                                 const uint4 *p, size_t n, unsigned *sink, cudaStream_t s) {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(sms * 4);
-    cfg.blockDim = dim3(512);
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(threads);
     cfg.stream = s;
     cudaLaunchAttribute at[1] = {};
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, k_stream_pdl<WAIT_FIRST>, p, n, sink);
+    return cudaLaunchKernelEx(&cfg, kern, p, n, sink);
+}
+
+template <int WAIT_FIRST>
+static cudaError_t stream_pdl(const uint4 *p, size_t n, unsigned *sink, int sms, cudaStream_t s) {
+    return launch_stream(k_stream_pdl<WAIT_FIRST>, sms * 4, 512, p, n, sink, s);
 }
 
 /* The read-only stream with the decode kernel's memory-level parallelism
@@ -122,16 +128,7 @@ static __global__ void __launch_bounds__(256, 2) k_stream_mlp(const uint4 *p, si
 
 template <int NL>
 static cudaError_t stream_mlp(const uint4 *p, size_t n, unsigned *sink, int blocks, cudaStream_t s) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(256);
-    cfg.stream = s;
-    cudaLaunchAttribute at[1] = {};
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, k_stream_mlp<NL>, p, n, sink);
+    return launch_stream(k_stream_mlp<NL>, blocks, 256, p, n, sink, s);
 }
 
 /* Median µs per call of `calls` calls issued back to back on stream s. */

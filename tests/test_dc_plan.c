@@ -96,7 +96,7 @@ TEST(dc_plan, where_the_kernel_does_not_apply) {
  * reserve (two blocks of 115 KB fit per SM) and were not measured there;
  * at M = 5, with two blocks per SM as well, it won by 8-38% (session 23's
  * audit: at M = 6 1.02-1.39x). Session 23: one block per SM over several
- * waves where the last wave is >= 80% full and x is at most the block's
+ * waves where the waves are >= 80% full on average and x is at most the block's
  * weight (the Llama-3-70B gate|up shards at M = 7-8). */
 TEST(dc_plan, dispatch_rule_on_measured_shapes) {
     static const struct { int k, n; const char *what; int dec[16]; } cs[] = {
@@ -130,7 +130,7 @@ TEST(dc_plan, dispatch_rule_on_measured_shapes) {
         {8192, 10240, "Llama-3-70B q|k|v", {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* widened to 128 blocks at M = 7-8 */
         {8192, 8192, "Llama-3-70B o", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
-        /* M = 7-8: one block per SM, 896 blocks (7 waves, the last 79% full), x 112-128 KB of 256 KB */
+        /* M = 7-8: one block per SM, 896 blocks (7 waves, 97% full on average), x 112-128 KB of 256 KB */
         {8192, 57344, "Llama-3-70B gate|up", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* widened to 128 blocks at M = 2-3 (M = 3: 37.1 vs skinny 40.7 us), no plan from M = 4 */
         {28672, 8192, "Llama-3-70B down", {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
@@ -172,7 +172,7 @@ TEST(dc_plan, dispatch_rule_on_measured_shapes) {
  * memory, leaves a second wave of one block per SM only where no wider block
  * fits, and the dispatch takes it at M <= 2 wherever it applies and, at one
  * block per SM, never on a short wave of large blocks nor on several waves
- * whose last is under 80% full or whose blocks stage more x than weight. */
+ * under 80% full on average or whose blocks stage more x than weight. */
 TEST(dc_plan, invariants) {
     static const struct dc_gpu gpus[] = {{132, 228 * 1024, 227 * 1024}, {108, 164 * 1024, 163 * 1024},
                                          {114, 228 * 1024, 227 * 1024}, {1, 0, 0}};
@@ -199,7 +199,7 @@ TEST(dc_plan, invariants) {
                     const int sms = gpus[gi].sms, waves = (pl.blocks + sms - 1) / sms;
                     if (takes && m >= 3 && one && pl.blocks <= sms)
                         ASSERT(10 * pl.blocks >= 9 * sms || pl.wbytes <= DC_ONE_WAVE_WBYTES);
-                    if (takes && m >= 3 && one && pl.blocks > sms) /* several waves: the last >= 80% full */
+                    if (takes && m >= 3 && one && pl.blocks > sms) /* several waves, >= 80% full on average */
                         ASSERT(pl.mt == 1 && 5 * pl.blocks >= 4 * waves * sms && dc_x_bytes(m, k) <= pl.wbytes);
                     if (takes && pl.mt == 2)
                         ASSERT(k <= DC_MT2_MAX_K && (one ? 10 * pl.blocks >= 9 * gpus[gi].sms

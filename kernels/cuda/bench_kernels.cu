@@ -235,7 +235,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     "  --mlp-sweep the read-only stream with 4 / 8 KB in flight per warp on grids of 0.5-3x\n"
                     "              two blocks per SM (beside the stream-read ceiling)\n"
                     "  --b2b-audit also time the decode kernel forced (M <= 16) and print, per point, the\n"
-                    "              dispatch's pick against the faster of decode / without decode, and a summary\n"
+                    "              dispatch's pick against the other kernel (SLOW: > 3% slower), and a summary\n"
                     "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, decode, wgmma) at each M\n"
                     "  --sweep     time the split counts of skinny (M = 1, 2, 4, 16), tc64 (64, 128)\n"
                     "  --sweep-gemm  time every tile and split of the wgmma GEMM (mode 4, 5 or 3) at each --m\n"

@@ -135,8 +135,10 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
  * tp = 4 q|k|v shard at M = 7-8 (80 of 128 KB) 8.4-8.6 against 9.0-9.4,
  * Qwen3-32B o at M = 8 (80 of 256 KB) 12.4 against 12.8. One block per SM
  * over several waves (session 23, H200, the --b2b-audit of 28 shapes at
- * M = 3-8; nine such points): where the last wave is at least 80% full
- * (DC_WAVE_FILL_PCT; blocks >= 0.8 x waves x SMs) and x is no more than
+ * M = 3-8; nine such points): where the waves are at least 80% full on
+ * average (DC_WAVE_FILL_PCT; blocks >= 0.8 x waves x SMs: the 448 blocks
+ * of the tp = 2 shard are 4 waves of 132, 85%, its last 39%) and x is no
+ * more than
  * the block's weight: the Llama-3-70B gate|up and its tp = 2 / 4 shards at
  * M = 7-8 (896 / 448 / 224 blocks of 256 KB, x 112-128 KB) 0.85-0.94x the
  * skinny kernel's time (tp = 2 at M = 8: 1.00x); not its q|k|v (160

@@ -129,7 +129,9 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
  * is one wave that either fills at least 90% of the SMs (Qwen3-8B down at
  * M = 5-7, 128 blocks) or gives each block at most 256 KB of weights
  * (DC_ONE_WAVE_WBYTES). One block per SM on fewer SMs with more to stream
- * leaves the stream short of loads in flight: the widened Qwen3-32B down at
+ * is slow because each of the kernel's blocks streams at only ~15 GB/s, its
+ * warps latency-bound (session 23, docs/PERFORMANCE.md item 4): the widened
+ * Qwen3-32B down at
  * M = 3 (80 blocks of 800 KB) 30.7 us against the skinny kernel's 26.3, its
  * tp = 2 down at M = 6 (80 of 400 KB) 17.6 against 16.5; the Llama-3-70B
  * tp = 4 q|k|v shard at M = 7-8 (80 of 128 KB) 8.4-8.6 against 9.0-9.4,
@@ -138,8 +140,8 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
  * M = 3-8; nine such points): where the waves are at least 80% full on
  * average (DC_WAVE_FILL_PCT; blocks >= 0.8 x waves x SMs: the 448 blocks
  * of the tp = 2 shard are 4 waves of 132, 85%, its last 39%) and x is no
- * more than
- * the block's weight: the Llama-3-70B gate|up and its tp = 2 / 4 shards at
+ * more than the block's weight: the Llama-3-70B gate|up and its tp = 2 / 4
+ * shards at
  * M = 7-8 (896 / 448 / 224 blocks of 256 KB, x 112-128 KB) 0.85-0.94x the
  * skinny kernel's time (tp = 2 at M = 8: 1.00x); not its q|k|v (160
  * blocks: the second wave 21% full, 1.19-1.27x) nor Qwen3-8B down at M = 8

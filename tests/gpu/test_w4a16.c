@@ -346,9 +346,9 @@ TEST(w4a16, decode_kernel_shapes) {
 }
 
 /* The automatic dispatch follows the decode kernel's rule
- * (kernels/cuda/dc_plan.h, session 21; its expectations on the measured
+ * (kernels/cuda/dc_plan.h, sessions 21-23; its expectations on the measured
  * shapes are pinned by the CPU test dc_plan.dispatch_rule_on_measured_shapes):
- * w4a16_choice picks the decode kernel at M = 1..8 exactly where
+ * w4a16_choice picks the decode kernel at M = 1..DC_DISPATCH_MAX_M exactly where
  * dc_dispatch_takes says so for this GPU's SMs and shared memory, on shapes
  * on both sides of the rule (on a 132-SM GPU with 228 KB per SM: Qwen3-32B
  * down leaves the decode kernel at M = 3, the tp = 2 down at M = 5, Qwen3-8B

@@ -173,6 +173,44 @@ TEST(dc_plan, dispatch_rule_on_measured_shapes) {
  * fits, and the dispatch takes it at M <= 2 wherever it applies and, at one
  * block per SM, never on a short wave of large blocks nor on several waves
  * under 80% full on average or whose blocks stage more x than weight. */
+/* The L2 prefetch (one ring turn ahead) where one block fits per SM, at MT
+ * = 1 only: points measured in session 24 (H200, back to back: 2.6-7.3%
+ * faster at all 23 points of the first kind at M = 1-8, up to 25% slower
+ * with two blocks per SM). */
+TEST(dc_plan, l2_prefetch_where_one_block_fits) {
+    static const struct { int k, n, m, pf; const char *what; } cs[] = {
+        {12288, 4096, 5, 1, "Qwen3-8B down"},
+        {8192, 5120, 8, 1, "Qwen3-32B o"},
+        {28672, 8192, 2, 1, "Llama-3-70B down"},
+        {8192, 8192, 8, 1, "Llama-3-70B o"},
+        {8192, 57344, 8, 1, "Llama-3-70B gate|up"},
+        {8192, 5120, 8, 1, "Llama-3-70B q|k|v tp=2"},
+        {8192, 28672, 8, 1, "Llama-3-70B gate|up tp=2"},
+        {14336, 8192, 4, 1, "Llama-3-70B down tp=2"},
+        {8192, 2560, 8, 1, "Llama-3-70B q|k|v tp=4"},
+        {8192, 14336, 8, 1, "Llama-3-70B gate|up tp=4"},
+        {7168, 8192, 8, 1, "Llama-3-70B down tp=4"},
+        /* two blocks per SM: off */
+        {4096, 24576, 1, 0, "Qwen3-8B gate|up"},
+        {12288, 4096, 4, 0, "Qwen3-8B down"},
+        {8192, 8192, 1, 0, "Llama-3-70B o"},
+        {5120, 51200, 8, 0, "Qwen3-32B gate|up"},
+        {5120, 2560, 1, 0, "Qwen3-32B q|k|v tp=4"},
+        /* MT = 2 (one block per SM there): off */
+        {4096, 4096, 16, 0, "Qwen3-8B o"},
+    };
+    for (int i = 0; i < (int)(sizeof cs / sizeof cs[0]); i++) {
+        struct dc_plan pl;
+        ASSERT_MSG(dc_plan_make(cs[i].m, cs[i].k, n16_of(cs[i].n), 128, &H200, 0, DC_PLAN_HALVE, &pl),
+                   "%s M=%d: no plan", cs[i].what, cs[i].m);
+        ASSERT_MSG(pl.pf == cs[i].pf, "%s (K %d, N %d) M=%d: pf %d, want %d (%d blocks per SM)", cs[i].what, cs[i].k,
+                   cs[i].n, cs[i].m, pl.pf, cs[i].pf, dc_blocks_per_sm(&H200, pl.smem));
+        if (cs[i].pf && cs[i].m <= DC_DISPATCH_MAX_M)
+            ASSERT_MSG(dc_dispatch_takes(cs[i].m, DC_DISPATCH_MAX_M, &pl, &H200), "%s M=%d: measured on decode",
+                       cs[i].what, cs[i].m);
+    }
+}
+
 TEST(dc_plan, invariants) {
     static const struct dc_gpu gpus[] = {{132, 228 * 1024, 227 * 1024}, {108, 164 * 1024, 163 * 1024},
                                          {114, 228 * 1024, 227 * 1024}, {1, 0, 0}};
@@ -190,6 +228,7 @@ TEST(dc_plan, invariants) {
                     ASSERT(pl.smem == dc_smem_bytes(m, k, pl.tb, pl.mt) && pl.smem <= DC_SMEM_MAX);
                     ASSERT(gpus[gi].smem_optin == 0 || pl.smem <= (size_t)gpus[gi].smem_optin);
                     const int one = dc_blocks_per_sm(&gpus[gi], pl.smem) < 2;
+                    ASSERT(pl.pf == (pl.mt == 1 && one ? DC_PF_ONE_BLOCK : 0));
                     /* one block per SM and a second wave only where no wider block fits */
                     if (pl.mt == 1 && one && pl.blocks > gpus[gi].sms)
                         ASSERT(pl.tb == 4 || dc_smem_bytes(m, k, 2 * pl.tb, 1) > DC_SMEM_MAX);

@@ -46,6 +46,7 @@ struct dc_gpu {
 
 struct dc_plan {
     int mt, tb, blocks, k;
+    int pf;        /* L2 prefetch distance in ring turns (MT = 1; 0: none) */
     size_t smem;
     size_t wbytes; /* INT4 weight bytes of one block: TB x 16 columns x K / 2 */
     int flags;     /* those it was made with */
@@ -61,6 +62,19 @@ DC_FN int dc_blocks_per_sm(const struct dc_gpu *g, size_t smem) {
     const int n = (int)((size_t)g->smem_sm / (smem + 1024 + 256));
     return n < 2 ? n : 2;
 }
+
+/* The L2 prefetch (pf, k_decode at MT = 1, not the SUM variant): each warp
+ * requests the lines of its ring turn after next into L2 (a hint: no
+ * registers), only where one block fits per SM. There the SM has 8 warps,
+ * each with its 4 KB register ring, too few bytes in flight. H200, session
+ * 24, back to back, one turn against none in the same call: all 23 points
+ * of that kind the dispatch takes at M = 1-8 on the Qwen3-8B / 32B and
+ * Llama-3-70B shapes and shards were 2.6-7.3% faster (geometric mean
+ * 0.951x; Qwen3-8B down M = 5-7, Qwen3-32B o M = 7-8, Llama-3-70B o /
+ * gate|up M = 7-8 and down M = 2-3, its tp = 2 / 4 shards at M = 4-8).
+ * With two blocks per SM it cost up to 25% at M = 1 on the large matrices
+ * and was mixed elsewhere, so it is off there. */
+#define DC_PF_ONE_BLOCK 1
 
 /* The plan for m rows of a weight of K inputs, n16 tiles of 16 columns and
  * the given group size; 0 when the kernel does not apply (M, a group size
@@ -112,6 +126,7 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
     if (smem > DC_SMEM_MAX || (g->smem_optin > 0 && smem > (size_t)g->smem_optin)) return 0;
     pl->mt = mt;
     pl->tb = tb;
+    pl->pf = mt == 1 && dc_blocks_per_sm(g, smem) < 2 ? DC_PF_ONE_BLOCK : 0;
     pl->blocks = (n16 + tb - 1) / tb;
     pl->k = K;
     pl->smem = smem;

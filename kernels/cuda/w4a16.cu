@@ -493,6 +493,7 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
  * plan: kernels/cuda/dc_plan.h (plain C, also checked by a CPU test) */
 #define DC_F_LATE 1 /* k_decode flags: trigger the dependents after the main loop */
 #define DC_F_XCG 2  /* x staged through L2 only (cp.async.cg), as before session 21 */
+#define DC_F_PF_SHIFT 8 /* bits 8-10: L2 prefetch distance in turns beyond the ring (0: none) */
 
 /* Predicated loads (pred == 0: dst keeps its value; no branch). Weights:
  * read-only path, no L1 allocation (each byte is read once). */
@@ -557,6 +558,27 @@ static __device__ __forceinline__ void dc_fetch_group(dc_state<MT, TB> &s, int g
 #pragma unroll
         for (int tb = 0; tb < TB; tb++)
             dc_ld16(s.wr[(gi * 2 + kk) * TB + tb], s.wp + (2 * (gi + ahead) + kk) * 256 + tb * 32, pred);
+}
+
+/* L2 prefetch (the plan's pf, dc_plan.h: one turn where one block fits per
+ * SM; AWQD_W4A16_DC_PF=0..7 forces it): the turn of groups [g, g +
+ * UG) of this warp's range, 32 lines of 128 bytes, one per lane (row lane /
+ * (4 TB) of the turn's 2 UG chunk rows of TB x 512 bytes, line lane % (4
+ * TB)), and each group's scales (lanes 0..UG-1) and zeros (lanes
+ * UG..2UG-1); groups past ng are skipped. wb / sb / zb: the current turn's
+ * group (the state's pointers less the lane's offset), g and ng counted from
+ * it. A hint: it holds no register and no shared memory, so it runs ahead
+ * of the register ring, whose loads then come from L2 (docs/PERFORMANCE.md
+ * "Session 24"). */
+template <int TB>
+static __device__ __forceinline__ void dc_prefetch_turn(const uint4 *wb, const uint32_t *sb, const uint8_t *zb,
+                                                        size_t gs, int g, int ng, int lane) {
+    constexpr int UG = 4 / TB, LPR = 4 * TB;
+    const int row = lane / LPR, line = lane - row * LPR;
+    if (g + row / 2 < ng) asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + (size_t)(2 * g + row) * 256 + line * 8));
+    if (lane < UG && g + lane < ng) asm volatile("prefetch.global.L2 [%0];" ::"l"(sb + (size_t)(g + lane) * gs));
+    if (lane >= UG && lane < 2 * UG && g + lane - UG < ng)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(zb + (size_t)(g + lane - UG) * gs));
 }
 
 /* One ring turn of NG (<= UG) groups; slot contents are refilled with the
@@ -787,6 +809,10 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     /* the first turn: constant data, before the wait */
 #pragma unroll
     for (int gi = 0; gi < S::UG; gi++) dc_fetch_group(s, gi, 0, gi < ng);
+    /* L2 prefetch of the turns after the ring's first (constant data: before the wait); MT = 1
+     * only and not SUM (no registers to spare there) */
+    const int pf = MT == 1 && !SUM ? (flags >> DC_F_PF_SHIFT) & 7 : 0;
+    for (int d = 1; d <= pf; d++) dc_prefetch_turn<TB>(s.wp - lane, s.sp - r, s.zp - r, s.gs, d * S::UG, ng, lane);
     constexpr int PRE = dc_norm_pre<TB>::n;
     uint4 wpre[PRE > 0 ? PRE : 1];
     if (NORM) dc_norm_w_prefetch<PRE>(na, gw0 * 128, ng * 16, lane, wpre);
@@ -824,6 +850,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 
     int g0 = 0;
     for (; g0 + S::UG <= ng; g0 += S::UG) {
+        if (pf) dc_prefetch_turn<TB>(s.wp - lane, s.sp - r, s.zp - r, s.gs, (pf + 1) * S::UG, ng - g0, lane);
         dc_turn<MT, TB, S::UG>(s, g0, ng);
         s.wp += S::UG * 2 * 256;
         s.sp += S::UG * s.gs;
@@ -1663,13 +1690,17 @@ static struct dc_gpu dc_gpu_of(const struct w4a16_weight *w) {
  * 0 where it does not apply (the skinny kernel runs instead). Measurement
  * knobs, read once: AWQD_W4A16_DC_TB=1|2|4 forces the tiles per block,
  * AWQD_W4A16_DC_WAVES=0 keeps the width where the M <= 4 rule would halve
- * it, AWQD_W4A16_DC_PLAN=21 plans as session 21 did. */
+ * it, AWQD_W4A16_DC_PLAN=21 plans as session 21 did, AWQD_W4A16_DC_PF=0..7
+ * forces the L2 prefetch distance (the plan's pf). */
 static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
     static const int tb_env = dc_env_int("AWQD_W4A16_DC_TB", 0, 1, 4);
     static const int flags = (dc_env_int("AWQD_W4A16_DC_WAVES", 1, 0, 1) ? DC_PLAN_HALVE : 0) |
                              (dc_env_int("AWQD_W4A16_DC_PLAN", 22, 21, 22) == 21 ? DC_PLAN_S21 : 0);
+    static const int pf_env = dc_env_int("AWQD_W4A16_DC_PF", -1, 0, 7);
     const struct dc_gpu g = dc_gpu_of(w);
-    return dc_plan_make(m, w->k, w->n16, w->group, &g, tb_env, flags, pl);
+    if (!dc_plan_make(m, w->k, w->n16, w->group, &g, tb_env, flags, pl)) return 0;
+    if (pf_env >= 0) pl->pf = pf_env;
+    return 1;
 }
 
 extern "C" int w4a16_decode_applies(const struct w4a16_weight *w, int m) {
@@ -2124,6 +2155,7 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
     const norm_args none = {NULL, NULL, NULL, NULL, 0.0f};
     w4a16_sum nosum;
     memset(&nosum, 0, sizeof nosum);
+    const int flags = dc_flags() | (pl->pf << DC_F_PF_SHIFT);
     int rc;
     if (na) {
         rc = cuda_smem_limit_once(&smem_set_n, (const void *)k_decode<MT, TB, true, false>,
@@ -2131,7 +2163,7 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
         if (rc) return rc;
         CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, true, false>, dim3(pl->blocks),
                               dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
-                              w->n16a, w->kc, dc_flags(), ep, *na, nosum),
+                              w->n16a, w->kc, flags, ep, *na, nosum),
                    err, errlen);
         return 0;
     }
@@ -2142,7 +2174,7 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
         if (rc) return rc;
         CUDA_CHECK(launch_pdl(w, k_decode<1, TB, false, true>, dim3(pl->blocks),
                               dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
-                              w->n16a, w->kc, dc_flags(), ep, none, *xs),
+                              w->n16a, w->kc, flags, ep, none, *xs),
                    err, errlen);
         return 0;
     }
@@ -2150,7 +2182,7 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
                               err, errlen);
     if (rc) return rc;
     CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false>, dim3(pl->blocks), dim3(DC_WARPS * 32),
-                          pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, dc_flags(), ep,
+                          pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, flags, ep,
                           none, nosum),
                err, errlen);
     return 0;

@@ -168,11 +168,6 @@ TEST(dc_plan, dispatch_rule_on_measured_shapes) {
     ASSERT(dc_plan_make(7, 8192, n16_of(2560), 128, &H200, 0, s21, &pl) && dc_dispatch_takes(7, 8, &pl, &H200));
 }
 
-/* Invariants over many shapes: the plan covers every tile, fits its shared
- * memory, leaves a second wave of one block per SM only where no wider block
- * fits, and the dispatch takes it at M <= 2 wherever it applies and, at one
- * block per SM, never on a short wave of large blocks nor on several waves
- * under 80% full on average or whose blocks stage more x than weight. */
 /* The L2 prefetch (one ring turn ahead) where one block fits per SM, at MT
  * = 1 only: points measured in session 24 (H200, back to back: 2.6-7.3%
  * faster at all 23 points of the first kind at M = 1-8, up to 25% slower
@@ -211,6 +206,11 @@ TEST(dc_plan, l2_prefetch_where_one_block_fits) {
     }
 }
 
+/* Invariants over many shapes: the plan covers every tile, fits its shared
+ * memory, leaves a second wave of one block per SM only where no wider block
+ * fits, and the dispatch takes it at M <= 2 wherever it applies and, at one
+ * block per SM, never on a short wave of large blocks nor on several waves
+ * under 80% full on average or whose blocks stage more x than weight. */
 TEST(dc_plan, invariants) {
     static const struct dc_gpu gpus[] = {{132, 228 * 1024, 227 * 1024}, {108, 164 * 1024, 163 * 1024},
                                          {114, 228 * 1024, 227 * 1024}, {1, 0, 0}};

@@ -5,6 +5,7 @@
  * shards on a 132-SM GPU with 228 KB of shared memory per SM, plus the
  * plan's invariants over many shapes. The GPU test w4a16.decode_dispatch_rule
  * checks that the CUDA backend's choice follows the same rule. */
+#include <string.h>
 #include "tests/harness/test.h"
 
 #include "kernels/cuda/dc_plan.h"
@@ -204,6 +205,54 @@ TEST(dc_plan, l2_prefetch_where_one_block_fits) {
             ASSERT_MSG(dc_dispatch_takes(cs[i].m, DC_DISPATCH_MAX_M, &pl, &H200), "%s M=%d: measured on decode",
                        cs[i].what, cs[i].m);
     }
+}
+
+/* The persistent grid (dc_ps_plan, AWQD_W4A16_DC_PS=1): only where the
+ * plan needs more than one wave of block slots, with the tiles per block
+ * whose whole ring turns give the fullest waves (>= DC_PS_FILL_PCT); at
+ * most one block per slot, and every block streams waves or waves - 1
+ * columns. */
+TEST(dc_plan, persistent_grid) {
+    struct dc_plan pl;
+    /* Qwen3-8B gate|up M = 1: 768 blocks of TB = 2 on 264 slots -> 3 waves, 256 blocks */
+    ASSERT(dc_plan_make(1, 4096, n16_of(24576), 128, &H200, 0, DC_PLAN_HALVE, &pl) && pl.blocks == 768);
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 256);
+    ASSERT_EQ_INT(pl.tb, 2);
+    /* at M = 8 the plan's TB = 4 (384 blocks, 2 waves 73% full) becomes TB = 2 (3 waves, 97%) */
+    ASSERT(dc_plan_make(8, 4096, n16_of(24576), 128, &H200, 0, DC_PLAN_HALVE, &pl) && pl.tb == 4);
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 256);
+    ASSERT(pl.tb == 2 && pl.blocks == 768 && pl.smem == dc_smem_bytes(8, 4096, 2, 1));
+    /* ... unless TB is forced */
+    ASSERT(dc_plan_make(8, 4096, n16_of(24576), 128, &H200, 0, DC_PLAN_HALVE, &pl));
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 1), 0);
+    ASSERT(pl.tb == 4 && pl.blocks == 384);
+    /* Llama-3-70B gate|up M = 1: TB = 4 (896 blocks, 4 waves, 85%) -> TB = 2 (1792, 7 waves, 97%) */
+    ASSERT(dc_plan_make(1, 8192, n16_of(57344), 128, &H200, 0, DC_PLAN_HALVE, &pl) && pl.tb == 4);
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 256);
+    ASSERT_EQ_INT(pl.tb, 2);
+    /* one wave (Qwen3-8B q|k|v, 192 blocks): not persistent */
+    ASSERT(dc_plan_make(1, 4096, n16_of(6144), 128, &H200, 0, DC_PLAN_HALVE, &pl));
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 0);
+    /* Qwen3-32B gate|up (K = 5120: 40 groups, whole turns only at TB = 4; 800 blocks, 76%): not */
+    ASSERT(dc_plan_make(1, 5120, n16_of(51200), 128, &H200, 0, DC_PLAN_HALVE, &pl));
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 0);
+    for (int k = 1024; k <= 32768; k += 1024)
+        for (int n16 = 8; n16 <= 4096; n16 += 56)
+            for (int m = 1; m <= 16; m++) {
+                if (!dc_plan_make(m, k, n16, 128, &H200, 0, DC_PLAN_HALVE, &pl)) continue;
+                const struct dc_plan pl0 = pl;
+                const int g = dc_ps_plan(&pl, &H200, 0);
+                if (!g) {
+                    ASSERT(memcmp(&pl, &pl0, sizeof pl) == 0);
+                    continue;
+                }
+                const int slots = H200.sms * dc_blocks_per_sm(&H200, pl.smem), waves = (pl.blocks + slots - 1) / slots;
+                ASSERT(pl0.blocks > H200.sms * dc_blocks_per_sm(&H200, pl0.smem));
+                ASSERT((k / 128) % (DC_WARPS * (4 / pl.tb)) == 0 && pl.mt == pl0.mt && (pl.mt == 1 || pl.tb == 2));
+                ASSERT(pl.blocks == (n16 + pl.tb - 1) / pl.tb && pl.smem <= DC_SMEM_MAX);
+                ASSERT(pl.blocks > slots && g <= slots && 100L * pl.blocks >= (long)DC_PS_FILL_PCT * waves * slots);
+                ASSERT((long)g * waves >= pl.blocks && (long)g * (waves - 1) < pl.blocks);
+            }
 }
 
 /* Invariants over many shapes: the plan covers every tile, fits its shared

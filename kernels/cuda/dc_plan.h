@@ -46,6 +46,7 @@ struct dc_gpu {
 
 struct dc_plan {
     int mt, tb, blocks, k;
+    int m, n16;    /* rows and 16-column tiles it was made for */
     int pf;        /* L2 prefetch distance in ring turns (MT = 1; 0: none) */
     size_t smem;
     size_t wbytes; /* INT4 weight bytes of one block: TB x 16 columns x K / 2 */
@@ -129,6 +130,8 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
     pl->pf = mt == 1 && dc_blocks_per_sm(g, smem) < 2 ? DC_PF_ONE_BLOCK : 0;
     pl->blocks = (n16 + tb - 1) / tb;
     pl->k = K;
+    pl->m = m;
+    pl->n16 = n16;
     pl->smem = smem;
     pl->wbytes = (size_t)tb * 8 * K;
     pl->flags = flags;
@@ -193,6 +196,55 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
         return !s21 && 100 * pl->blocks >= DC_WAVE_FILL_PCT * waves * g->sms && dc_x_bytes(m, pl->k) <= pl->wbytes;
     }
     return s21 || wave || pl->wbytes <= DC_ONE_WAVE_WBYTES;
+}
+
+/* The persistent grid (k_decode's PS variant; AWQD_W4A16_DC_PS=0 turns it
+ * off): where the plan's grid needs more than one wave of the block slots
+ * (SMs x blocks per SM), a grid of at most one block per slot whose blocks
+ * each stream waves or waves - 1 columns back to back through one register
+ * ring, the last ring turn of a column requesting the first of the next, so
+ * that a column's start no longer waits a memory latency and a block's
+ * launch, x and norm are paid once per block. Needs every warp's K range to
+ * be whole ring turns (K / 128 groups divisible by 8 warps x 4 / TB groups
+ * per turn). The tiles per block are chosen again (among those with whole
+ * turns, unless tb_fixed) for the fullest waves: blocks / (waves x slots),
+ * the share of the slots busy until the last column ends (a wider block
+ * wins ties within 2 points); below DC_PS_FILL_PCT it does not apply.
+ * Returns the grid and rewrites pl's tb, blocks (columns), smem, wbytes and
+ * pf, or 0 (pl untouched).
+ *
+ * H200, session 25, back to back against the plain grid: Qwen3-8B gate|up
+ * at M = 1-8 (TB = 2, 768 columns on 256 blocks) 0.85-0.94x the time (M = 1
+ * 16.4 -> 15.4 us, 79% of the copy rate), its down at M = 8 0.85x,
+ * Llama-3-70B gate|up at M = 8 0.89x, its tp = 2 shard at M = 1-4 and 8
+ * 0.94-0.98x; the other Llama-3-70B gate|up points within -1..+5%. Qwen3-8B
+ * end to end, batch 1 / 2 / 4 / 8: +3 / +8 / +2 / +4% tokens per second.
+ * The plan's own grid with ceil(blocks / waves) persistent blocks (no
+ * choice of TB) lost where that left slots empty: Qwen3-32B gate|up (800
+ * blocks on 200 of 264 slots) 1.04-1.10x at M = 1-4, Llama-3-70B gate|up
+ * (896 on 224) 1.04-1.09x; hence the fill rule, which leaves Qwen3-32B
+ * gate|up (K = 5120: whole turns only at TB = 4) on the plain grid. */
+#define DC_PS_FILL_PCT 90
+DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
+    const int sms = g->sms > 0 ? g->sms : 1, kg = pl->k / 128;
+    if (pl->blocks <= sms * dc_blocks_per_sm(g, pl->smem)) return 0;
+    int best_tb = 0, best_fill = 0, best_grid = 0;
+    for (int tb = 4; tb >= 1; tb /= 2) {
+        if ((tb_fixed && tb != pl->tb) || (pl->mt == 2 && tb != 2) || kg % (DC_WARPS * (4 / tb)) != 0) continue;
+        const size_t smem = dc_smem_bytes(pl->m, pl->k, tb, pl->mt);
+        if (smem > DC_SMEM_MAX || (g->smem_optin > 0 && smem > (size_t)g->smem_optin)) continue;
+        const int slots = sms * dc_blocks_per_sm(g, smem), blocks = (pl->n16 + tb - 1) / tb;
+        if (slots < 1 || blocks <= slots) continue;
+        const int waves = (blocks + slots - 1) / slots, fill = (int)(100L * blocks / ((long)waves * slots));
+        if (fill > best_fill + 2) best_tb = tb, best_fill = fill, best_grid = (blocks + waves - 1) / waves;
+    }
+    if (!best_tb || best_fill < DC_PS_FILL_PCT) return 0;
+    pl->tb = best_tb;
+    pl->blocks = (pl->n16 + best_tb - 1) / best_tb;
+    pl->smem = dc_smem_bytes(pl->m, pl->k, best_tb, pl->mt);
+    pl->wbytes = (size_t)best_tb * 8 * pl->k;
+    pl->pf = pl->mt == 1 && dc_blocks_per_sm(g, pl->smem) < 2 ? DC_PF_ONE_BLOCK : 0;
+    return best_grid;
 }
 
 #endif

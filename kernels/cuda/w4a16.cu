@@ -583,8 +583,10 @@ static __device__ __forceinline__ void dc_prefetch_turn(const uint4 *wb, const u
 
 /* One ring turn of NG (<= UG) groups; slot contents are refilled with the
  * groups UG later where g0 + gi + UG < ng. */
-template <int MT, int TB, int NG>
-static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int ng) {
+template <int MT, int TB, int NG, bool XC = false>
+static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int ng, const uint4 *wpn = nullptr,
+                                               const uint32_t *spn = nullptr, const uint8_t *zpn = nullptr,
+                                               int hn = 0) {
     constexpr int UG = dc_state<MT, TB>::UG;
 #pragma unroll
     for (int gi = 0; gi < NG; gi++) {
@@ -599,8 +601,13 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
             const __half2 h = *reinterpret_cast<const __half2 *>(&s2);
             sl[tb] = __low2float(h);
             sh[tb] = __high2float(h) * 0.0625f;
-            dc_ld4(s.sr[gi * TB + tb], s.sp + (gi + UG) * s.gs + tb * 8, more);
-            dc_ld1(s.zq[gi * TB + tb], s.zp + (gi + UG) * s.gs + tb * 8, more);
+            if (XC) { /* the next column's first turn (persistent grid) */
+                dc_ld4(s.sr[gi * TB + tb], spn + gi * s.gs + tb * 8, hn);
+                dc_ld1(s.zq[gi * TB + tb], zpn + gi * s.gs + tb * 8, hn);
+            } else {
+                dc_ld4(s.sr[gi * TB + tb], s.sp + (gi + UG) * s.gs + tb * 8, more);
+                dc_ld1(s.zq[gi * TB + tb], s.zp + (gi + UG) * s.gs + tb * 8, more);
+            }
         }
         float d[TB][MT][4]; /* this group's sums: independent chains across tiles and groups */
 #pragma unroll
@@ -628,7 +635,8 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
                         dc_mma<false>(d[tb][i], an[tb], b0, b1);
                     }
                 }
-                dc_ld16(s.wr[slot], s.wp + (2 * (gi + UG) + kk) * 256 + tb * 32, more);
+                if (XC) dc_ld16(s.wr[slot], wpn + (2 * gi + kk) * 256 + tb * 32, hn);
+                else dc_ld16(s.wr[slot], s.wp + (2 * (gi + UG) + kk) * 256 + tb * 32, more);
             }
         }
 #pragma unroll
@@ -786,16 +794,17 @@ static __device__ __forceinline__ void dc_sum_epilogue(const epi_args &ep, const
     w4_epilogue(e, nt, r, 2 * c, acc[0], acc[1], acc[2], acc[3]);
 }
 
-template <int MT, int TB, bool NORM, bool SUM>
+template <int MT, int TB, bool NORM, bool SUM, bool PS = false>
 static __global__ void __launch_bounds__(DC_WARPS * 32, 2)
 k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
-         int flags, epi_args ep, norm_args na, w4a16_sum xsum) {
+         int flags, epi_args ep, norm_args na, w4a16_sum xsum, int ncols) {
     typedef dc_state<MT, TB> S;
     extern __shared__ __align__(16) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, c = lane & 3;
-    const int t0 = blockIdx.x * TB, KG = KC >> 1;
+    const int KG = KC >> 1;
+    int col = blockIdx.x, t0 = col * TB; /* PS: columns blockIdx.x + j gridDim.x < ncols */
     const int gw0 = warp * KG / DC_WARPS, ng = (warp + 1) * KG / DC_WARPS - gw0;
     S s;
     s.gs = (size_t)n16a * 8;
@@ -843,46 +852,84 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         const int m = min(i * 8 + r, ep.m - 1);
         s.xr[i] = sx + m * xs + k0 + 16 * c;
     }
+    for (;;) {
 #pragma unroll
-    for (int tb = 0; tb < TB; tb++)
+        for (int tb = 0; tb < TB; tb++)
 #pragma unroll
-        for (int i = 0; i < MT; i++) s.acc[tb][i][0] = s.acc[tb][i][1] = s.acc[tb][i][2] = s.acc[tb][i][3] = 0.f;
+            for (int i = 0; i < MT; i++) s.acc[tb][i][0] = s.acc[tb][i][1] = s.acc[tb][i][2] = s.acc[tb][i][3] = 0.f;
 
-    int g0 = 0;
-    for (; g0 + S::UG <= ng; g0 += S::UG) {
-        if (pf) dc_prefetch_turn<TB>(s.wp - lane, s.sp - r, s.zp - r, s.gs, (pf + 1) * S::UG, ng - g0, lane);
-        dc_turn<MT, TB, S::UG>(s, g0, ng);
-        s.wp += S::UG * 2 * 256;
-        s.sp += S::UG * s.gs;
-        s.zp += S::UG * s.gs;
+        int g0 = 0;
+        if (PS) {
+            /* every warp's range is whole turns (ng % UG == 0, the host's
+             * condition): the last turn refills the ring with the first turn
+             * of the block's next column, so that its loads are in flight
+             * through this column's reduction and epilogue */
+            for (; g0 + S::UG < ng; g0 += S::UG) {
+                if (pf) dc_prefetch_turn<TB>(s.wp - lane, s.sp - r, s.zp - r, s.gs, (pf + 1) * S::UG, ng - g0, lane);
+                dc_turn<MT, TB, S::UG>(s, g0, ng);
+                s.wp += S::UG * 2 * 256;
+                s.sp += S::UG * s.gs;
+                s.zp += S::UG * s.gs;
 #pragma unroll
-        for (int i = 0; i < MT; i++) s.xr[i] += S::UG * 128;
-    }
-    /* the last, partial turn (its groups were fetched one turn ago) */
-    const int rem = ng - g0;
-    if (S::UG > 1 && rem == 1) dc_turn<MT, TB, 1>(s, g0, ng);
-    if (S::UG > 2 && rem == 2) dc_turn<MT, TB, (S::UG > 2 ? 2 : 1)>(s, g0, ng);
-    if (S::UG > 3 && rem == 3) dc_turn<MT, TB, (S::UG > 3 ? 3 : 1)>(s, g0, ng);
-    if (late) pdl_launch();
+                for (int i = 0; i < MT; i++) s.xr[i] += S::UG * 128;
+            }
+            const int t0n = (col + (int)gridDim.x) * TB, hn = col + (int)gridDim.x < ncols;
+            const uint4 *wpn = qw + (((size_t)(t0n >> 3) * KC + 2 * gw0) * 8 + (t0n & 7)) * 32 + lane;
+            const uint32_t *spn = sc + gw0 * s.gs + t0n * 8 + r;
+            const uint8_t *zpn = zr + gw0 * s.gs + t0n * 8 + r;
+            dc_turn<MT, TB, S::UG, true>(s, g0, ng, wpn, spn, zpn, hn);
+#pragma unroll
+            for (int i = 0; i < MT; i++) s.xr[i] += S::UG * 128;
+            s.wp = wpn;
+            s.sp = spn;
+            s.zp = zpn;
+        } else {
+            for (; g0 + S::UG <= ng; g0 += S::UG) {
+                if (pf) dc_prefetch_turn<TB>(s.wp - lane, s.sp - r, s.zp - r, s.gs, (pf + 1) * S::UG, ng - g0, lane);
+                dc_turn<MT, TB, S::UG>(s, g0, ng);
+                s.wp += S::UG * 2 * 256;
+                s.sp += S::UG * s.gs;
+                s.zp += S::UG * s.gs;
+#pragma unroll
+                for (int i = 0; i < MT; i++) s.xr[i] += S::UG * 128;
+            }
+            /* the last, partial turn (its groups were fetched one turn ago) */
+            const int rem = ng - g0;
+            if (S::UG > 1 && rem == 1) dc_turn<MT, TB, 1>(s, g0, ng);
+            if (S::UG > 2 && rem == 2) dc_turn<MT, TB, (S::UG > 2 ? 2 : 1)>(s, g0, ng);
+            if (S::UG > 3 && rem == 3) dc_turn<MT, TB, (S::UG > 3 ? 3 : 1)>(s, g0, ng);
+            if (late) pdl_launch();
+        }
 
-    /* the 8 warps' partials, added in warp order */
-    float *red = (float *)(smem + dc_x_bytes(ep.m, K)); /* [TB][MT*4][8][32] */
+        /* the 8 warps' partials, added in warp order */
+        float *red = (float *)(smem + dc_x_bytes(ep.m, K)); /* [TB][MT*4][8][32] */
 #pragma unroll
-    for (int tb = 0; tb < TB; tb++)
+        for (int tb = 0; tb < TB; tb++)
 #pragma unroll
-        for (int i = 0; i < MT; i++)
+            for (int i = 0; i < MT; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) red[((tb * MT * 4 + i * 4 + j) * DC_WARPS + warp) * 32 + lane] = s.acc[tb][i][j];
-    __syncthreads();
-    if (warp >= TB) return;
+                for (int j = 0; j < 4; j++)
+                    red[((tb * MT * 4 + i * 4 + j) * DC_WARPS + warp) * 32 + lane] = s.acc[tb][i][j];
+        __syncthreads();
+        if (!PS && warp >= TB) return;
+        if (warp < TB) {
 #pragma unroll
-    for (int i = 0; i < MT; i++) {
-        float v[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int w = 0; w < DC_WARPS; w++)
+            for (int i = 0; i < MT; i++) {
+                float v[4] = {0.f, 0.f, 0.f, 0.f};
+                for (int w = 0; w < DC_WARPS; w++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) v[j] += red[((warp * MT * 4 + i * 4 + j) * DC_WARPS + w) * 32 + lane];
-        if (SUM) dc_sum_epilogue(ep, xsum, t0 + warp, lane, v); /* MT = 1 (w4a16_linear_sum) */
-        else w4_epilogue(ep, t0 + warp, r, i * 8 + 2 * c, v[0], v[1], v[2], v[3]);
+                    for (int j = 0; j < 4; j++) v[j] += red[((warp * MT * 4 + i * 4 + j) * DC_WARPS + w) * 32 + lane];
+                if (SUM) dc_sum_epilogue(ep, xsum, t0 + warp, lane, v); /* MT = 1 (w4a16_linear_sum) */
+                else w4_epilogue(ep, t0 + warp, r, i * 8 + 2 * c, v[0], v[1], v[2], v[3]);
+            }
+        }
+        if (!PS) return;
+        col += gridDim.x;
+        if (col >= ncols) return;
+        t0 = col * TB;
+        __syncthreads(); /* red is rewritten by the next column */
+#pragma unroll
+        for (int i = 0; i < MT; i++) s.xr[i] -= ng * 128; /* x of this warp's range again */
     }
 }
 
@@ -2147,9 +2194,11 @@ static int dc_flags(void) {
     return v;
 }
 
-template <int MT, int TB>
+/* PS: the persistent grid (dc_ps_plan), each block streaming ncols / grid
+ * columns back to back through one register ring (plain and NORM only) */
+template <int MT, int TB, bool PS>
 static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
-                           const norm_args *na, const w4a16_sum *xs, const struct dc_plan *pl,
+                           const norm_args *na, const w4a16_sum *xs, const struct dc_plan *pl, int grid,
                            cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0}, smem_set_n{0}, smem_set_s{0};
     const norm_args none = {NULL, NULL, NULL, NULL, 0.0f};
@@ -2158,34 +2207,60 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
     const int flags = dc_flags() | (pl->pf << DC_F_PF_SHIFT);
     int rc;
     if (na) {
-        rc = cuda_smem_limit_once(&smem_set_n, (const void *)k_decode<MT, TB, true, false>,
+        rc = cuda_smem_limit_once(&smem_set_n, (const void *)k_decode<MT, TB, true, false, PS>,
                                   DC_SMEM_MAX, err, errlen);
         if (rc) return rc;
-        CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, true, false>, dim3(pl->blocks),
+        CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, true, false, PS>, dim3(grid),
                               dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
-                              w->n16a, w->kc, flags, ep, *na, nosum),
+                              w->n16a, w->kc, flags, ep, *na, nosum, pl->blocks),
                    err, errlen);
         return 0;
     }
     if (xs) {
-        if (MT != 1) return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: m=%d > 8", ep.m);
+        if (MT != 1 || PS) return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: m=%d > 8", ep.m);
         rc = cuda_smem_limit_once(&smem_set_s, (const void *)k_decode<1, TB, false, true>,
                                   DC_SMEM_MAX, err, errlen);
         if (rc) return rc;
         CUDA_CHECK(launch_pdl(w, k_decode<1, TB, false, true>, dim3(pl->blocks),
                               dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
-                              w->n16a, w->kc, flags, ep, none, *xs),
+                              w->n16a, w->kc, flags, ep, none, *xs, pl->blocks),
                    err, errlen);
         return 0;
     }
-    rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false>, DC_SMEM_MAX,
+    rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS>, DC_SMEM_MAX,
                               err, errlen);
     if (rc) return rc;
-    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false>, dim3(pl->blocks), dim3(DC_WARPS * 32),
+    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false, PS>, dim3(grid), dim3(DC_WARPS * 32),
                           pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, flags, ep,
-                          none, nosum),
+                          none, nosum, pl->blocks),
                err, errlen);
     return 0;
+}
+
+/* The decode kernel's persistent grid (dc_ps_plan, kernels/cuda/dc_plan.h):
+ * process-wide switch, default ON (AWQD_W4A16_DC_PS=0 turns it off,
+ * w4a16_decode_persistent() overrides both). */
+static env_switch g_dc_ps = {{-1}, "AWQD_W4A16_DC_PS"};
+
+extern "C" int w4a16_decode_persistent(int mode) { return switch_set(&g_dc_ps, mode); }
+
+/* The persistent grid for the plan (0: the plain grid of pl->blocks): not
+ * for the SUM epilogue nor with the late trigger; the rule is dc_ps_plan,
+ * which may choose other tiles per block (rewriting pl) unless
+ * AWQD_W4A16_DC_TB forces them. */
+static int decode_ps_grid(const struct w4a16_weight *w, struct dc_plan *pl, int sum) {
+    static const int tb_env = dc_env_int("AWQD_W4A16_DC_TB", 0, 1, 4);
+    static const int pf_env = dc_env_int("AWQD_W4A16_DC_PF", -1, 0, 7);
+    if (!switch_get(&g_dc_ps) || sum || (dc_flags() & DC_F_LATE)) return 0;
+    const struct dc_gpu g = dc_gpu_of(w);
+    const int grid = dc_ps_plan(pl, &g, tb_env != 0);
+    if (grid && pf_env >= 0) pl->pf = pf_env;
+    return grid;
+}
+
+extern "C" int w4a16_decode_persistent_grid(const struct w4a16_weight *w, int m) {
+    struct dc_plan pl;
+    return w && decode_plan(w, m, &pl) ? decode_ps_grid(w, &pl, 0) : 0;
 }
 
 /* na: the NORM prologue (x unused), or NULL; xs: the SUM epilogue, or NULL */
@@ -2198,11 +2273,16 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
                         ep.m, w->k, w->group);
     if (na && pl.mt != 1) /* the prologue's row sums hold 8 rows */
         return util_err(err, errlen, -ENOTSUP, "w4a16_linear_norm: m=%d > 8", ep.m);
-    switch (pl.mt * 10 + pl.tb) {
-    case 11: return launch_decode_t<1, 1>(w, x, ep, na, xs, &pl, s, err, errlen);
-    case 12: return launch_decode_t<1, 2>(w, x, ep, na, xs, &pl, s, err, errlen);
-    case 14: return launch_decode_t<1, 4>(w, x, ep, na, xs, &pl, s, err, errlen);
-    case 22: return launch_decode_t<2, 2>(w, x, ep, na, xs, &pl, s, err, errlen);
+    const int ps = decode_ps_grid(w, &pl, xs != NULL);
+    switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0)) {
+    case 11: return launch_decode_t<1, 1, false>(w, x, ep, na, xs, &pl, pl.blocks, s, err, errlen);
+    case 12: return launch_decode_t<1, 2, false>(w, x, ep, na, xs, &pl, pl.blocks, s, err, errlen);
+    case 14: return launch_decode_t<1, 4, false>(w, x, ep, na, xs, &pl, pl.blocks, s, err, errlen);
+    case 22: return launch_decode_t<2, 2, false>(w, x, ep, na, xs, &pl, pl.blocks, s, err, errlen);
+    case 111: return launch_decode_t<1, 1, true>(w, x, ep, na, xs, &pl, ps, s, err, errlen);
+    case 112: return launch_decode_t<1, 2, true>(w, x, ep, na, xs, &pl, ps, s, err, errlen);
+    case 114: return launch_decode_t<1, 4, true>(w, x, ep, na, xs, &pl, ps, s, err, errlen);
+    case 122: return launch_decode_t<2, 2, true>(w, x, ep, na, xs, &pl, ps, s, err, errlen);
     }
     return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan mt=%d tb=%d", pl.mt, pl.tb);
 }

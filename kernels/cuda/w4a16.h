@@ -220,6 +220,18 @@ int w4a16_decode_kernel(int mode);
  * M <= 16, group 128, x in shared memory); forced where it cannot,
  * w4a16_linear_ex runs the skinny kernel. For benchmarks. */
 int w4a16_decode_applies(const struct w4a16_weight *w, int m);
+/* The decode kernel's persistent grid (kernels/cuda/dc_plan.h, dc_ps_plan):
+ * where its plain grid needs more than one wave of blocks, fewer blocks
+ * each stream several column tiles through one register ring (measured
+ * 0.85-0.94x the time on Qwen3-8B gate|up at M = 1-8, H200). mode 1: on,
+ * 0: off, < 0: only query; returns the mode in effect (process-wide;
+ * default ON unless AWQD_W4A16_DC_PS=0). Each column is still summed by
+ * one block's 8 warps in the same order: where the tiles per block stay
+ * the same, the results are bitwise those of the plain grid. */
+int w4a16_decode_persistent(int mode);
+/* The persistent grid the decode kernel would launch for (w, m) with the
+ * switch as it is (blocks), or 0 for its plain grid. For tests. */
+int w4a16_decode_persistent_grid(const struct w4a16_weight *w, int m);
 
 /* Dequantize + cuBLAS (W4A16_KERNEL_CUBLAS, chosen from M >= 256) when the
  * workspace is smaller than the whole fp16 copy: mode 1 runs it in column

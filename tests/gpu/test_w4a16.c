@@ -345,6 +345,99 @@ TEST(w4a16, decode_kernel_shapes) {
     }
 }
 
+/* One call of the decode kernel on x (M x K) into the host buffer y. */
+static void decode_run(struct w4a16_weight *dw, const uint16_t *hx, int M, int K, int oc, int epi,
+                       uint16_t *hy, const char *what) {
+    uint16_t *dx = NULL, *dy = NULL;
+    char err[256] = "";
+    CK(cudaMalloc((void **)&dx, (size_t)M * K * 2));
+    CK(cudaMalloc((void **)&dy, (size_t)M * oc * 2));
+    CK(cudaMemcpy(dx, hx, (size_t)M * K * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dy, 0xff, (size_t)M * oc * 2));
+    const int rc = w4a16_linear_ex(dw, dx, M, dy, epi, W4A16_KERNEL_DECODE, 0, NULL, 0, 0, err, sizeof err);
+    ASSERT_MSG(rc == 0, "%s M=%d: w4a16_linear rc=%d: %s", what, M, rc, err);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(hy, dy, (size_t)M * oc * 2, cudaMemcpyDeviceToHost));
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+}
+
+/* The decode kernel's persistent grid (dc_ps_plan): it is launched exactly
+ * where the rule says for this GPU, its results match the CPU reference on
+ * every column (check_case) and, where the tiles per block stay those of
+ * the plain grid, are bitwise the plain grid's. Shapes: Qwen3-8B gate|up
+ * (TB = 2 at M <= 4, 4 -> 2 at M = 8), a Llama-3-70B-like K = 8192 gate|up
+ * slice, N not a whole number of blocks (1001 and 2113 tiles: the last
+ * column partial and blocks with waves - 1 columns), a bias, K = 1024
+ * (whole turns at TB = 4 only). */
+TEST(w4a16, decode_persistent_grid) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    if (getenv("AWQD_W4A16_DC_TB") || getenv("AWQD_W4A16_DC_WAVES") || getenv("AWQD_W4A16_DC_PLAN") ||
+        getenv("AWQD_W4A16_DC_LATE"))
+        TEST_SKIP("a decode-plan knob is set");
+    int dev = 0;
+    struct dc_gpu g;
+    ASSERT(cudaGetDevice(&dev) == cudaSuccess);
+    ASSERT(cudaDeviceGetAttribute(&g.sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess);
+    ASSERT(cudaDeviceGetAttribute(&g.smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess);
+    ASSERT(cudaDeviceGetAttribute(&g.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess);
+    static const struct { int k, n, gate_up, bias; } shp[] = {
+        {4096, 24576, 1, 0}, {8192, 14336, 1, 0}, {4096, 22800, 0, 1},
+        {2048, 32040, 0, 0}, {1024, 33680, 0, 1}, {2048, 38000, 0, 0},
+    };
+    static const int ms[] = {1, 3, 8};
+    const int ps0 = w4a16_decode_persistent(1);
+    int applied = 0, same_tb = 0;
+    for (int si = 0; si < NM(shp); si++) {
+        struct ref_layer h;
+        layer_make(&h, shp[si].k, shp[si].n, 128, shp[si].bias);
+        struct w4a16_weight *dw = NULL;
+        char err[256], what[64];
+        ASSERT_MSG(w4a16_upload(&h.l, shp[si].gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &dw, err,
+                                sizeof err) == 0, "%s", err);
+        float *wref = ref_dequant(&h.l);
+        ASSERT(wref);
+        const int epi = (shp[si].gate_up ? W4A16_EPI_SILU_MUL : 0) | (shp[si].bias ? W4A16_EPI_BIAS : 0);
+        const int K = shp[si].k, oc = shp[si].gate_up ? shp[si].n / 2 : shp[si].n;
+        snprintf(what, sizeof what, "persistent K%d N%d%s", K, shp[si].n, shp[si].gate_up ? " gate_up" : "");
+        for (int i = 0; i < NM(ms); i++) {
+            const int M = ms[i];
+            struct dc_plan pl;
+            int want = 0, tb0 = 0;
+            if (dc_plan_make(M, K, (shp[si].n + 15) / 16, 128, &g, 0, DC_PLAN_HALVE, &pl)) {
+                tb0 = pl.tb;
+                want = dc_ps_plan(&pl, &g, 0);
+            }
+            ASSERT_MSG(w4a16_decode_persistent_grid(dw, M) == want, "%s M=%d: grid %d, the rule says %d", what, M,
+                       w4a16_decode_persistent_grid(dw, M), want);
+            if (!want) continue;
+            applied++;
+            check_case(&h, wref, dw, shp[si].gate_up, M, epi, W4A16_KERNEL_DECODE, 0, what);
+            ASSERT_OK_SO_FAR();
+            if (pl.tb != tb0) continue;
+            same_tb++;
+            uint16_t *hx = malloc((size_t)M * K * 2), *y1 = malloc((size_t)M * oc * 2), *y0 = malloc((size_t)M * oc * 2);
+            ASSERT(hx && y1 && y0);
+            for (size_t j = 0; j < (size_t)M * K; j++) hx[j] = h_from_f(2.f * rnd_unit() - 1.f);
+            decode_run(dw, hx, M, K, oc, epi, y1, what);
+            w4a16_decode_persistent(0);
+            ASSERT(w4a16_decode_persistent_grid(dw, M) == 0);
+            decode_run(dw, hx, M, K, oc, epi, y0, what);
+            w4a16_decode_persistent(1);
+            ASSERT_MSG(memcmp(y0, y1, (size_t)M * oc * 2) == 0, "%s M=%d: persistent and plain grids differ", what, M);
+            free(hx), free(y1), free(y0);
+            ASSERT_OK_SO_FAR();
+        }
+        free(wref);
+        w4a16_free(dw);
+        ref_layer_free(&h);
+    }
+    w4a16_decode_persistent(ps0);
+    /* on a GPU like the H100 / H200 (132 SMs) the rule applies to most points */
+    ASSERT_MSG(g.sms > 200 || (applied >= 6 && same_tb >= 2), "persistent grid at %d points (%d with the plan's TB)",
+               applied, same_tb);
+}
+
 /* The automatic dispatch follows the decode kernel's rule
  * (kernels/cuda/dc_plan.h, sessions 21-23; its expectations on the measured
  * shapes are pinned by the CPU test dc_plan.dispatch_rule_on_measured_shapes):

@@ -858,21 +858,22 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 #pragma unroll
             for (int i = 0; i < MT; i++) s.acc[tb][i][0] = s.acc[tb][i][1] = s.acc[tb][i][2] = s.acc[tb][i][3] = 0.f;
 
+        /* the whole ring turns; PS: all but the last, which every warp's
+         * range has (whole turns, ng % UG == 0: the host's condition) */
         int g0 = 0;
-        if (PS) {
-            /* every warp's range is whole turns (ng % UG == 0, the host's
-             * condition): the last turn refills the ring with the first turn
-             * of the block's next column, so that its loads are in flight
-             * through this column's reduction and epilogue */
-            for (; g0 + S::UG < ng; g0 += S::UG) {
-                if (pf) dc_prefetch_turn<TB>(s.wp - lane, s.sp - r, s.zp - r, s.gs, (pf + 1) * S::UG, ng - g0, lane);
-                dc_turn<MT, TB, S::UG>(s, g0, ng);
-                s.wp += S::UG * 2 * 256;
-                s.sp += S::UG * s.gs;
-                s.zp += S::UG * s.gs;
+        for (; g0 + S::UG <= ng - (PS ? 1 : 0); g0 += S::UG) {
+            if (pf) dc_prefetch_turn<TB>(s.wp - lane, s.sp - r, s.zp - r, s.gs, (pf + 1) * S::UG, ng - g0, lane);
+            dc_turn<MT, TB, S::UG>(s, g0, ng);
+            s.wp += S::UG * 2 * 256;
+            s.sp += S::UG * s.gs;
+            s.zp += S::UG * s.gs;
 #pragma unroll
-                for (int i = 0; i < MT; i++) s.xr[i] += S::UG * 128;
-            }
+            for (int i = 0; i < MT; i++) s.xr[i] += S::UG * 128;
+        }
+        if (PS) {
+            /* the last turn refills the ring with the first turn of the
+             * block's next column, so that its loads are in flight through
+             * this column's reduction and epilogue */
             const int t0n = (col + (int)gridDim.x) * TB, hn = col + (int)gridDim.x < ncols;
             const uint4 *wpn = qw + (((size_t)(t0n >> 3) * KC + 2 * gw0) * 8 + (t0n & 7)) * 32 + lane;
             const uint32_t *spn = sc + gw0 * s.gs + t0n * 8 + r;
@@ -884,15 +885,6 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
             s.sp = spn;
             s.zp = zpn;
         } else {
-            for (; g0 + S::UG <= ng; g0 += S::UG) {
-                if (pf) dc_prefetch_turn<TB>(s.wp - lane, s.sp - r, s.zp - r, s.gs, (pf + 1) * S::UG, ng - g0, lane);
-                dc_turn<MT, TB, S::UG>(s, g0, ng);
-                s.wp += S::UG * 2 * 256;
-                s.sp += S::UG * s.gs;
-                s.zp += S::UG * s.gs;
-#pragma unroll
-                for (int i = 0; i < MT; i++) s.xr[i] += S::UG * 128;
-            }
             /* the last, partial turn (its groups were fetched one turn ago) */
             const int rem = ng - g0;
             if (S::UG > 1 && rem == 1) dc_turn<MT, TB, 1>(s, g0, ng);

@@ -345,6 +345,15 @@ TEST(w4a16, decode_kernel_shapes) {
     }
 }
 
+/* What the decode kernel's plan knows of this GPU (kernels/cuda/dc_plan.h). */
+static int dc_gpu_here(struct dc_gpu *g) {
+    int dev = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&g->smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&g->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess;
+}
+
 /* One call of the decode kernel on x (M x K) into the host buffer y. */
 static void decode_run(struct w4a16_weight *dw, const uint16_t *hx, int M, int K, int oc, int epi,
                        uint16_t *hy, const char *what) {
@@ -375,12 +384,8 @@ TEST(w4a16, decode_persistent_grid) {
     if (getenv("AWQD_W4A16_DC_TB") || getenv("AWQD_W4A16_DC_WAVES") || getenv("AWQD_W4A16_DC_PLAN") ||
         getenv("AWQD_W4A16_DC_LATE"))
         TEST_SKIP("a decode-plan knob is set");
-    int dev = 0;
     struct dc_gpu g;
-    ASSERT(cudaGetDevice(&dev) == cudaSuccess);
-    ASSERT(cudaDeviceGetAttribute(&g.sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess);
-    ASSERT(cudaDeviceGetAttribute(&g.smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess);
-    ASSERT(cudaDeviceGetAttribute(&g.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess);
+    ASSERT(dc_gpu_here(&g));
     static const struct { int k, n, gate_up, bias; } shp[] = {
         {4096, 24576, 1, 0}, {8192, 14336, 1, 0}, {4096, 22800, 0, 1},
         {2048, 32040, 0, 0}, {1024, 33680, 0, 1}, {2048, 38000, 0, 0},
@@ -454,12 +459,8 @@ TEST(w4a16, decode_dispatch_rule) {
     if (getenv("AWQD_W4A16_DC_MAX_M") || getenv("AWQD_W4A16_DC_TB") || getenv("AWQD_W4A16_DC_WAVES") ||
         getenv("AWQD_W4A16_DC_PLAN"))
         TEST_SKIP("a decode-plan knob is set");
-    int dev = 0;
     struct dc_gpu g;
-    ASSERT(cudaGetDevice(&dev) == cudaSuccess);
-    ASSERT(cudaDeviceGetAttribute(&g.sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess);
-    ASSERT(cudaDeviceGetAttribute(&g.smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess);
-    ASSERT(cudaDeviceGetAttribute(&g.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess);
+    ASSERT(dc_gpu_here(&g));
     static const struct { int k, n, gate_up; } cs[] = {
         {4096, 6144, 0}, {4096, 24576, 1}, {12288, 4096, 0}, {8192, 5120, 0},
         {25600, 5120, 0}, {12800, 5120, 0}, {2048, 5120, 0},

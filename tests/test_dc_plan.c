@@ -207,11 +207,11 @@ TEST(dc_plan, l2_prefetch_where_one_block_fits) {
     }
 }
 
-/* The persistent grid (dc_ps_plan, AWQD_W4A16_DC_PS=1): only where the
- * plan needs more than one wave of block slots, with the tiles per block
- * whose whole ring turns give the fullest waves (>= DC_PS_FILL_PCT); at
- * most one block per slot, and every block streams waves or waves - 1
- * columns. */
+/* The persistent grid (dc_ps_plan): only where the plan needs more than
+ * one wave of block slots, with the tiles per block whose whole ring turns
+ * give the fullest waves (>= DC_PS_FILL_PCT; every block streams waves or
+ * waves - 1 columns), else the plan's own on one block per slot; at most
+ * one block per slot. */
 TEST(dc_plan, persistent_grid) {
     struct dc_plan pl;
     /* Qwen3-8B gate|up M = 1: 768 blocks of TB = 2 on 264 slots -> 3 waves, 256 blocks */
@@ -222,9 +222,9 @@ TEST(dc_plan, persistent_grid) {
     ASSERT(dc_plan_make(8, 4096, n16_of(24576), 128, &H200, 0, DC_PLAN_HALVE, &pl) && pl.tb == 4);
     ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 256);
     ASSERT(pl.tb == 2 && pl.blocks == 768 && pl.smem == dc_smem_bytes(8, 4096, 2, 1));
-    /* ... unless TB is forced */
+    /* ... unless TB is forced: then TB = 4 on one block per slot (ragged) */
     ASSERT(dc_plan_make(8, 4096, n16_of(24576), 128, &H200, 0, DC_PLAN_HALVE, &pl));
-    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 1), 0);
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 1), 264);
     ASSERT(pl.tb == 4 && pl.blocks == 384);
     /* Llama-3-70B gate|up M = 1: TB = 4 (896 blocks, 4 waves, 85%) -> TB = 2 (1792, 7 waves, 97%) */
     ASSERT(dc_plan_make(1, 8192, n16_of(57344), 128, &H200, 0, DC_PLAN_HALVE, &pl) && pl.tb == 4);
@@ -233,9 +233,14 @@ TEST(dc_plan, persistent_grid) {
     /* one wave (Qwen3-8B q|k|v, 192 blocks): not persistent */
     ASSERT(dc_plan_make(1, 4096, n16_of(6144), 128, &H200, 0, DC_PLAN_HALVE, &pl));
     ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 0);
-    /* Qwen3-32B gate|up (K = 5120: 40 groups, whole turns only at TB = 4; 800 blocks, 76%): not */
+    /* Qwen3-32B gate|up (K = 5120: 40 groups, whole turns only at TB = 4; 800
+     * blocks, 76%): the plan's TB on one block per slot */
     ASSERT(dc_plan_make(1, 5120, n16_of(51200), 128, &H200, 0, DC_PLAN_HALVE, &pl));
-    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 0);
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 264);
+    ASSERT(pl.tb == 4 && pl.blocks == 800);
+    /* K = 5120 at a TB whose turns are not whole (forced TB = 2, 5 groups per warp): not */
+    ASSERT(dc_plan_make(1, 5120, n16_of(51200), 128, &H200, 2, DC_PLAN_HALVE, &pl));
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 1), 0);
     for (int k = 1024; k <= 32768; k += 1024)
         for (int n16 = 8; n16 <= 4096; n16 += 56)
             for (int m = 1; m <= 16; m++) {
@@ -250,8 +255,12 @@ TEST(dc_plan, persistent_grid) {
                 ASSERT(pl0.blocks > H200.sms * dc_blocks_per_sm(&H200, pl0.smem));
                 ASSERT((k / 128) % (DC_WARPS * (4 / pl.tb)) == 0 && pl.mt == pl0.mt && (pl.mt == 1 || pl.tb == 2));
                 ASSERT(pl.blocks == (n16 + pl.tb - 1) / pl.tb && pl.smem <= DC_SMEM_MAX);
-                ASSERT(pl.blocks > slots && g <= slots && 100L * pl.blocks >= (long)DC_PS_FILL_PCT * waves * slots);
-                ASSERT((long)g * waves >= pl.blocks && (long)g * (waves - 1) < pl.blocks);
+                ASSERT(pl.blocks > slots && g <= slots);
+                if (100L * pl.blocks >= (long)DC_PS_FILL_PCT * waves * slots) { /* full waves */
+                    ASSERT((long)g * waves >= pl.blocks && (long)g * (waves - 1) < pl.blocks);
+                } else { /* ragged: the plan's TB, one block per slot */
+                    ASSERT(memcmp(&pl, &pl0, sizeof pl) == 0 && g == slots);
+                }
             }
 }
 

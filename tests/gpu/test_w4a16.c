@@ -374,11 +374,13 @@ static void decode_run(struct w4a16_weight *dw, const uint16_t *hx, int M, int K
 /* The decode kernel's persistent grid (dc_ps_plan): it is launched exactly
  * where the rule says for this GPU, its results match the CPU reference on
  * every column (check_case) and, where the tiles per block stay those of
- * the plain grid, are bitwise the plain grid's. Shapes: Qwen3-8B gate|up
- * (TB = 2 at M <= 4, 4 -> 2 at M = 8), a Llama-3-70B-like K = 8192 gate|up
- * slice, N not a whole number of blocks (1001 and 2113 tiles: the last
- * column partial and blocks with waves - 1 columns), a bias, K = 1024
- * (whole turns at TB = 4 only). */
+ * the plain grid, are bitwise the plain grid's. Shapes (H200 plans):
+ * Qwen3-8B gate|up (TB = 2; at M = 8 TB 4 -> 2), a K = 8192 gate|up (M = 8:
+ * TB 4 -> 1, one block per SM), tile counts that leave blocks with waves -
+ * 1 columns (1425 tiles at TB = 2 with a bias; 2003 tiles, the last one 8
+ * columns wide; 2105 at K = 1024, one ring turn per warp), TB 4 -> 2 at K =
+ * 2048, and at K = 5120 (M = 8: 275 blocks of TB = 4, the waves 52% full)
+ * the ragged grid of one block per slot. */
 TEST(w4a16, decode_persistent_grid) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     if (getenv("AWQD_W4A16_DC_TB") || getenv("AWQD_W4A16_DC_WAVES") || getenv("AWQD_W4A16_DC_PLAN") ||
@@ -388,7 +390,7 @@ TEST(w4a16, decode_persistent_grid) {
     ASSERT(dc_gpu_here(&g));
     static const struct { int k, n, gate_up, bias; } shp[] = {
         {4096, 24576, 1, 0}, {8192, 14336, 1, 0}, {4096, 22800, 0, 1},
-        {2048, 32040, 0, 0}, {1024, 33680, 0, 1}, {2048, 38000, 0, 0},
+        {2048, 32040, 0, 0}, {1024, 33680, 0, 1}, {2048, 38000, 0, 0}, {5120, 17600, 0, 0},
     };
     static const int ms[] = {1, 3, 8};
     const int ps0 = w4a16_decode_persistent(1);

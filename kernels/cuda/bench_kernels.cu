@@ -565,6 +565,10 @@ extern "C" int bench_kernels(int argc, char **argv) {
                         fprintf(csv, "%s,%d,%d,%d,b2b_cublas,0,%.3f,%.1f,%.2f,,,,,,,,,\n", sh.name, K, N, mm, cus,
                                 fpb / (cus * 1e-6) / 1e9, 100.0 * fpb / (cus * 1e-6) / 1e9 / copy_gbs);
                 }
+                int dtb, dcols, dgrid; /* the decode kernel's tiles per block, columns and grid */
+                if ((b2b_kernel != W4A16_KERNEL_AUTO ? (enum w4a16_kernel)b2b_kernel : kc) == W4A16_KERNEL_DECODE &&
+                    w4a16_decode_describe(w, mm, &dtb, &dcols, &dgrid))
+                    printf("  [TB %d, %d columns on %d blocks]", dtb, dcols, dgrid);
                 if (b2b_kernel != W4A16_KERNEL_AUTO && b2b_split > 0) /* and the "old" column's split */
                     printf("  split %d (old: %s, split %d)", b2b_split, kname(ko), kso);
                 printf("%s\n", rc2 ? " (error)" : "");

@@ -2255,6 +2255,16 @@ extern "C" int w4a16_decode_persistent_grid(const struct w4a16_weight *w, int m)
     return w && decode_plan(w, m, &pl) ? decode_ps_grid(w, &pl, 0) : 0;
 }
 
+extern "C" int w4a16_decode_describe(const struct w4a16_weight *w, int m, int *tb, int *cols, int *grid) {
+    struct dc_plan pl;
+    if (!w || !decode_plan(w, m, &pl)) return 0;
+    const int ps = decode_ps_grid(w, &pl, 0);
+    *tb = pl.tb;
+    *cols = pl.blocks;
+    *grid = ps ? ps : pl.blocks;
+    return 1;
+}
+
 /* na: the NORM prologue (x unused), or NULL; xs: the SUM epilogue, or NULL */
 static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
                          const norm_args *na, const w4a16_sum *xs, cudaStream_t s, char *err,

@@ -76,6 +76,9 @@ DC_FN int dc_blocks_per_sm(const struct dc_gpu *g, size_t smem) {
  * With two blocks per SM it cost up to 25% at M = 1 on the large matrices
  * and was mixed elsewhere, so it is off there. */
 #define DC_PF_ONE_BLOCK 1
+DC_FN int dc_pf_rule(int mt, const struct dc_gpu *g, size_t smem) {
+    return mt == 1 && dc_blocks_per_sm(g, smem) < 2 ? DC_PF_ONE_BLOCK : 0;
+}
 
 /* The plan for m rows of a weight of K inputs, n16 tiles of 16 columns and
  * the given group size; 0 when the kernel does not apply (M, a group size
@@ -127,7 +130,7 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
     if (smem > DC_SMEM_MAX || (g->smem_optin > 0 && smem > (size_t)g->smem_optin)) return 0;
     pl->mt = mt;
     pl->tb = tb;
-    pl->pf = mt == 1 && dc_blocks_per_sm(g, smem) < 2 ? DC_PF_ONE_BLOCK : 0;
+    pl->pf = dc_pf_rule(mt, g, smem);
     pl->blocks = (n16 + tb - 1) / tb;
     pl->k = K;
     pl->m = m;
@@ -232,8 +235,8 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
  * layers, batch 1 / 4: 484 -> 500, 1823 -> 1852 tok/s. */
 #define DC_PS_FILL_PCT 90
 DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
-    const int sms = g->sms > 0 ? g->sms : 1, kg = pl->k / 128;
-    if (pl->blocks <= sms * dc_blocks_per_sm(g, pl->smem)) return 0;
+    const int sms = g->sms > 0 ? g->sms : 1, kg = pl->k / 128, plan_slots = sms * dc_blocks_per_sm(g, pl->smem);
+    if (pl->blocks <= plan_slots) return 0;
     int best_tb = 0, best_fill = 0, best_grid = 0;
     for (int tb = 4; tb >= 1; tb /= 2) {
         if ((tb_fixed && tb != pl->tb) || (pl->mt == 2 && tb != 2) || kg % (DC_WARPS * (4 / tb)) != 0) continue;
@@ -249,13 +252,13 @@ DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
          * first blocks % slots of them take one column more), where its
          * turns are whole; pl untouched */
         if (kg % (DC_WARPS * (4 / pl->tb)) != 0) return 0;
-        return sms * dc_blocks_per_sm(g, pl->smem);
+        return plan_slots;
     }
     pl->tb = best_tb;
     pl->blocks = (pl->n16 + best_tb - 1) / best_tb;
     pl->smem = dc_smem_bytes(pl->m, pl->k, best_tb, pl->mt);
     pl->wbytes = (size_t)best_tb * 8 * pl->k;
-    pl->pf = pl->mt == 1 && dc_blocks_per_sm(g, pl->smem) < 2 ? DC_PF_ONE_BLOCK : 0;
+    pl->pf = dc_pf_rule(pl->mt, g, pl->smem);
     return best_grid;
 }
 

@@ -581,16 +581,26 @@ static __device__ __forceinline__ void dc_prefetch_turn(const uint4 *wb, const u
         asm volatile("prefetch.global.L2 [%0];" ::"l"(zb + (size_t)(g + lane - UG) * gs));
 }
 
+/* This warp's pointers at column tile t0: chunk 0 of its first group (+
+ * lane), and that group's scales and zeros (+ r). */
+template <int MT, int TB>
+static __device__ __forceinline__ void dc_at_column(dc_state<MT, TB> &s, const uint4 *qw, const uint32_t *sc,
+                                                    const uint8_t *zr, int t0, int KC, int gw0, int lane, int r) {
+    s.wp = qw + (((size_t)(t0 >> 3) * KC + 2 * gw0) * 8 + (t0 & 7)) * 32 + lane;
+    s.sp = sc + gw0 * s.gs + t0 * 8 + r;
+    s.zp = zr + gw0 * s.gs + t0 * 8 + r;
+}
+
 /* One ring turn of NG (<= UG) groups; slot contents are refilled with the
- * groups UG later where g0 + gi + UG < ng. */
+ * groups UG later where g0 + gi + UG < ng. XC (the persistent grid's last
+ * turn of a column): the state's pointers are already at the block's next
+ * column, and the slots get its first turn where hn (there is one). */
 template <int MT, int TB, int NG, bool XC = false>
-static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int ng, const uint4 *wpn = nullptr,
-                                               const uint32_t *spn = nullptr, const uint8_t *zpn = nullptr,
-                                               int hn = 0) {
-    constexpr int UG = dc_state<MT, TB>::UG;
+static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int ng, int hn = 0) {
+    constexpr int UG = dc_state<MT, TB>::UG, AHEAD = XC ? 0 : UG;
 #pragma unroll
     for (int gi = 0; gi < NG; gi++) {
-        const int more = g0 + gi + UG < ng;
+        const int refill = XC ? hn : g0 + gi + UG < ng;
         uint32_t an[TB][4]; /* A = {-(1024 + z), -(1024 + 16 z)} for rows r, r + 8 */
         float sl[TB], sh[TB];
 #pragma unroll
@@ -601,13 +611,8 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
             const __half2 h = *reinterpret_cast<const __half2 *>(&s2);
             sl[tb] = __low2float(h);
             sh[tb] = __high2float(h) * 0.0625f;
-            if (XC) { /* the next column's first turn (persistent grid) */
-                dc_ld4(s.sr[gi * TB + tb], spn + gi * s.gs + tb * 8, hn);
-                dc_ld1(s.zq[gi * TB + tb], zpn + gi * s.gs + tb * 8, hn);
-            } else {
-                dc_ld4(s.sr[gi * TB + tb], s.sp + (gi + UG) * s.gs + tb * 8, more);
-                dc_ld1(s.zq[gi * TB + tb], s.zp + (gi + UG) * s.gs + tb * 8, more);
-            }
+            dc_ld4(s.sr[gi * TB + tb], s.sp + (gi + AHEAD) * s.gs + tb * 8, refill);
+            dc_ld1(s.zq[gi * TB + tb], s.zp + (gi + AHEAD) * s.gs + tb * 8, refill);
         }
         float d[TB][MT][4]; /* this group's sums: independent chains across tiles and groups */
 #pragma unroll
@@ -635,8 +640,7 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
                         dc_mma<false>(d[tb][i], an[tb], b0, b1);
                     }
                 }
-                if (XC) dc_ld16(s.wr[slot], wpn + (2 * gi + kk) * 256 + tb * 32, hn);
-                else dc_ld16(s.wr[slot], s.wp + (2 * (gi + UG) + kk) * 256 + tb * 32, more);
+                dc_ld16(s.wr[slot], s.wp + (2 * (gi + AHEAD) + kk) * 256 + tb * 32, refill);
             }
         }
 #pragma unroll
@@ -808,9 +812,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     const int gw0 = warp * KG / DC_WARPS, ng = (warp + 1) * KG / DC_WARPS - gw0;
     S s;
     s.gs = (size_t)n16a * 8;
-    s.wp = qw + (((size_t)(t0 >> 3) * KC + 2 * gw0) * 8 + (t0 & 7)) * 32 + lane;
-    s.sp = sc + gw0 * s.gs + t0 * 8 + r;
-    s.zp = zr + gw0 * s.gs + t0 * 8 + r;
+    dc_at_column(s, qw, sc, zr, t0, KC, gw0, lane, r);
 #pragma unroll
     for (int i = 0; i < S::NW; i++) s.wr[i] = make_uint4(0, 0, 0, 0);
 #pragma unroll
@@ -874,16 +876,10 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
             /* the last turn refills the ring with the first turn of the
              * block's next column, so that its loads are in flight through
              * this column's reduction and epilogue */
-            const int t0n = (col + (int)gridDim.x) * TB, hn = col + (int)gridDim.x < ncols;
-            const uint4 *wpn = qw + (((size_t)(t0n >> 3) * KC + 2 * gw0) * 8 + (t0n & 7)) * 32 + lane;
-            const uint32_t *spn = sc + gw0 * s.gs + t0n * 8 + r;
-            const uint8_t *zpn = zr + gw0 * s.gs + t0n * 8 + r;
-            dc_turn<MT, TB, S::UG, true>(s, g0, ng, wpn, spn, zpn, hn);
+            dc_at_column(s, qw, sc, zr, (col + (int)gridDim.x) * TB, KC, gw0, lane, r);
+            dc_turn<MT, TB, S::UG, true>(s, g0, ng, col + (int)gridDim.x < ncols);
 #pragma unroll
             for (int i = 0; i < MT; i++) s.xr[i] += S::UG * 128;
-            s.wp = wpn;
-            s.sp = spn;
-            s.zp = zpn;
         } else {
             /* the last, partial turn (its groups were fetched one turn ago) */
             const int rem = ng - g0;
@@ -2248,11 +2244,6 @@ static int decode_ps_grid(const struct w4a16_weight *w, struct dc_plan *pl, int 
     const int grid = dc_ps_plan(pl, &g, tb_env != 0);
     if (grid && pf_env >= 0) pl->pf = pf_env;
     return grid;
-}
-
-extern "C" int w4a16_decode_persistent_grid(const struct w4a16_weight *w, int m) {
-    struct dc_plan pl;
-    return w && decode_plan(w, m, &pl) ? decode_ps_grid(w, &pl, 0) : 0;
 }
 
 extern "C" int w4a16_decode_describe(const struct w4a16_weight *w, int m, int *tb, int *cols, int *grid) {

@@ -229,12 +229,10 @@ int w4a16_decode_applies(const struct w4a16_weight *w, int m);
  * one block's 8 warps in the same order: where the tiles per block stay
  * the same, the results are bitwise those of the plain grid. */
 int w4a16_decode_persistent(int mode);
-/* The persistent grid the decode kernel would launch for (w, m) with the
- * switch as it is (blocks), or 0 for its plain grid. For tests. */
-int w4a16_decode_persistent_grid(const struct w4a16_weight *w, int m);
 /* The decode kernel's launch for (w, m) as it would run now: tiles per
- * block, column blocks (of tb tiles) and the grid (= cols unless
- * persistent). 0 where the kernel does not apply. For benchmarks. */
+ * block, column blocks (of tb tiles) and the grid (= cols for the plain
+ * grid, < cols for the persistent one). 0 where the kernel does not apply.
+ * For benchmarks and tests. */
 int w4a16_decode_describe(const struct w4a16_weight *w, int m, int *tb, int *cols, int *grid);
 
 /* Dequantize + cuBLAS (W4A16_KERNEL_CUBLAS, chosen from M >= 256) when the

@@ -415,9 +415,13 @@ TEST(w4a16, decode_persistent_grid) {
                 tb0 = pl.tb;
                 want = dc_ps_plan(&pl, &g, 0);
             }
-            ASSERT_MSG(w4a16_decode_persistent_grid(dw, M) == want, "%s M=%d: grid %d, the rule says %d", what, M,
-                       w4a16_decode_persistent_grid(dw, M), want);
+            int dtb = 0, dcols = 0, dgrid = 0; /* the launch: grid < columns is the persistent grid */
+            const int has = w4a16_decode_describe(dw, M, &dtb, &dcols, &dgrid);
+            const int grid = has && dgrid < dcols ? dgrid : 0;
+            ASSERT_MSG(grid == want, "%s M=%d: grid %d, the rule says %d", what, M, grid, want);
             if (!want) continue;
+            ASSERT_MSG(dtb == pl.tb && dcols == pl.blocks, "%s M=%d: TB %d, %d columns; the rule says TB %d, %d", what,
+                       M, dtb, dcols, pl.tb, pl.blocks);
             applied++;
             check_case(&h, wref, dw, shp[si].gate_up, M, epi, W4A16_KERNEL_DECODE, 0, what);
             ASSERT_OK_SO_FAR();
@@ -428,7 +432,7 @@ TEST(w4a16, decode_persistent_grid) {
             for (size_t j = 0; j < (size_t)M * K; j++) hx[j] = h_from_f(2.f * rnd_unit() - 1.f);
             decode_run(dw, hx, M, K, oc, epi, y1, what);
             w4a16_decode_persistent(0);
-            ASSERT(w4a16_decode_persistent_grid(dw, M) == 0);
+            ASSERT(w4a16_decode_describe(dw, M, &dtb, &dcols, &dgrid) && dgrid == dcols);
             decode_run(dw, hx, M, K, oc, epi, y0, what);
             w4a16_decode_persistent(1);
             ASSERT_MSG(memcmp(y0, y1, (size_t)M * oc * 2) == 0, "%s M=%d: persistent and plain grids differ", what, M);

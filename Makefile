@@ -79,8 +79,11 @@ endif
 
 # --- sources ---------------------------------------------------------------
 MAIN_SRC := server/main.c
-LIB_SRC  := $(filter-out $(MAIN_SRC),$(wildcard config/*.c engine/*.c comm/*.c kernels/cpu/*.c server/*.c))
-CUDA_C   := $(wildcard kernels/cuda/*.c comm/cuda/*.c)
+# kernels/cuda/w4a16_repack.c is plain C (the host repack of AWQ weights into
+# the CUDA kernels' layout): in every build, so that the CPU tests cover it.
+HOST_CUDA_C := kernels/cuda/w4a16_repack.c
+LIB_SRC  := $(filter-out $(MAIN_SRC),$(wildcard config/*.c engine/*.c comm/*.c kernels/cpu/*.c server/*.c)) $(HOST_CUDA_C)
+CUDA_C   := $(filter-out $(HOST_CUDA_C),$(wildcard kernels/cuda/*.c comm/cuda/*.c))
 CUDA_CU  := $(wildcard kernels/cuda/*.cu comm/cuda/*.cu)
 TEST_SRC := $(wildcard tests/*.c)
 GPU_TEST_C  := $(wildcard tests/gpu/*.c)

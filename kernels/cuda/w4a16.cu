@@ -45,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <atomic>
 
@@ -57,6 +58,7 @@
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/smem_limit.cuh"
 #include "kernels/cuda/w4a16.h"
+#include "kernels/cuda/w4a16_repack.h"
 #include "kernels/cuda/w4a16_common.cuh"
 #include "kernels/cuda/xchg.cuh"
 #include "kernels/cuda/w4a16_gemm.h" /* gemm helper (Session 3): sm_90a large-M GEMM */
@@ -1246,22 +1248,12 @@ static __global__ void k_silu_mul(const uint16_t *__restrict__ Y, const uint16_t
 /* Host: upload / repack                                                     */
 /* ------------------------------------------------------------------------ */
 
-static const int AWQ_ORDER[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-
-/* Physical row rho of tile nt -> checkpoint column, or -1 for padding. */
-static int phys_col(const struct w4a16_weight *w, int nt, int rho) {
-    if (w->layout == W4A16_LAYOUT_GATE_UP) {
-        int inter = w->n / 2;
-        int j = nt * 8 + (rho & 7);
-        if (j >= inter) return -1;
-        return rho < 8 ? j : inter + j;
-    }
-    int n = nt * 16 + rho;
-    return n < w->n ? n : -1;
-}
-
-static int nib_at(const uint32_t *packed, int row, int n8, int n) {
-    return (int)((packed[(size_t)row * n8 + n / 8] >> (4 * AWQ_ORDER[n % 8])) & 15u);
+/* Threads for the host repack: the online CPUs, at most 16 (a Qwen3-32B
+ * gate|up matrix: ~1 s on one thread before w4a16_repack.c; tensor-parallel
+ * ranks load at the same time, each with its own). */
+static int repack_threads(void) {
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 16 ? 16 : (int)n;
 }
 
 extern "C" int w4a16_upload(const struct awq_linear *l, enum w4a16_layout layout,
@@ -1269,17 +1261,18 @@ extern "C" int w4a16_upload(const struct awq_linear *l, enum w4a16_layout layout
     *out = NULL;
     if (!l || !l->qweight || !l->qzeros || !l->scales)
         return util_err(err, errlen, -EINVAL, "w4a16_upload: missing tensors");
-    int K = l->k, N = l->n, G = l->group;
-    if (K <= 0 || N <= 0 || G <= 0 || K % 64 || G % 64 || K % G || N % 8)
-        return util_err(err, errlen, -EINVAL,
-                        "w4a16_upload: unsupported shape K=%d N=%d group=%d (need K %% 64 == 0, "
-                        "group %% 64 == 0, K %% group == 0, N %% 8 == 0)",
-                        K, N, G);
-    if (layout == W4A16_LAYOUT_GATE_UP && (N % 16))
-        return util_err(err, errlen, -EINVAL,
-                        "w4a16_upload: gate|up matrix with N=%d: need N/2 %% 8 == 0", N);
     if (layout != W4A16_LAYOUT_PLAIN && layout != W4A16_LAYOUT_GATE_UP)
         return util_err(err, errlen, -EINVAL, "w4a16_upload: bad layout %d", (int)layout);
+    const int K = l->k, N = l->n, G = l->group;
+    struct w4a16_dims d;
+    if (w4a16_dims_of(K, N, G, layout == W4A16_LAYOUT_GATE_UP, &d))
+        return util_err(err, errlen, -EINVAL,
+                        layout == W4A16_LAYOUT_GATE_UP
+                            ? "w4a16_upload: unsupported gate|up shape K=%d N=%d group=%d (need K %% 64 == 0, "
+                              "group %% 64 == 0, K %% group == 0, N / 2 %% 8 == 0)"
+                            : "w4a16_upload: unsupported shape K=%d N=%d group=%d (need K %% 64 == 0, "
+                              "group %% 64 == 0, K %% group == 0, N %% 8 == 0)",
+                        K, N, G);
 
     struct w4a16_weight *w = (struct w4a16_weight *)calloc(1, sizeof *w);
     if (!w) return util_err(err, errlen, -ENOMEM, "w4a16_upload: out of memory");
@@ -1288,65 +1281,23 @@ extern "C" int w4a16_upload(const struct awq_linear *l, enum w4a16_layout layout
     w->group = G;
     w->layout = layout;
     w->out_cols = layout == W4A16_LAYOUT_GATE_UP ? N / 2 : N;
-    w->n16 = layout == W4A16_LAYOUT_GATE_UP ? N / 16 : (N + 15) / 16;
-    w->n16a = (w->n16 + 7) / 8 * 8;
-    w->kc = K / 64;
-    w->kg = K / G;
-    const int n8 = N / 8, n16a = w->n16a, KC = w->kc, KG = w->kg;
+    w->n16 = d.n16;
+    w->n16a = d.n16a;
+    w->kc = d.kc;
+    w->kg = d.kg;
+    const int n16a = w->n16a;
 
-    size_t qw_n = (size_t)n16a * KC * 32 * 4; /* uint32 words */
-    size_t sc_n = (size_t)KG * n16a * 8;
-    uint32_t *hq = (uint32_t *)calloc(qw_n, 4);
-    uint32_t *hs = (uint32_t *)calloc(sc_n, 4);
-    uint8_t *hz = (uint8_t *)calloc(sc_n, 1);
-    uint16_t *hb = l->bias ? (uint16_t *)calloc((size_t)n16a * 16, 2) : NULL;
-    int *colmap = (int *)malloc(sizeof(int) * (size_t)n16a * 16);
+    /* repacked on the host (kernels/cuda/w4a16_repack.c), on up to 16 threads */
+    const size_t qw_n = w4a16_repack_qw_words(&d), sc_n = w4a16_repack_sz_count(&d);
+    uint32_t *hq = (uint32_t *)malloc(qw_n * 4);
+    uint32_t *hs = (uint32_t *)malloc(sc_n * 4);
+    uint8_t *hz = (uint8_t *)malloc(sc_n);
+    uint16_t *hb = l->bias ? (uint16_t *)malloc((size_t)n16a * 16 * 2) : NULL;
     int rc = 0;
-    if (!hq || !hs || !hz || !colmap || (l->bias && !hb)) {
+    if (!hq || !hs || !hz || (l->bias && !hb) || w4a16_repack(l, &d, hq, hs, hz, hb, repack_threads())) {
         rc = util_err(err, errlen, -ENOMEM, "w4a16_upload: out of host memory (K=%d N=%d)", K, N);
         goto done;
     }
-    for (int nt = 0; nt < n16a; nt++)
-        for (int rho = 0; rho < 16; rho++) colmap[nt * 16 + rho] = phys_col(w, nt, rho);
-
-    /* qweight */
-    for (int nt = 0; nt < n16a; nt++) {
-        const int *cm = colmap + nt * 16;
-        for (int kc = 0; kc < KC; kc++) {
-            uint32_t *dst = hq + (((size_t)(nt / 8) * KC + kc) * 8 + nt % 8) * 128;
-            for (int lane = 0; lane < 32; lane++) {
-                int r = lane >> 2, c = lane & 3;
-                for (int t = 0; t < 4; t++) {
-                    uint32_t word = 0;
-                    for (int j = 0; j < 4; j++) {
-                        int k = kc * 64 + 16 * c + 4 * t + j;
-                        for (int hi = 0; hi < 2; hi++) {
-                            int n = cm[r + 8 * hi];
-                            if (n < 0) continue;
-                            uint32_t q = (uint32_t)nib_at(l->qweight, k, n8, n);
-                            word |= q << (4 * ((j >> 1) * 2 + hi + (j & 1) * 4));
-                        }
-                    }
-                    dst[lane * 4 + t] = word;
-                }
-            }
-        }
-    }
-    /* scales, zeros, bias */
-    for (int g = 0; g < KG; g++)
-        for (int nt = 0; nt < n16a; nt++)
-            for (int r = 0; r < 8; r++) {
-                int nlo = colmap[nt * 16 + r], nhi = colmap[nt * 16 + r + 8];
-                uint32_t slo = nlo >= 0 ? l->scales[(size_t)g * N + nlo] : 0;
-                uint32_t shi = nhi >= 0 ? l->scales[(size_t)g * N + nhi] : 0;
-                uint32_t zlo = nlo >= 0 ? (uint32_t)nib_at(l->qzeros, g, n8, nlo) : 0;
-                uint32_t zhi = nhi >= 0 ? (uint32_t)nib_at(l->qzeros, g, n8, nhi) : 0;
-                size_t i = ((size_t)g * n16a + nt) * 8 + r;
-                hs[i] = slo | (shi << 16);
-                hz[i] = (uint8_t)(zlo | (zhi << 4));
-            }
-    if (hb)
-        for (int p = 0; p < n16a * 16; p++) hb[p] = colmap[p] >= 0 ? l->bias[colmap[p]] : 0;
 
     {
         int dev = 0;
@@ -1392,7 +1343,6 @@ done:
     free(hs);
     free(hz);
     free(hb);
-    free(colmap);
     if (w) w4a16_free(w);
     return rc;
 }

@@ -1,7 +1,8 @@
 /* w4a16.cu — fused INT4-weight x FP16-activation linear layers (w4a16.h).
  *
  * ======================================================================
- * Device weight layout (made by w4a16_upload; 4 bits per weight, no fp16 copy)
+ * Device weight layout (made by w4a16_upload, repacked on the host by
+ * w4a16_repack.c; 4 bits per weight, no fp16 copy)
  * ======================================================================
  * Both kernels compute the transposed product on the tensor cores,
  *     D[n, m] = sum_k W^T[n, k] * x^T[k, m]      (mma.m16n8k16, fp32 accumulate)

@@ -1249,10 +1249,13 @@ static __global__ void k_silu_mul(const uint16_t *__restrict__ Y, const uint16_t
 /* Host: upload / repack                                                     */
 /* ------------------------------------------------------------------------ */
 
-/* Threads for the host repack: the online CPUs, at most 16 (a Qwen3-32B
- * gate|up matrix: ~1 s on one thread before w4a16_repack.c; tensor-parallel
- * ranks load at the same time, each with its own). */
-static int repack_threads(void) {
+/* Threads for the host repack of a K x N matrix: the online CPUs, at most
+ * 16 (a Qwen3-32B gate|up matrix: ~1 s on one thread before w4a16_repack.c;
+ * tensor-parallel ranks load at the same time, each with its own pool), and
+ * one below 4 MB of weights (~10 ms on one thread: not worth starting
+ * threads for). */
+static int repack_threads(int K, int N) {
+    if ((size_t)K * N / 2 < ((size_t)4 << 20)) return 1;
     const long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : n > 16 ? 16 : (int)n;
 }
@@ -1295,7 +1298,7 @@ extern "C" int w4a16_upload(const struct awq_linear *l, enum w4a16_layout layout
     uint8_t *hz = (uint8_t *)malloc(sc_n);
     uint16_t *hb = l->bias ? (uint16_t *)malloc((size_t)n16a * 16 * 2) : NULL;
     int rc = 0;
-    if (!hq || !hs || !hz || (l->bias && !hb) || w4a16_repack(l, &d, hq, hs, hz, hb, repack_threads())) {
+    if (!hq || !hs || !hz || (l->bias && !hb) || w4a16_repack(l, &d, hq, hs, hz, hb, repack_threads(K, N))) {
         rc = util_err(err, errlen, -ENOMEM, "w4a16_upload: out of host memory (K=%d N=%d)", K, N);
         goto done;
     }

@@ -1012,11 +1012,17 @@ static int worker_init(struct rank_worker *w) {
     struct model_weights mw;
     memset(&mw, 0, sizeof mw);
     char e[200];
+    const double t0 = util_now_s();
     if ((rc = ckpt_load(g->ck, w->rank, g->tp, &mw, e, sizeof e)))
         return util_err(w->err, sizeof w->err, rc, "rank %d: %s", w->rank, e);
+    const double t1 = util_now_s();
     rc = model_init(&mw, w->ops, w->comm, &o->model, &w->m, e, sizeof e);
     model_weights_free(&mw);
     if (rc) return util_err(w->err, sizeof w->err, rc, "rank %d: %s", w->rank, e);
+    /* where a load's time goes: the checkpoint read vs the backend's
+     * weights (on CUDA the host repack and the copies), KV cache and graphs */
+    log_info("rank %d: weights read in %.2f s, the %s model made in %.2f s", w->rank, t1 - t0, o->backend,
+             util_now_s() - t1);
     return 0;
 }
 

@@ -1250,7 +1250,7 @@ static __global__ void k_silu_mul(const uint16_t *__restrict__ Y, const uint16_t
 /* ------------------------------------------------------------------------ */
 
 /* Threads for the host repack of a K x N matrix: the online CPUs, at most
- * 16 (a Qwen3-32B gate|up matrix: ~1 s on one thread before w4a16_repack.c;
+ * 16 (a Qwen3-32B gate|up matrix: 0.5-0.8 s on one thread before w4a16_repack.c;
  * tensor-parallel ranks load at the same time, each with its own pool), and
  * one below 4 MB of weights (~10 ms on one thread: not worth starting
  * threads for). */

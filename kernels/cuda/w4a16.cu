@@ -1682,6 +1682,18 @@ static struct dc_gpu dc_gpu_of(const struct w4a16_weight *w) {
     return g;
 }
 
+/* AWQD_W4A16_DC_TB (the tiles per block forced; 0: the plan's rule), read once */
+static int dc_tb_env(void) {
+    static const int v = dc_env_int("AWQD_W4A16_DC_TB", 0, 1, 4);
+    return v;
+}
+
+/* the plan's pf as AWQD_W4A16_DC_PF forces it (after each rule that sets it) */
+static void dc_pf_env(struct dc_plan *pl) {
+    static const int v = dc_env_int("AWQD_W4A16_DC_PF", -1, 0, 7);
+    if (v >= 0) pl->pf = v;
+}
+
 /* The decode kernel's launch plan (dc_plan_make, kernels/cuda/dc_plan.h);
  * 0 where it does not apply (the skinny kernel runs instead). Measurement
  * knobs, read once: AWQD_W4A16_DC_TB=1|2|4 forces the tiles per block,
@@ -1689,13 +1701,11 @@ static struct dc_gpu dc_gpu_of(const struct w4a16_weight *w) {
  * it, AWQD_W4A16_DC_PLAN=21 plans as session 21 did, AWQD_W4A16_DC_PF=0..7
  * forces the L2 prefetch distance (the plan's pf). */
 static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
-    static const int tb_env = dc_env_int("AWQD_W4A16_DC_TB", 0, 1, 4);
     static const int flags = (dc_env_int("AWQD_W4A16_DC_WAVES", 1, 0, 1) ? DC_PLAN_HALVE : 0) |
                              (dc_env_int("AWQD_W4A16_DC_PLAN", 22, 21, 22) == 21 ? DC_PLAN_S21 : 0);
-    static const int pf_env = dc_env_int("AWQD_W4A16_DC_PF", -1, 0, 7);
     const struct dc_gpu g = dc_gpu_of(w);
-    if (!dc_plan_make(m, w->k, w->n16, w->group, &g, tb_env, flags, pl)) return 0;
-    if (pf_env >= 0) pl->pf = pf_env;
+    if (!dc_plan_make(m, w->k, w->n16, w->group, &g, dc_tb_env(), flags, pl)) return 0;
+    dc_pf_env(pl);
     return 1;
 }
 
@@ -2198,12 +2208,10 @@ extern "C" int w4a16_decode_persistent(int mode) { return switch_set(&g_dc_ps, m
  * which may choose other tiles per block (rewriting pl) unless
  * AWQD_W4A16_DC_TB forces them. */
 static int decode_ps_grid(const struct w4a16_weight *w, struct dc_plan *pl, int sum) {
-    static const int tb_env = dc_env_int("AWQD_W4A16_DC_TB", 0, 1, 4);
-    static const int pf_env = dc_env_int("AWQD_W4A16_DC_PF", -1, 0, 7);
     if (!switch_get(&g_dc_ps) || sum || (dc_flags() & DC_F_LATE)) return 0;
     const struct dc_gpu g = dc_gpu_of(w);
-    const int grid = dc_ps_plan(pl, &g, tb_env != 0);
-    if (grid && pf_env >= 0) pl->pf = pf_env;
+    const int grid = dc_ps_plan(pl, &g, dc_tb_env() != 0);
+    if (grid) dc_pf_env(pl);
     return grid;
 }
 

@@ -31,6 +31,7 @@
 #include "engine/ckpt.h"
 #include "kernels/cuda/w4a16.h"
 #include "kernels/cuda/w4a16_gemm.h"
+#include "kernels/cuda/w4a16_repack.h"
 #include "tests/gpu/w4a16_ref.h"
 #include "tests/harness/test.h"
 
@@ -670,9 +671,11 @@ TEST(w4a16_gemm, sweep) {
             w4a16_choice(dw, M, &ak, &aks);
             struct w4a16_gemm_args ga;
             memset(&ga, 0, sizeof ga);
-            ga.n16 = sh[s].gate_up ? sh[s].n / 16 : (sh[s].n + 15) / 16;
-            ga.n16a = (ga.n16 + 7) / 8 * 8;
-            ga.kc = sh[s].k / 64;
+            struct w4a16_dims dims; /* the device layout's tiles and chunks */
+            ASSERT(w4a16_dims_of(l.k, l.n, l.group, sh[s].gate_up, &dims) == 0);
+            ga.n16 = dims.n16;
+            ga.n16a = dims.n16a;
+            ga.kc = dims.kc;
             ga.m = M;
             ga.sms = sms;
             ga.cnt_len = 4096;

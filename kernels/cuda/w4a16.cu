@@ -1726,19 +1726,25 @@ static int dc_in_dispatch(const struct w4a16_weight *w, int m, const struct dc_p
 /* The skinny kernel's last M in the dispatch (w4a16_skinny_max_m). */
 static std::atomic<int> g_skinny_max_m{DISPATCH_SKINNY_MAX_M};
 
-/* gate|up from M = 28 to the skinny kernel's default last M: tc64 instead
- * (H100, session 20, single cold calls at M = 28 / 32: Qwen3-8B gate|up 1.11x
- * / 1.14x, Qwen3-32B 1.04x / 1.06x; its tp = 2 and tp = 4 shards 1.3-1.5%
- * slower, kept for one simple rule; at M = 20-24 skinny wins by 4-13%;
- * batch-32 decode of Qwen3-8B 5190 -> 5347 tok/s; docs/PERFORMANCE.md
- * "Session 20"). Hopper only (measured there; tc64 reduces its split in a
- * cluster there), and not where w4a16_skinny_max_m moved the skinny kernel's
- * range. AWQD_W4A16_GU_TC64=0 turns it off. */
+/* gate|up with K <= 4096 (Qwen3-8B) from M = 28 to the skinny kernel's
+ * default last M: tc64 instead. H100, session 20, single cold calls at
+ * M = 28 / 32: Qwen3-8B gate|up 1.11x / 1.14x, batch-32 decode of Qwen3-8B
+ * 5190 -> 5347 tok/s; Qwen3-32B 1.04x / 1.06x but its tp = 2 and tp = 4
+ * shards 1.3-1.5% slower. H200, session 27, back to back at M = 28-32:
+ * Qwen3-8B 1.00-1.02x (batch 32 end to end the same), but every K >= 5120
+ * gate|up lost: Qwen3-32B 0.84-0.86x, its tp = 2 / 4 shards 0.78-0.81x /
+ * 0.73-0.75x, Llama-3-70B and its shards 0.74-0.95x; qwen3-32b batch 32
+ * (8 layers) 2.75 -> 2.60 ms at tp = 1, 1.41 -> 1.25 at tp = 4 without it.
+ * Hopper only (measured there; tc64 reduces its split in a cluster there),
+ * and not where w4a16_skinny_max_m moved the skinny kernel's range.
+ * AWQD_W4A16_GU_TC64=0 turns it off. docs/PERFORMANCE.md "Session 20",
+ * "Session 27". */
 #define DISPATCH_GU_TC64_MIN_M 28
+#define DISPATCH_GU_TC64_MAX_K 4096
 static env_switch g_gu_tc64 = {{-1}, "AWQD_W4A16_GU_TC64"};
 static int gu_tc64(const struct w4a16_weight *w, int m) {
     return w->layout == W4A16_LAYOUT_GATE_UP && w->cc_major >= 9 && m >= DISPATCH_GU_TC64_MIN_M &&
-           m <= DISPATCH_SKINNY_MAX_M &&
+           m <= DISPATCH_SKINNY_MAX_M && w->k <= DISPATCH_GU_TC64_MAX_K &&
            g_skinny_max_m.load(std::memory_order_relaxed) == DISPATCH_SKINNY_MAX_M && switch_get(&g_gu_tc64);
 }
 

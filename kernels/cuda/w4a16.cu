@@ -801,7 +801,7 @@ static __device__ __forceinline__ void dc_sum_epilogue(const epi_args &ep, const
     w4_epilogue(e, nt, r, 2 * c, acc[0], acc[1], acc[2], acc[3]);
 }
 
-template <int MT, int TB, bool NORM, bool SUM, bool PS = false>
+template <int MT, int TB, bool NORM, bool SUM, bool PS = false, bool PF = false>
 static __global__ void __launch_bounds__(DC_WARPS * 32, 2)
 k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
@@ -824,8 +824,12 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 #pragma unroll
     for (int gi = 0; gi < S::UG; gi++) dc_fetch_group(s, gi, 0, gi < ng);
     /* L2 prefetch of the turns after the ring's first (constant data: before the wait); MT = 1
-     * only and not SUM (no registers to spare there) */
-    const int pf = MT == 1 && !SUM ? (flags >> DC_F_PF_SHIFT) & 7 : 0;
+     * only and not SUM (no registers to spare there). PF: compiled in only where the plan has
+     * a distance (and on the persistent grid: launch_decode): with the code present and pf =
+     * 0 the plain-grid shapes were 2-5% slower (H200, session 27, a bisect over sessions
+     * 21-26: Qwen3-32B q|k|v M = 1 10.68 -> 11.18 us, its tp = 4 gate|up 10.85 -> 11.36 at
+     * the commit that added it) */
+    const int pf = PF && MT == 1 && !SUM ? (flags >> DC_F_PF_SHIFT) & 7 : 0;
     for (int d = 1; d <= pf; d++) dc_prefetch_turn<TB>(s.wp - lane, s.sp - r, s.zp - r, s.gs, d * S::UG, ng, lane);
     constexpr int PRE = dc_norm_pre<TB>::n;
     uint4 wpre[PRE > 0 ? PRE : 1];
@@ -867,7 +871,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          * range has (whole turns, ng % UG == 0: the host's condition) */
         int g0 = 0;
         for (; g0 + S::UG <= ng - (PS ? 1 : 0); g0 += S::UG) {
-            if (pf) dc_prefetch_turn<TB>(s.wp - lane, s.sp - r, s.zp - r, s.gs, (pf + 1) * S::UG, ng - g0, lane);
+            if (PF && pf) dc_prefetch_turn<TB>(s.wp - lane, s.sp - r, s.zp - r, s.gs, (pf + 1) * S::UG, ng - g0, lane);
             dc_turn<MT, TB, S::UG>(s, g0, ng);
             s.wp += S::UG * 2 * 256;
             s.sp += S::UG * s.gs;
@@ -2161,7 +2165,7 @@ static int dc_flags(void) {
 
 /* PS: the persistent grid (dc_ps_plan), each block streaming ncols / grid
  * columns back to back through one register ring (plain and NORM only) */
-template <int MT, int TB, bool PS>
+template <int MT, int TB, bool PS, bool PF>
 static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
                            const norm_args *na, const w4a16_sum *xs, const struct dc_plan *pl, int grid,
                            cudaStream_t s, char *err, size_t errlen) {
@@ -2172,17 +2176,17 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
     const int flags = dc_flags() | (pl->pf << DC_F_PF_SHIFT);
     int rc;
     if (na) {
-        rc = cuda_smem_limit_once(&smem_set_n, (const void *)k_decode<MT, TB, true, false, PS>,
+        rc = cuda_smem_limit_once(&smem_set_n, (const void *)k_decode<MT, TB, true, false, PS, PF>,
                                   DC_SMEM_MAX, err, errlen);
         if (rc) return rc;
-        CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, true, false, PS>, dim3(grid),
+        CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, true, false, PS, PF>, dim3(grid),
                               dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
                               w->n16a, w->kc, flags, ep, *na, nosum, pl->blocks),
                    err, errlen);
         return 0;
     }
     if (xs) {
-        if (MT != 1 || PS) return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: m=%d > 8", ep.m);
+        if (MT != 1 || PS || PF) return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: m=%d > 8", ep.m);
         rc = cuda_smem_limit_once(&smem_set_s, (const void *)k_decode<1, TB, false, true>,
                                   DC_SMEM_MAX, err, errlen);
         if (rc) return rc;
@@ -2192,10 +2196,10 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
                    err, errlen);
         return 0;
     }
-    rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS>, DC_SMEM_MAX,
+    rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS, PF>, DC_SMEM_MAX,
                               err, errlen);
     if (rc) return rc;
-    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false, PS>, dim3(grid), dim3(DC_WARPS * 32),
+    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false, PS, PF>, dim3(grid), dim3(DC_WARPS * 32),
                           pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, flags, ep,
                           none, nosum, pl->blocks),
                err, errlen);
@@ -2242,15 +2246,24 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     if (na && pl.mt != 1) /* the prologue's row sums hold 8 rows */
         return util_err(err, errlen, -ENOTSUP, "w4a16_linear_norm: m=%d > 8", ep.m);
     const int ps = decode_ps_grid(w, &pl, xs != NULL);
-    switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0)) {
-    case 11: return launch_decode_t<1, 1, false>(w, x, ep, na, xs, &pl, pl.blocks, s, err, errlen);
-    case 12: return launch_decode_t<1, 2, false>(w, x, ep, na, xs, &pl, pl.blocks, s, err, errlen);
-    case 14: return launch_decode_t<1, 4, false>(w, x, ep, na, xs, &pl, pl.blocks, s, err, errlen);
-    case 22: return launch_decode_t<2, 2, false>(w, x, ep, na, xs, &pl, pl.blocks, s, err, errlen);
-    case 111: return launch_decode_t<1, 1, true>(w, x, ep, na, xs, &pl, ps, s, err, errlen);
-    case 112: return launch_decode_t<1, 2, true>(w, x, ep, na, xs, &pl, ps, s, err, errlen);
-    case 114: return launch_decode_t<1, 4, true>(w, x, ep, na, xs, &pl, ps, s, err, errlen);
-    case 122: return launch_decode_t<2, 2, true>(w, x, ep, na, xs, &pl, ps, s, err, errlen);
+    /* The prefetch compiled in (PF) on the plain grid only where the plan
+     * prefetches (MT = 1, not SUM). The persistent grid at MT = 1 keeps it
+     * compiled in whatever its distance: that is the code session 26
+     * measured and tuned there (docs/PERFORMANCE.md "Session 27", item 6). */
+    const int pf = !ps && pl.pf > 0 && pl.mt == 1 && !xs;
+    const int g = ps ? ps : pl.blocks;
+    switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0) + (pf ? 1000 : 0)) {
+    case 11: return launch_decode_t<1, 1, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 12: return launch_decode_t<1, 2, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 14: return launch_decode_t<1, 4, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 22: return launch_decode_t<2, 2, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 1011: return launch_decode_t<1, 1, false, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 1012: return launch_decode_t<1, 2, false, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 1014: return launch_decode_t<1, 4, false, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 111: return launch_decode_t<1, 1, true, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 112: return launch_decode_t<1, 2, true, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 114: return launch_decode_t<1, 4, true, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 122: return launch_decode_t<2, 2, true, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     }
     return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan mt=%d tb=%d", pl.mt, pl.tb);
 }

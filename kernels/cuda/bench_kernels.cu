@@ -234,8 +234,9 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     "  --b2b-split N  and with N splits of K (skinny, tc64; 0: the dispatch's count)\n"
                     "  --mlp-sweep the read-only stream with 4 / 8 KB in flight per warp on grids of 0.5-3x\n"
                     "              two blocks per SM (beside the stream-read ceiling)\n"
-                    "  --b2b-audit also time the decode kernel forced (M <= 16) and print, per point, the\n"
-                    "              dispatch's pick against the other kernel (SLOW: > 3% slower), and a summary\n"
+                    "  --b2b-audit also time the decode kernel forced (M <= 16), from M = 9 skinny (to 64), tc64\n"
+                    "              and the wgmma GEMM forced, and print, per point, the dispatch's pick against\n"
+                    "              the fastest other kernel (SLOW: > 3%% slower), and a summary\n"
                     "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, decode, wgmma) at each M\n"
                     "  --sweep     time the split counts of skinny (M = 1, 2, 4, 16), tc64 (64, 128)\n"
                     "  --sweep-gemm  time every tile and split of the wgmma GEMM (mode 4, 5 or 3) at each --m\n"
@@ -532,18 +533,50 @@ extern "C" int bench_kernels(int argc, char **argv) {
                         });
                         w4a16_decode_kernel(dc0);
                     }
-                    /* the pick's time over the other kernel's (a forced decode where the pick
-                     * is not decode, the dispatch without decode where it is); two timings of
-                     * one kernel are noise, not a choice, and are not compared */
-                    const double other = kc == W4A16_KERNEL_DECODE ? us_mode[1] : ud;
-                    const int cmp = other > 0 && (kc == W4A16_KERNEL_DECODE ? ko != kc : dec_ok);
+                    /* from M = 9 also the GEMV / GEMM kernels forced (skinny to M = 64, tc64,
+                     * the wgmma GEMM where it is built for this device), each that is neither
+                     * the pick nor the dispatch-without-decode's kernel timed above; one that
+                     * fails is left out (err) */
+                    static const enum w4a16_kernel alt[3] = {W4A16_KERNEL_SKINNY, W4A16_KERNEL_TC64,
+                                                             W4A16_KERNEL_WGMMA};
+                    double ua[3] = {0, 0, 0};
+                    char atxt[96] = "";
+                    for (int ai = 0; ai < 3 && mm > 8; ai++) {
+                        const enum w4a16_kernel k = alt[ai];
+                        if (k == kc || k == ko || (k == W4A16_KERNEL_SKINNY && mm > 64) ||
+                            (k == W4A16_KERNEL_WGMMA && !w4a16_gemm_available()))
+                            continue;
+                        int rca = 0;
+                        char erra[256];
+                        const double u = b2b_us(t.a, t.b, bs, calls, [&](int i) {
+                            rca |= w4a16_linear_ex(cp[i % R], dx, mm, dy, epi, k, 0, ws, wsb_var, bs, erra,
+                                                   sizeof erra);
+                        });
+                        if (!rca) ua[ai] = u;
+                        const size_t l = strlen(atxt);
+                        if (rca) snprintf(atxt + l, sizeof atxt - l, " | %s err", kname(k));
+                        else snprintf(atxt + l, sizeof atxt - l, " | %s %7.2f", kname(k), u);
+                    }
+                    /* the pick's time over the fastest other kernel's (a forced decode where
+                     * the pick is not decode, the dispatch without decode where it is, and
+                     * from M = 9 the forced kernels above); two timings of one kernel are
+                     * noise, not a choice, and are not compared */
+                    double other = 0;
+                    enum w4a16_kernel okind = W4A16_KERNEL_AUTO;
+                    auto take = [&](double u, enum w4a16_kernel k) {
+                        if (u > 0 && k != kc && (other == 0 || u < other)) other = u, okind = k;
+                    };
+                    if (kc == W4A16_KERNEL_DECODE) take(us_mode[1], ko);
+                    else if (dec_ok) take(ud, W4A16_KERNEL_DECODE);
+                    for (int ai = 0; ai < 3; ai++) take(ua[ai], alt[ai]);
+                    const int cmp = other > 0;
                     const double r = cmp ? us_mode[0] / other : 1.0;
-                    char dtxt[16] = "    n/a", rtxt[16] = "    -";
+                    char dtxt[16] = "    n/a", rtxt[32] = "    -";
                     if (dec_ok) snprintf(dtxt, sizeof dtxt, "%7.2f", ud);
-                    if (cmp) snprintf(rtxt, sizeof rtxt, "%.3f", r);
-                    printf("audit %-16s M=%-2d pick %-6s %7.2f us | decode forced %s | without decode (%s) %7.2f | "
+                    if (cmp) snprintf(rtxt, sizeof rtxt, "%.3f (%s)", r, kname(okind));
+                    printf("audit %-16s M=%-2d pick %-6s %7.2f us | decode forced %s | without decode (%s) %7.2f%s | "
                            "pick/other %s%s\n", sh.name, mm, kname(kc), us_mode[0], dtxt, kname(ko), us_mode[1],
-                           rtxt, r > 1.03 ? "  SLOW" : "");
+                           atxt, rtxt, r > 1.03 ? "  SLOW" : "");
                     audit_n += cmp;
                     audit_slow += r > 1.03;
                     if (r > audit_worst) audit_worst = r, audit_ws = sh.name, audit_wm = mm;

@@ -234,8 +234,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     "  --b2b-split N  and with N splits of K (skinny, tc64; 0: the dispatch's count)\n"
                     "  --mlp-sweep the read-only stream with 4 / 8 KB in flight per warp on grids of 0.5-3x\n"
                     "              two blocks per SM (beside the stream-read ceiling)\n"
-                    "  --b2b-audit also time the decode kernel forced (M <= 16), from M = 9 skinny (to 64), tc64\n"
-                    "              and the wgmma GEMM forced, and print, per point, the dispatch's pick against\n"
+                    "  --b2b-audit also time the decode kernel forced (M <= 16), from M = 9 skinny (to 64), tc64,\n"
+                    "              the wgmma GEMM and from M = 65 deq+cublas forced, and print, per point, the dispatch's pick against\n"
                     "              the fastest other kernel (SLOW: > 3%% slower), and a summary\n"
                     "  --variants  also time every kernel (skinny, tc64, tc128, deq+cublas, decode, wgmma) at each M\n"
                     "  --sweep     time the split counts of skinny (M = 1, 2, 4, 16), tc64 (64, 128)\n"
@@ -534,17 +534,19 @@ extern "C" int bench_kernels(int argc, char **argv) {
                         w4a16_decode_kernel(dc0);
                     }
                     /* from M = 9 also the GEMV / GEMM kernels forced (skinny to M = 64, tc64,
-                     * the wgmma GEMM where it is built for this device), each that is neither
-                     * the pick nor the dispatch-without-decode's kernel timed above; one that
-                     * fails is left out (err) */
-                    static const enum w4a16_kernel alt[3] = {W4A16_KERNEL_SKINNY, W4A16_KERNEL_TC64,
-                                                             W4A16_KERNEL_WGMMA};
-                    double ua[3] = {0, 0, 0};
-                    char atxt[96] = "";
-                    for (int ai = 0; ai < 3 && mm > 8; ai++) {
+                     * the wgmma GEMM where it is built for this device, from M = 65 dequantize
+                     * + cuBLAS), each that is neither the pick nor the dispatch-without-decode's
+                     * kernel timed above; one that fails (no room in the workspace) is left
+                     * out (err) */
+                    static const enum w4a16_kernel alt[4] = {W4A16_KERNEL_SKINNY, W4A16_KERNEL_TC64,
+                                                             W4A16_KERNEL_WGMMA, W4A16_KERNEL_CUBLAS};
+                    double ua[4] = {0, 0, 0, 0};
+                    char atxt[128] = "";
+                    for (int ai = 0; ai < 4 && mm > 8; ai++) {
                         const enum w4a16_kernel k = alt[ai];
                         if (k == kc || k == ko || (k == W4A16_KERNEL_SKINNY && mm > 64) ||
-                            (k == W4A16_KERNEL_WGMMA && !w4a16_gemm_available()))
+                            (k == W4A16_KERNEL_WGMMA && !w4a16_gemm_available()) ||
+                            (k == W4A16_KERNEL_CUBLAS && mm <= 64))
                             continue;
                         int rca = 0;
                         char erra[256];
@@ -568,7 +570,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     };
                     if (kc == W4A16_KERNEL_DECODE) take(us_mode[1], ko);
                     else if (dec_ok) take(ud, W4A16_KERNEL_DECODE);
-                    for (int ai = 0; ai < 3; ai++) take(ua[ai], alt[ai]);
+                    for (int ai = 0; ai < 4; ai++) take(ua[ai], alt[ai]);
                     const int cmp = other > 0;
                     const double r = cmp ? us_mode[0] / other : 1.0;
                     char dtxt[16] = "    n/a", rtxt[32] = "    -";

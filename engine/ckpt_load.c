@@ -392,8 +392,7 @@ static int run_plan(const struct plan *p, const char *what, char *err, size_t er
             r.ch[r.n_chunks++] = (struct chunk){i, a, a + rows_per < p->b[i].nr ? a + rows_per
                                                                                   : p->b[i].nr};
     }
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int nth = total < (64u << 20) ? 1 : (int)(ncpu > 8 ? 8 : (ncpu < 1 ? 1 : ncpu));
+    int nth = total < (64u << 20) ? 1 : util_cpus(8);
     double t0 = util_now_s();
     int progress = total >= PROGRESS_MIN_BYTES || getenv("AWQD_LOAD_PROGRESS") != NULL;
     if (nth == 1) {

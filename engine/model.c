@@ -7,7 +7,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "engine/util.h"
 #ifdef AWQD_CUDA
@@ -990,8 +989,8 @@ static int worker_init(struct rank_worker *w) {
     if (!strcmp(o->backend, "cpu")) {
         int th = o->cpu_threads;
         if (th <= 0) {
-            long nc = sysconf(_SC_NPROCESSORS_ONLN);
-            th = nc > g->tp ? (int)nc / g->tp : 1;
+            const int nc = util_cpus(0);
+            th = nc > g->tp ? nc / g->tp : 1;
         }
         rc = ops_cpu_create(th, &w->ops, w->err, sizeof w->err);
     } else if (!strcmp(o->backend, "cuda")) {

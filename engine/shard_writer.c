@@ -204,8 +204,7 @@ int sw_run(struct shard_writer *w, int threads, sw_unit_fn fn, void *ctx, const 
            char *err, size_t errlen) {
     w->fn = fn;
     w->ctx = ctx;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int nth = threads > 0 ? threads : (int)(ncpu > 0 ? ncpu : 1);
+    int nth = threads > 0 ? threads : util_cpus(0);
     if (nth > SW_MAX_THREADS) nth = SW_MAX_THREADS;
     if (nth > w->n_units) nth = w->n_units > 0 ? w->n_units : 1;
     pthread_t th[SW_MAX_THREADS];

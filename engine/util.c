@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +126,16 @@ void util_assert_fail(const char *expr, const char *file, int line) {
 int util_env_is_zero(const char *name) {
     const char *e = getenv(name);
     return e && !strcmp(e, "0");
+}
+
+int util_cpus(int cap) {
+    long n = 0;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+    if (n < 1) n = sysconf(_SC_NPROCESSORS_ONLN); /* more CPUs than cpu_set_t holds, or no mask */
+    if (n < 1) n = 1;
+    if (cap > 0 && n > cap) n = cap;
+    return (int)n;
 }
 
 int util_parse_int_list(const char *s, int *out, int max) {

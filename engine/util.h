@@ -50,6 +50,11 @@ void util_assert_fail(const char *expr, const char *file, int line) __attribute_
  * unless set to 0 (AWQD_CUDA_GRAPHS=0, AWQD_COMM_PDL=0, ...). */
 int util_env_is_zero(const char *name);
 
+/* The CPUs this thread may run on: its affinity mask (systemd's
+ * CPUAffinity=, taskset, a cgroup cpuset), else the online count; at least
+ * 1, and at most cap where cap > 0. The default for every thread count. */
+int util_cpus(int cap);
+
 /* Parses "1,2,3" into ints; returns the count or -EINVAL / -E2BIG. */
 int util_parse_int_list(const char *s, int *out, int max);
 

@@ -8,7 +8,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "engine/util.h"
 #include "kernels/cpu/sample_cpu.h"
@@ -506,10 +505,7 @@ static void cpu_destroy(struct ops *ops) {
 
 int ops_cpu_create(int n_threads, struct ops **out, char *err, size_t errlen) {
     *out = NULL;
-    if (n_threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        n_threads = n > 0 ? (int)n : 1;
-    }
+    if (n_threads <= 0) n_threads = util_cpus(0);
     struct ops *o = calloc(1, sizeof *o);
     struct cpu_ctx *c = calloc(1, sizeof *c);
     if (!o || !c) {

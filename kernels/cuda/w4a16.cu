@@ -46,7 +46,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <atomic>
 
@@ -1260,8 +1259,7 @@ static __global__ void k_silu_mul(const uint16_t *__restrict__ Y, const uint16_t
  * threads for). */
 static int repack_threads(int K, int N) {
     if ((size_t)K * N / 2 < ((size_t)4 << 20)) return 1;
-    const long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > 16 ? 16 : (int)n;
+    return util_cpus(16);
 }
 
 extern "C" int w4a16_upload(const struct awq_linear *l, enum w4a16_layout layout,

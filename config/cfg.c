@@ -41,7 +41,7 @@ static const struct setting SETTINGS[] = {
     {"kv_block_size", K_INT, F(kv_block_size), 1, 256, "tokens per KV-cache block"},
     {"kv_cache_tokens", K_INT, F(kv_cache_tokens), 0, 1 << 26,
      "KV-cache capacity in tokens (0: auto; on GPUs what gpu_memory_fraction leaves)"},
-    {"cpu_threads", K_INT, F(cpu_threads), 0, 1024, "CPU backend threads (0: all cores)"},
+    {"cpu_threads", K_INT, F(cpu_threads), 0, 1024, "CPU backend threads (0: the CPUs of the affinity mask, shared by the ranks)"},
     {"api_key", K_STR, F(api_key), 0, 0, "require 'Authorization: Bearer KEY' on /v1/*"},
     {"api_key_file", K_STR, F(api_key_file), 0, 0, "read the API key from this file"},
     {"max_body_bytes", K_LONG, F(max_body_bytes), 1024, 1073741824.0, "request body limit in bytes (413)"},

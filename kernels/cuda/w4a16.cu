@@ -1252,8 +1252,8 @@ static __global__ void k_silu_mul(const uint16_t *__restrict__ Y, const uint16_t
 /* Host: upload / repack                                                     */
 /* ------------------------------------------------------------------------ */
 
-/* Threads for the host repack of a K x N matrix: the online CPUs, at most
- * 16 (a Qwen3-32B gate|up matrix: 0.5-0.8 s on one thread before w4a16_repack.c;
+/* Threads for the host repack of a K x N matrix: the CPUs of the affinity
+ * mask (util_cpus), at most 16 (a Qwen3-32B gate|up matrix: 0.5-0.8 s on one thread before w4a16_repack.c;
  * tensor-parallel ranks load at the same time, each with its own pool), and
  * one below 4 MB of weights (~10 ms on one thread: not worth starting
  * threads for). */
@@ -2184,7 +2184,8 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
         return 0;
     }
     if (xs) {
-        if (MT != 1 || PS || PF) return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: m=%d > 8", ep.m);
+        if (MT != 1 || PS || PF) /* launch_decode gives SUM only the plain grid without prefetch */
+            return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: m=%d > 8 or not the plain grid", ep.m);
         rc = cuda_smem_limit_once(&smem_set_s, (const void *)k_decode<1, TB, false, true>,
                                   DC_SMEM_MAX, err, errlen);
         if (rc) return rc;

@@ -338,6 +338,8 @@ int model_init(const struct model_weights *w, struct ops *ops, struct comm *comm
         if (!(L->v_cache = ops->alloc(c, BUF_ACT, kv_elems))) goto oom;
     }
 
+    if (ops->weights_done) ops->weights_done(c);
+
     /* workspace */
     what = "workspace";
     int S = o.max_seqs;

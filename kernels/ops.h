@@ -181,6 +181,10 @@ struct ops {
     struct op_linear *(*upload_linear)(void *ctx, const struct awq_linear *l,
                                        enum linear_kind kind);
     void (*free_linear)(void *ctx, struct op_linear *l);           /* NULL ok */
+    /* Optional (NULL: nothing to do): the model's weights are all uploaded;
+     * the backend may drop what it kept for uploads (CUDA: the pinned host
+     * buffer the linears are repacked into). Uploads may still follow. */
+    void (*weights_done)(void *ctx);
 
     /* --- compute ----------------------------------------------------------- */
     /* out[i, :] = table[ids[i] - row_start, :] when row_start <= ids[i] <

@@ -443,8 +443,8 @@ static struct op_linear *cu_upload_linear(void *ctx, const struct awq_linear *l,
     if (!o) return NULL;
     char err[256];
     o->kind = kind;
-    if (w4a16_upload(l, kind == LINEAR_GATE_UP ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &o->w,
-                     err, sizeof err)) {
+    if (w4a16_upload_staged(l, kind == LINEAR_GATE_UP ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN,
+                            &c->up_stage, &o->w, err, sizeof err)) {
         log_error("cuda backend: upload of a %dx%d linear: %s", l->k, l->n, err);
         free(o);
         return NULL;
@@ -1255,11 +1255,19 @@ static void cu_graph_free(void *ctx, struct op_graph *g) {
     c->n_graphs--;
 }
 
+/* the load is over: the repack buffer goes (a later upload_linear makes a new one) */
+static void cu_weights_done(void *ctx) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    cudaSetDevice(c->device);
+    w4a16_stage_free(&c->up_stage);
+}
+
 static void cu_destroy(struct ops *ops) {
     if (!ops) return;
     struct cuda_ctx *c = (struct cuda_ctx *)ops->ctx;
     if (c) {
         cudaSetDevice(c->device);
+        w4a16_stage_free(&c->up_stage);
         if (c->stream) cudaStreamSynchronize(c->stream);
         log_info("cuda backend: device scratch at exit: linear split-K %.1f MB, decode attention "
                  "partials %.1f MB, attention partials %.1f MB, lm_head gather %.1f MB",
@@ -1368,6 +1376,7 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     o->download = cu_download;
     o->copy = cu_copy;
     o->upload_linear = cu_upload_linear;
+    o->weights_done = cu_weights_done;
     o->free_linear = cu_free_linear;
     o->embed = cu_embed;
     o->add_rmsnorm = cu_add_rmsnorm;

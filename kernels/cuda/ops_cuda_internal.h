@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 extern "C" {
+#include "kernels/cuda/w4a16.h"
 #include "kernels/ops.h"
 }
 
@@ -54,6 +55,8 @@ struct cuda_ctx {
     /* host staging for fp16 <-> fp32 conversions (pinned) */
     uint16_t *h_stage;
     size_t h_stage_elems;
+    /* upload_linear's repack buffer (pinned), freed by weights_done */
+    struct w4a16_stage up_stage;
     /* lm_head: gathered rows, fp16 [cap, dim] */
     uint16_t *d_gather;
     size_t gather_elems;

@@ -1262,8 +1262,41 @@ static int repack_threads(int K, int N) {
     return util_cpus(16);
 }
 
+extern "C" void w4a16_stage_free(struct w4a16_stage *st) {
+    if (!st || !st->p) return;
+    if (st->pinned) cudaFreeHost(st->p);
+    else free(st->p);
+    st->p = NULL;
+    st->cap = 0;
+    st->pinned = 0;
+}
+
+/* st's buffer with room for bytes: grown (a quarter more, so that the next
+ * larger linear seldom grows it again), pinned where cudaMallocHost gives
+ * it, else plain; NULL when out of host memory */
+static void *stage_room(struct w4a16_stage *st, size_t bytes) {
+    if (st->cap >= bytes) return st->p;
+    w4a16_stage_free(st);
+    const size_t cap = bytes + bytes / 4;
+    if (cudaMallocHost(&st->p, cap) == cudaSuccess) {
+        st->pinned = 1;
+    } else {
+        cudaGetLastError(); /* not sticky; fall back to pageable memory */
+        st->p = malloc(cap);
+        if (!st->p) return NULL;
+    }
+    st->cap = cap;
+    return st->p;
+}
+
 extern "C" int w4a16_upload(const struct awq_linear *l, enum w4a16_layout layout,
                             struct w4a16_weight **out, char *err, size_t errlen) {
+    return w4a16_upload_staged(l, layout, NULL, out, err, errlen);
+}
+
+extern "C" int w4a16_upload_staged(const struct awq_linear *l, enum w4a16_layout layout,
+                                   struct w4a16_stage *st, struct w4a16_weight **out, char *err,
+                                   size_t errlen) {
     *out = NULL;
     if (!l || !l->qweight || !l->qzeros || !l->scales)
         return util_err(err, errlen, -EINVAL, "w4a16_upload: missing tensors");
@@ -1293,12 +1326,31 @@ extern "C" int w4a16_upload(const struct awq_linear *l, enum w4a16_layout layout
     w->kg = d.kg;
     const int n16a = w->n16a;
 
-    /* repacked on the host (kernels/cuda/w4a16_repack.c), on up to 16 threads */
+    /* repacked on the host (kernels/cuda/w4a16_repack.c), on up to 16 threads,
+     * into st's buffer (qw | scales | bias | zeros, each 16-byte aligned) or,
+     * without st, into buffers of this call */
     const size_t qw_n = w4a16_repack_qw_words(&d), sc_n = w4a16_repack_sz_count(&d);
-    uint32_t *hq = (uint32_t *)malloc(qw_n * 4);
-    uint32_t *hs = (uint32_t *)malloc(sc_n * 4);
-    uint8_t *hz = (uint8_t *)malloc(sc_n);
-    uint16_t *hb = l->bias ? (uint16_t *)malloc((size_t)n16a * 16 * 2) : NULL;
+    const size_t bias_b = l->bias ? (size_t)n16a * 16 * 2 : 0;
+    uint32_t *hq = NULL, *hs = NULL;
+    uint8_t *hz = NULL;
+    uint16_t *hb = NULL;
+    unsigned char *sp = NULL;
+    if (st) {
+        const size_t o_s = (qw_n * 4 + 15) / 16 * 16, o_b = o_s + (sc_n * 4 + 15) / 16 * 16,
+                     o_z = o_b + (bias_b + 15) / 16 * 16;
+        sp = (unsigned char *)stage_room(st, o_z + sc_n);
+        if (sp) {
+            hq = (uint32_t *)sp;
+            hs = (uint32_t *)(sp + o_s);
+            hb = l->bias ? (uint16_t *)(sp + o_b) : NULL;
+            hz = sp + o_z;
+        }
+    } else {
+        hq = (uint32_t *)malloc(qw_n * 4);
+        hs = (uint32_t *)malloc(sc_n * 4);
+        hz = (uint8_t *)malloc(sc_n);
+        hb = l->bias ? (uint16_t *)malloc(bias_b) : NULL;
+    }
     int rc = 0;
     if (!hq || !hs || !hz || (l->bias && !hb) || w4a16_repack(l, &d, hq, hs, hz, hb, repack_threads(K, N))) {
         rc = util_err(err, errlen, -ENOMEM, "w4a16_upload: out of host memory (K=%d N=%d)", K, N);
@@ -1345,10 +1397,12 @@ extern "C" int w4a16_upload(const struct awq_linear *l, enum w4a16_layout layout
     *out = w;
     w = NULL;
 done:
-    free(hq);
-    free(hs);
-    free(hz);
-    free(hb);
+    if (!sp) { /* buffers of this call (st's are kept) */
+        free(hq);
+        free(hs);
+        free(hz);
+        free(hb);
+    }
     if (w) w4a16_free(w);
     return rc;
 }

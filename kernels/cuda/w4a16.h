@@ -108,6 +108,21 @@ enum w4a16_kernel {
  * repacked for the kernels (still 4 bits per weight; docs/KERNELS.md). */
 int w4a16_upload(const struct awq_linear *l, enum w4a16_layout layout,
                  struct w4a16_weight **out, char *err, size_t errlen);
+
+/* A host buffer that w4a16_upload_staged repacks into and copies from,
+ * kept across the linears of a load: pinned (page-locked) where the
+ * driver gives it, grown to the largest linear, so that no linear pays
+ * for fresh pages nor for a copy from pageable memory. Zero-initialize;
+ * w4a16_stage_free when the load is done. One per thread. */
+struct w4a16_stage {
+    void *p;
+    size_t cap;
+    int pinned;
+};
+int w4a16_upload_staged(const struct awq_linear *l, enum w4a16_layout layout,
+                        struct w4a16_stage *st, struct w4a16_weight **out, char *err,
+                        size_t errlen);
+void w4a16_stage_free(struct w4a16_stage *st);
 void w4a16_free(struct w4a16_weight *w); /* NULL ok */
 
 /* K, N (as in the checkpoint), output columns (N, or N/2 for GATE_UP), device

@@ -62,6 +62,7 @@
 #include "kernels/cuda/w4a16_common.cuh"
 #include "kernels/cuda/xchg.cuh"
 #include "kernels/cuda/w4a16_gemm.h" /* gemm helper (Session 3): sm_90a large-M GEMM */
+#include "kernels/cuda/nat_rule.h"
 
 extern "C" {
 #include "engine/ckpt.h"
@@ -92,7 +93,6 @@ struct w4a16_weight {
 };
 
 #define CNT_LEN_MIN 4096
-#define DISPATCH_HBM_BIG_BYTES (120ull * 1000 * 1000 * 1000) /* hbm_big: the H200 class */
 
 /* ------------------------------------------------------------------------ */
 /* Device helpers                                                            */
@@ -1371,7 +1371,7 @@ extern "C" int w4a16_upload_staged(const struct awq_linear *l, enum w4a16_layout
             e = cudaDeviceGetAttribute(&w->smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
         size_t mem_free = 0, mem_total = 0;
         if (e == cudaSuccess) e = cudaMemGetInfo(&mem_free, &mem_total);
-        w->hbm_big = mem_total > DISPATCH_HBM_BIG_BYTES;
+        w->hbm_big = mem_total > NAT_BIG_HBM_BYTES;
         if (e != cudaSuccess) {
             rc = util_err(err, errlen, -EIO, "w4a16_upload: no CUDA device: %s", cudaGetErrorString(e));
             goto done;
@@ -1595,41 +1595,7 @@ static int gemm_env(void) {
 #define DISPATCH_NAT_BIG_KN (48ll << 20)
 #define DISPATCH_NAT_SK_MAX_M 1024    /* with stream-K, where x is within its limit */
 #define DISPATCH_NAT_GU_MAX_M 2048
-/* With stream-K also at M = 33-64 for the largest matrices with K >= 5120
- * (K N >= 96 Mi): H100, M = 48-64, against tc64: Qwen3-32B gate|up
- * 1.19-1.25x, down 1.07-1.09x, its tp=2 gate|up 1.16-1.28x; Qwen3-8B
- * gate|up (K = 4096) lost 5-10%, down 10%, the 32B tp=2 down 3-5%; 32B
- * q|k|v won 1.2x (52 Mi, left out). */
-#define DISPATCH_NAT_SK_MIN_M 33
-#define DISPATCH_NAT_SK_MIN_K 5120
-#define DISPATCH_NAT_SK_KN (96ll << 20)
-/* The H200 (device memory > 120 GB; the H100's 80-94 GB keep the rule
- * above), session 28, back to back (bench kernels --b2b-audit, two runs,
- * every Qwen3-8B / Qwen3-32B / Llama-3-70B shape and tp = 2 / 4 shard,
- * docs/PERFORMANCE.md "Session 28"): at M = 40-64 the wgmma GEMM with
- * stream-K took 0.64-0.96x tc64's time wherever N >= 4096 and K N >= 16 Mi
- * (Llama-3-70B q|k|v 41.2 vs 64.5 us at M = 64), but not on Qwen3-8B gate|up
- * (K = 4096: 0.96-1.04x, a tie; tc64 kept, as on the H100); it lost
- * 1.03-1.17x on the tp = 4 q|k|v shards (N = 2560) and Qwen3-32B tp = 4 o
- * (K N = 10 Mi). At M = 28-32 it took 0.86-0.97x the skinny kernel's time
- * where K >= 14336 (the down_proj of Qwen3-32B, Llama-3-70B and its tp = 2
- * shard) and lost where K is smaller (Qwen3-32B tp = 2 down, K = 12800:
- * 1.07-1.14x). M = 33-39 (not measured) go with 40: both kernels' times
- * are flat in M there. End to end (2x H200, the same binary with the rule
- * on / off, two runs): qwen3-32b batch 40 / 48 / 64 19.2-19.4 ms against
- * 21.3-21.7 (-10%), batch 32 17.20 against 17.55-17.62; its tp = 2 batch
- * 48 / 64 -1.8 / -2.5%; Qwen3-8B batch 40 / 48 -5 to -6%, 64 -2%. */
-#define DISPATCH_NAT_BIG_MIN_N 4096
-#define DISPATCH_NAT_BIG_MIN_KN (16ll << 20)
-#define DISPATCH_NAT_BIG_SKINNY_MIN_M 28
-#define DISPATCH_NAT_BIG_SKINNY_MIN_K 14336
-static int nat_window_hbm_big(const struct w4a16_weight *w, int m) {
-    const long long n = (long long)w->n16 * 16;
-    if (m >= DISPATCH_NAT_SK_MIN_M)
-        return n >= DISPATCH_NAT_BIG_MIN_N && (long long)w->k * n >= DISPATCH_NAT_BIG_MIN_KN &&
-               !(w->layout == W4A16_LAYOUT_GATE_UP && w->k < DISPATCH_NAT_SK_MIN_K);
-    return m >= DISPATCH_NAT_BIG_SKINNY_MIN_M && w->k >= DISPATCH_NAT_BIG_SKINNY_MIN_K;
-}
+/* M = 28-64 (the H100's and the H200's rules): kernels/cuda/nat_rule.h */
 /* AWQD_W4A16_NAT_BIG=0 turns the H200 rule off (the H100's then applies),
  * =1 applies it on any sm_90a device (to measure it on an H100: the H100
  * rule came from single cold calls, where on the H200 too the wgmma GEMM
@@ -1642,10 +1608,9 @@ static int nat_big(const struct w4a16_weight *w) {
 static int nat_window(const struct w4a16_weight *w, int m) {
     if (gemm_env() == 0 || w4a16_gemm_auto_mode() < 4 || !w4a16_gemm_available()) return 0;
     const int sk = w4a16_gemm_stream_k();
-    if (m < DISPATCH_NAT_MIN_M && sk && nat_big(w)) return nat_window_hbm_big(w, m);
     if (m < DISPATCH_NAT_MIN_M)
-        return m >= DISPATCH_NAT_SK_MIN_M && sk && w->k >= DISPATCH_NAT_SK_MIN_K &&
-               (long long)w->k * w->n16 * 16 >= DISPATCH_NAT_SK_KN;
+        return sk && nat_mid_takes(m, w->k, (long long)w->n16 * 16, w->layout == W4A16_LAYOUT_GATE_UP,
+                                   nat_big(w));
     if (m <= DISPATCH_NAT_ALL_MAX_M) return 1;
     if (m <= DISPATCH_NAT_BIG_MAX_M && (sk || (long long)w->k * w->n16 * 16 >= DISPATCH_NAT_BIG_KN)) return 1;
     if (m <= DISPATCH_NAT_SK_MAX_M && sk && (size_t)m * w->k * 2 <= W4A16_GEMM_SK_X_MAX_BYTES) return 1;

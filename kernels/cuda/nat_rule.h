@@ -1,0 +1,57 @@
+/* nat_rule.h — where the wgmma GEMM (mode 4 with stream-K, w4a16_gemm.cu)
+ * takes the middle M range, 28-64, from tc64 and the skinny kernel
+ * (kernels/cuda/w4a16.cu, nat_window). Plain integer arithmetic, shared by
+ * the CUDA backend and a CPU test (tests/test_nat_rule.c), so that the
+ * measured rules are checked in CI. Measurements: docs/PERFORMANCE.md
+ * "Session 19" (the H100 rule) and "Session 28" (the H200 rule), and
+ * docs/KERNELS.md "Mode 4". */
+#ifndef AWQD_NAT_RULE_H
+#define AWQD_NAT_RULE_H
+
+/* The H100 (session 19, single cold calls, against tc64 at M = 48-64):
+ * M = 33-64 only for the largest matrices, K >= 5120 and K N >= 96 Mi
+ * (Qwen3-32B gate|up 1.19-1.25x, down 1.07-1.09x, its tp=2 gate|up
+ * 1.16-1.28x; Qwen3-8B gate|up (K = 4096) lost 5-10%, down 10%, the 32B
+ * tp=2 down 3-5%; 32B q|k|v won 1.2x (52 Mi, left out)). */
+#define NAT_SK_MIN_M 33
+#define NAT_SK_MIN_K 5120
+#define NAT_SK_KN (96ll << 20)
+
+/* The H200 (device memory > 120 GB; nat_rule's hbm_big), session 28, back
+ * to back (bench kernels --b2b-audit, two runs, every Qwen3-8B / Qwen3-32B
+ * / Llama-3-70B shape and tp = 2 / 4 shard): at M = 40-64 the wgmma GEMM
+ * took 0.64-0.96x tc64's time wherever N >= 4096 and K N >= 16 Mi
+ * (Llama-3-70B q|k|v 41.2 vs 64.5 us at M = 64), but not on Qwen3-8B
+ * gate|up (K = 4096: 0.96-1.04x, a tie; tc64 kept, as on the H100); it
+ * lost 1.03-1.17x on the tp = 4 q|k|v shards (N = 2560) and Qwen3-32B
+ * tp = 4 o (K N = 10 Mi). At M = 28-32 it took 0.86-0.97x the skinny
+ * kernel's time where K >= 14336 (the down_proj of Qwen3-32B, Llama-3-70B
+ * and its tp = 2 shard) and lost where K is smaller (Qwen3-32B tp = 2 down,
+ * K = 12800: 1.07-1.14x). M = 33-39 (not measured) go with 40: both
+ * kernels' times are flat in M there. End to end (2x H200, the same binary
+ * with the rule on / off, two runs): qwen3-32b batch 40 / 48 / 64 19.2-19.4
+ * ms against 21.3-21.7 (-10%), batch 32 17.20 against 17.55-17.62; its
+ * tp = 2 batch 48 / 64 -1.8 / -2.5%; Qwen3-8B batch 40 / 48 -5 to -6%, 64
+ * -2%. Single cold calls show the wgmma GEMM 3-10% slower at M = 64 on the
+ * H200 too, so the H100's rule (from single calls) may hide the same gain;
+ * AWQD_W4A16_NAT_BIG=1 measures it there. */
+#define NAT_BIG_HBM_BYTES (120ull * 1000 * 1000 * 1000)
+#define NAT_BIG_MIN_N 4096
+#define NAT_BIG_MIN_KN (16ll << 20)
+#define NAT_BIG_SKINNY_MIN_M 28
+#define NAT_BIG_SKINNY_MIN_K 14336
+
+/* Whether mode 4 takes M < 65 on a K x N weight (N: all output columns of
+ * the weight, 2 x the intermediate size for gate|up), given that stream-K
+ * is on and the GEMM is built for the device; hbm_big: the H200 rule. */
+static inline int nat_mid_takes(int m, int k, long long n, int gate_up, int hbm_big) {
+    const long long kn = (long long)k * n;
+    if (hbm_big) {
+        if (m >= NAT_SK_MIN_M)
+            return n >= NAT_BIG_MIN_N && kn >= NAT_BIG_MIN_KN && !(gate_up && k < NAT_SK_MIN_K);
+        return m >= NAT_BIG_SKINNY_MIN_M && k >= NAT_BIG_SKINNY_MIN_K;
+    }
+    return m >= NAT_SK_MIN_M && k >= NAT_SK_MIN_K && kn >= NAT_SK_KN;
+}
+
+#endif

@@ -17,7 +17,7 @@
 #define NAT_SK_MIN_K 5120
 #define NAT_SK_KN (96ll << 20)
 
-/* The H200 (device memory > 120 GB; nat_rule's hbm_big), session 28, back
+/* The H200 (device memory > 120 GB: w4a16.cu's hbm_big), session 28, back
  * to back (bench kernels --b2b-audit, two runs, every Qwen3-8B / Qwen3-32B
  * / Llama-3-70B shape and tp = 2 / 4 shard): at M = 40-64 the wgmma GEMM
  * took 0.64-0.96x tc64's time wherever N >= 4096 and K N >= 16 Mi

@@ -64,6 +64,12 @@ DC_FN int dc_blocks_per_sm(const struct dc_gpu *g, size_t smem) {
     return n < 2 ? n : 2;
 }
 
+/* Whether a block of smem bytes can launch: within the kernel's own limit
+ * and the device's opt-in maximum (where known). */
+DC_FN int dc_smem_fits(const struct dc_gpu *g, size_t smem) {
+    return smem <= DC_SMEM_MAX && (g->smem_optin <= 0 || smem <= (size_t)g->smem_optin);
+}
+
 /* The L2 prefetch (pf, k_decode at MT = 1, not the SUM variant): each warp
  * requests the lines of its ring turn after next into L2 (a hint: no
  * registers), only where one block fits per SM. There the SM has 8 warps,
@@ -127,7 +133,7 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
     }
     if (mt == 2) tb = 2;
     const size_t smem = dc_smem_bytes(m, K, tb, mt);
-    if (smem > DC_SMEM_MAX || (g->smem_optin > 0 && smem > (size_t)g->smem_optin)) return 0;
+    if (!dc_smem_fits(g, smem)) return 0;
     pl->mt = mt;
     pl->tb = tb;
     pl->pf = dc_pf_rule(mt, g, smem);
@@ -241,7 +247,7 @@ DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
     for (int tb = 4; tb >= 1; tb /= 2) {
         if ((tb_fixed && tb != pl->tb) || (pl->mt == 2 && tb != 2) || kg % (DC_WARPS * (4 / tb)) != 0) continue;
         const size_t smem = dc_smem_bytes(pl->m, pl->k, tb, pl->mt);
-        if (smem > DC_SMEM_MAX || (g->smem_optin > 0 && smem > (size_t)g->smem_optin)) continue;
+        if (!dc_smem_fits(g, smem)) continue;
         const int slots = sms * dc_blocks_per_sm(g, smem), blocks = (pl->n16 + tb - 1) / tb;
         if (slots < 1 || blocks <= slots) continue;
         const int waves = (blocks + slots - 1) / slots, fill = (int)(100L * blocks / ((long)waves * slots));

@@ -6,7 +6,8 @@
  * of its context. The context length is read on the device (past[s] + 1;
  * past[s] < 0 marks a padding row: no keys). Split k takes keys
  * [k * per, min(ctx, (k + 1) * per)) with per = max(ceil(ctx / ns),
- * min_keys), so short contexts use few splits and the rest exit at once
+ * min_keys), so short contexts use few splits; with DEC_EMPTY_NS splits or
+ * more the rest write only an empty state and exit at once
  * (min_keys: c->dec_min_keys, 32; AWQD_CUDA_DEC_MIN_KEYS for tuning — on an
  * H100, Qwen3-8B batch 1 / context 512, 8 and 16 were even, 128 / 256 /
  * 1024 slower: 345, 312, 266 against 364 tok/s).
@@ -56,6 +57,11 @@ extern "C" {
 
 #define DEC_NT 128
 #define DEC_MAX_SPLITS 64
+/* From this many splits the tensor-core kernel's splits without keys write
+ * only the empty state and exit (batch 1 on 4-8 KV heads: 33-64 splits, of
+ * which a context of 512 fills 16; H200, session 29: qwen3-32b batch 1 1.2%
+ * faster at tp = 1, 2% at tp = 2, the same at tp = 4) */
+#define DEC_EMPTY_NS 32
 static_assert(DEC_MAX_SPLITS <= DEC_NT, "the combine kernel loads one split per thread");
 
 /* One K or V tile of TK keys from key t0 (keys >= ke zero-filled) into dst,
@@ -269,7 +275,7 @@ static __device__ __forceinline__ float dec_split_weight(float m, float M) {
  * registers at <= 128 (4 CTAs per SM; with Q in registers 167, 3 per SM).
  * Same split rule, partials and combine kernel as the SIMT kernel. */
 
-template <int HD, int G>
+template <int HD, int G, bool EMPTY>
 static __global__ void __launch_bounds__(DEC_NT, 4)
 attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
                    const int *block_table, const int *past, float *part, int nh, int nkv,
@@ -292,6 +298,21 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
     if (per < min_keys) per = min_keys;
     const int kb = k * per < ctx ? k * per : ctx;
     const int ke = kb + per < ctx ? kb + per : ctx;
+    if (EMPTY && kb >= ke) {
+        /* a split without keys (ns > 1): only the empty state (m = -inf,
+         * l = 0) that the merge skips, after the wait (the previous layer's
+         * merge may still read these partials until then) */
+        if (prewait) {
+            ops_cuda_pdl_wait();
+            ops_cuda_pdl_trigger();
+        }
+        for (int r = tid; r < G; r += DEC_NT) {
+            float *pp = part + (((size_t)s * nh + g * G + r) * ns + k) * (HD + 2);
+            pp[HD] = -INFINITY;
+            pp[HD + 1] = 0.0f;
+        }
+        return;
+    }
     const size_t width = (size_t)(nh + 2 * nkv) * HD;
     const int *bt = block_table + (size_t)s * max_blocks;
 
@@ -501,7 +522,9 @@ int ops_cuda__attn_decode_splits(const struct cuda_ctx *c, int n_seqs, int nkv) 
      * linears of session 4-5) 4,2 beat 4,4 at every batch below 64 (same run,
      * whole model: batch 1 327 -> 366 tok/s, batch 32 / context 4096 2191 ->
      * 2509), equal at 64; 4,1 and 4,8 were no better at batch 1.
-     * AWQD_CUDA_DEC_SPLIT=lo,hi overrides (tuning) */
+     * AWQD_CUDA_DEC_SPLIT=lo,hi overrides (tuning); AWQD_CUDA_DEC_NS=n forces
+     * n splits (tuning) */
+    if (c->dec_ns > 0) return c->dec_ns < DEC_MAX_SPLITS ? c->dec_ns : DEC_MAX_SPLITS;
     int ctas = n_seqs * nkv;
     if (ctas >= c->dec_lo * c->n_sms) return 1;
     int ns = (c->dec_hi * c->n_sms + ctas - 1) / ctas;
@@ -554,9 +577,19 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
         /* tensor cores; K/V tiles only (the warps' O reuse them at the end) */
         constexpr int HDT = HD <= 128 ? HD : 128;
         size_t smem = (size_t)(2 * 64 + 16) * (HDT + 8) * 2; /* K, V tiles + Q */
-        e = ops_cuda_launch(c, attn_dec_tc_kernel<HDT, G>, dim3(ns, nkv, S), dim3(DEC_NT),
-                            smem, out, qkv, kc, vc, bt, past, c->dec_part, nh, nkv, ab->max_blocks,
-                            ab->block_size, qscale, c->dec_min_keys, c->pdl && c->dec_prewait);
+        /* many splits (batch 1-2): the splits without keys skip the work
+         * (DEC_EMPTY_NS); else the kernel without that branch (measured
+         * 0.3-0.9% faster at batch 8 / 32, where every split has keys) */
+        if (ns >= DEC_EMPTY_NS)
+            e = ops_cuda_launch(c, attn_dec_tc_kernel<HDT, G, true>, dim3(ns, nkv, S), dim3(DEC_NT),
+                                smem, out, qkv, kc, vc, bt, past, c->dec_part, nh, nkv,
+                                ab->max_blocks, ab->block_size, qscale, c->dec_min_keys,
+                                c->pdl && c->dec_prewait);
+        else
+            e = ops_cuda_launch(c, attn_dec_tc_kernel<HDT, G, false>, dim3(ns, nkv, S), dim3(DEC_NT),
+                                smem, out, qkv, kc, vc, bt, past, c->dec_part, nh, nkv,
+                                ab->max_blocks, ab->block_size, qscale, c->dec_min_keys,
+                                c->pdl && c->dec_prewait);
     } else {
         size_t smem = dec_smem_bytes(HD, G);
         if (smem > 48 * 1024)

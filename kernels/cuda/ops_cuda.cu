@@ -1331,6 +1331,8 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     c->dec_hi = 2;
     const char *mk_env = getenv("AWQD_CUDA_DEC_MIN_KEYS");
     c->dec_min_keys = mk_env && atoi(mk_env) >= 1 ? atoi(mk_env) : 32;
+    const char *ns_env = getenv("AWQD_CUDA_DEC_NS");
+    c->dec_ns = ns_env && atoi(ns_env) >= 1 && atoi(ns_env) <= 64 ? atoi(ns_env) : 0;
     const char *split_env = getenv("AWQD_CUDA_DEC_SPLIT");
     if (split_env) {
         int lo = 0, hi = 0;

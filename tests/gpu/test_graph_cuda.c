@@ -158,6 +158,10 @@ static void attn_graph_case(int hd, int nh, int nkv, int S, int P, int rounds) {
                 past[s] = ctx_choice[gr_rnd() % (sizeof ctx_choice / sizeof ctx_choice[0])];
                 if (r == 0 && s == 0) past[s] = 0;       /* context 1 */
                 if (r == 1 && s == 0) past[s] = 2200;    /* longest */
+                /* short after the longest: the splits without keys hold
+                 * round 1's partials unless they write their empty state
+                 * (attn_decode.cu, DEC_EMPTY_NS) */
+                if (r == 2 && s == 0) past[s] = 100;
                 pos[s] = past[s];
                 slots[s] = bt[(size_t)s * MB + past[s] / bs] * bs + past[s] % bs;
             } else { /* padding */

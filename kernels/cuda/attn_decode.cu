@@ -59,8 +59,9 @@ extern "C" {
 #define DEC_MAX_SPLITS 64
 /* From this many splits the tensor-core kernel's splits without keys write
  * only the empty state and exit (batch 1 on 4-8 KV heads: 33-64 splits, of
- * which a context of 512 fills 16; H200, session 29: qwen3-32b batch 1 1.2%
- * faster at tp = 1, 2% at tp = 2, the same at tp = 4) */
+ * which a context of 512 fills 16; 4x H200, session 29: qwen3-32b batch 1
+ * at context 512 1.8% faster at tp = 1, 2.4% at tp = 2; the same at tp = 4,
+ * where the 128 CTAs fit one wave either way) */
 #define DEC_EMPTY_NS 32
 static_assert(DEC_MAX_SPLITS <= DEC_NT, "the combine kernel loads one split per thread");
 
@@ -580,16 +581,10 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
         /* many splits (batch 1-2): the splits without keys skip the work
          * (DEC_EMPTY_NS); else the kernel without that branch (measured
          * 0.3-0.9% faster at batch 8 / 32, where every split has keys) */
-        if (ns >= DEC_EMPTY_NS)
-            e = ops_cuda_launch(c, attn_dec_tc_kernel<HDT, G, true>, dim3(ns, nkv, S), dim3(DEC_NT),
-                                smem, out, qkv, kc, vc, bt, past, c->dec_part, nh, nkv,
-                                ab->max_blocks, ab->block_size, qscale, c->dec_min_keys,
-                                c->pdl && c->dec_prewait);
-        else
-            e = ops_cuda_launch(c, attn_dec_tc_kernel<HDT, G, false>, dim3(ns, nkv, S), dim3(DEC_NT),
-                                smem, out, qkv, kc, vc, bt, past, c->dec_part, nh, nkv,
-                                ab->max_blocks, ab->block_size, qscale, c->dec_min_keys,
-                                c->pdl && c->dec_prewait);
+        auto *kern = ns >= DEC_EMPTY_NS ? attn_dec_tc_kernel<HDT, G, true> : attn_dec_tc_kernel<HDT, G, false>;
+        e = ops_cuda_launch(c, kern, dim3(ns, nkv, S), dim3(DEC_NT), smem, out, qkv, kc, vc, bt, past,
+                            c->dec_part, nh, nkv, ab->max_blocks, ab->block_size, qscale,
+                            c->dec_min_keys, c->pdl && c->dec_prewait);
     } else {
         size_t smem = dec_smem_bytes(HD, G);
         if (smem > 48 * 1024)

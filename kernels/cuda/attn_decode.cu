@@ -578,7 +578,7 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
         /* tensor cores; K/V tiles only (the warps' O reuse them at the end) */
         constexpr int HDT = HD <= 128 ? HD : 128;
         size_t smem = (size_t)(2 * 64 + 16) * (HDT + 8) * 2; /* K, V tiles + Q */
-        /* many splits (batch 1-2): the splits without keys skip the work
+        /* many splits (batch 1-4 by KV heads): the splits without keys skip the work
          * (DEC_EMPTY_NS); else the kernel without that branch (measured
          * 0.3-0.9% faster at batch 8 / 32, where every split has keys) */
         auto *kern = ns >= DEC_EMPTY_NS ? attn_dec_tc_kernel<HDT, G, true> : attn_dec_tc_kernel<HDT, G, false>;

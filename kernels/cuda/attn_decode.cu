@@ -578,12 +578,13 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
         /* tensor cores; K/V tiles only (the warps' O reuse them at the end) */
         constexpr int HDT = HD <= 128 ? HD : 128;
         size_t smem = (size_t)(2 * 64 + 16) * (HDT + 8) * 2; /* K, V tiles + Q */
-        /* many splits (batch 1-4 by KV heads): the splits without keys skip the work
-         * (DEC_EMPTY_NS); else the kernel without that branch (measured
+        /* many splits (batch 1-4 by KV heads): the splits without keys skip
+         * the work (DEC_EMPTY_NS); else the kernel without that branch (measured
          * 0.3-0.9% faster at batch 8 / 32, where every split has keys) */
-        auto *kern = ns >= DEC_EMPTY_NS ? attn_dec_tc_kernel<HDT, G, true> : attn_dec_tc_kernel<HDT, G, false>;
-        e = ops_cuda_launch(c, kern, dim3(ns, nkv, S), dim3(DEC_NT), smem, out, qkv, kc, vc, bt, past,
-                            c->dec_part, nh, nkv, ab->max_blocks, ab->block_size, qscale,
+        auto *kern = ns >= DEC_EMPTY_NS ? attn_dec_tc_kernel<HDT, G, true>
+                                        : attn_dec_tc_kernel<HDT, G, false>;
+        e = ops_cuda_launch(c, kern, dim3(ns, nkv, S), dim3(DEC_NT), smem, out, qkv, kc, vc, bt,
+                            past, c->dec_part, nh, nkv, ab->max_blocks, ab->block_size, qscale,
                             c->dec_min_keys, c->pdl && c->dec_prewait);
     } else {
         size_t smem = dec_smem_bytes(HD, G);

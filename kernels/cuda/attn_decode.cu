@@ -92,6 +92,13 @@ template <int HD, int G> struct dec_cfg {
     static constexpr int KV_BYTES = 2 * TK * (HD + 8) * 2;
 };
 
+/* Split k's partial of query head qh of row s in the fp32 scratch
+ * [S][nh][ns][HD + 2]: O (HD floats), then m and l. */
+template <int HD, typename T>
+static __device__ __forceinline__ T *dec_part_at(T *part, int s, int nh, int qh, int ns, int k) {
+    return part + (((size_t)s * nh + qh) * ns + k) * (HD + 2);
+}
+
 static size_t dec_smem_bytes(int hd, int G) {
     int tk = hd <= 128 ? 64 : 32;
     return (size_t)2 * tk * (hd + 8) * 2 + (size_t)G * hd * 4 + (size_t)G * tk * 4 + (size_t)3 * G * 4;
@@ -247,7 +254,7 @@ attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *
 #pragma unroll
             for (int j = 0; j < C::DPT; j++) dst[dim0 + 128 * j] = __float2half(o[i][j] * inv);
         } else {
-            float *pp = part + (((size_t)s * nh + qh) * ns + k) * (HD + 2);
+            float *pp = dec_part_at<HD>(part, s, nh, qh, ns, k);
 #pragma unroll
             for (int j = 0; j < C::DPT; j++) pp[dim0 + 128 * j] = o[i][j];
             if (dim0 == 0) {
@@ -308,7 +315,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
             ops_cuda_pdl_trigger();
         }
         for (int r = tid; r < G; r += DEC_NT) {
-            float *pp = part + (((size_t)s * nh + g * G + r) * ns + k) * (HD + 2);
+            float *pp = dec_part_at<HD>(part, s, nh, g * G + r, ns, k);
             pp[HD] = -INFINITY;
             pp[HD + 1] = 0.0f;
         }
@@ -442,7 +449,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
         if (ns == 1) {
             out[(size_t)s * nh * HD + (size_t)qh * HD + d] = __float2half(L > 0.0f ? acc / L : 0.0f);
         } else {
-            float *pp = part + (((size_t)s * nh + qh) * ns + k) * (HD + 2);
+            float *pp = dec_part_at<HD>(part, s, nh, qh, ns, k);
             pp[d] = acc;
             if (d == 0) {
                 pp[HD] = M;
@@ -468,7 +475,7 @@ attn_dec_combine_kernel(__half *out, const float *part, int nh, int ns) {
     ops_cuda_pdl_wait();
     ops_cuda_pdl_trigger();
     const int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
-    const float *base = part + ((size_t)s * nh + h) * ns * (HD + 2);
+    const float *base = dec_part_at<HD>(part, s, nh, h, ns, 0);
     __shared__ float msh[DEC_MAX_SPLITS], lsh[DEC_MAX_SPLITS];
     if (tid < ns) {
         msh[tid] = base[(size_t)tid * (HD + 2) + HD];

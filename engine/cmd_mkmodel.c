@@ -23,6 +23,7 @@ static void usage(FILE *f) {
             "Presets:\n"
             "  tiny        Qwen3 family, hidden 128, 4 layers, 4/2 heads x 128, vocab 151936 (~40 MB)\n"
             "  qwen3-0.6b  qwen3-8b  qwen3-32b  llama3-8b  llama3-70b   (real shapes)\n"
+            "  qwen3-32b-rank4  the shapes of one tp = 4 rank of qwen3-32b, to time on one GPU\n"
             "\n"
             "Options:\n"
             "  --seed N         generator seed (default 0)\n"

@@ -19,7 +19,7 @@
 /* presets                                                                   */
 
 static const char *const k_presets[] = {"tiny", "qwen3-0.6b", "qwen3-8b", "qwen3-32b",
-                                        "llama3-8b", "llama3-70b", NULL};
+                                        "llama3-8b", "llama3-70b", "qwen3-32b-rank4", NULL};
 
 const char *const *mkmodel_preset_names(void) { return k_presets; }
 
@@ -77,6 +77,14 @@ int mkmodel_preset(const char *name, struct mkmodel_spec *s) {
     } else if (!strcmp(name, "qwen3-32b")) {
         qwen3_base(s);
         SHAPE(5120, 25600, 64, 64, 8);
+    } else if (!strcmp(name, "qwen3-32b-rank4")) {
+        /* one tp = 4 rank of qwen3-32b as a one-GPU model: its linears have the
+         * shard shapes (q|k|v 5120 -> 2560, o 2048 -> 5120, gate|up 5120 ->
+         * 12800, down 6400 -> 5120) and its attention 16 / 2 heads, so that
+         * `--tp 1` on one GPU times a tp = 4 rank's layer without the
+         * all-reduce (docs/TENSOR_PARALLEL.md). The lm_head stays whole. */
+        qwen3_base(s);
+        SHAPE(5120, 6400, 64, 16, 2);
     } else if (!strcmp(name, "llama3-8b")) {
         llama3_base(s);
         SHAPE(4096, 14336, 32, 32, 8);

@@ -37,7 +37,9 @@
  * accumulators stay in registers for the whole split. G is a template
  * parameter (1, 2, 4, 8, 16): no loop runs over absent heads. ns == 1 writes the normalized output; otherwise the partial
  * (o, m, l) goes to fp32 scratch [S, nh, ns, HD + 2] and a combine kernel
- * (grid (nh, S)) merges the splits in split order (deterministic). */
+ * (grid (nh, S)) merges the splits in split order (deterministic); above
+ * DEC_PV splits the wide combine kernel (512 threads, splits spread over
+ * thread groups as well as dims) merges them. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -517,6 +519,76 @@ attn_dec_combine_kernel(__half *out, const float *part, int nh, int ns) {
     }
 }
 
+/* The merge where there are more than DEC_PV splits (batch 1-2 at 2-8 KV
+ * heads; contexts past DEC_PV x 32 keys fill them): the combine kernel above
+ * reads splits DEC_PV.. after its barrier, a few loads per round trip (48 of
+ * them at 64 splits), and every thread runs the splits' weights in a serial
+ * chain. Here DEC_CW_NT threads split the splits as well as the dims: thread
+ * (q, d) loads dim d of its PER = DEC_MAX_SPLITS / KQ consecutive splits
+ * before the barrier (every split's values in registers after one round
+ * trip), and threads k < ns hold split k's (m, l): the max, the active
+ * prefix and L are warp reductions over them (warps 0-1), the weights one
+ * exp2 per split, shared. The KQ groups' sums (each in split order) are added
+ * in group order. The same weights as the combine kernel; its sums in
+ * another order (deterministic). */
+#define DEC_CW_NT 512
+template <int HD>
+static __global__ void __launch_bounds__(DEC_CW_NT)
+attn_dec_combine_wide_kernel(__half *out, const float *part, int nh, int ns) {
+    constexpr int KQ = DEC_CW_NT / HD, PER = DEC_MAX_SPLITS / KQ, NW = DEC_MAX_SPLITS / 32;
+    static_assert(KQ >= 1 && PER * KQ == DEC_MAX_SPLITS && NW * 32 <= DEC_CW_NT, "the groups cover every split");
+    ops_cuda_pdl_wait();
+    ops_cuda_pdl_trigger();
+    const int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
+    const int d = tid % HD, q = tid / HD, k0 = q * PER;
+    const float *base = dec_part_at<HD>(part, s, nh, h, ns, 0);
+    __shared__ float wsh[DEC_MAX_SPLITS], red[KQ][HD], wmax[NW], wsum[NW];
+    __shared__ int wna[NW];
+    float mk = -INFINITY, lk = 0.0f;
+    if (tid < ns) {
+        mk = base[(size_t)tid * (HD + 2) + HD];
+        lk = base[(size_t)tid * (HD + 2) + HD + 1];
+    }
+    float pv[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++) pv[j] = k0 + j < ns ? base[(size_t)(k0 + j) * (HD + 2) + d] : 0.0f;
+    if (tid < NW * 32) { /* the max and the active prefix (splits with keys are a prefix) */
+        float m = mk;
+        int na = mk != -INFINITY ? tid + 1 : 0;
+        for (int o = 16; o > 0; o >>= 1) {
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            na = max(na, __shfl_xor_sync(0xffffffffu, na, o));
+        }
+        if (lane == 0) wmax[tid >> 5] = m, wna[tid >> 5] = na;
+    }
+    __syncthreads();
+    float M = wmax[0];
+    int na = wna[0];
+#pragma unroll
+    for (int w = 1; w < NW; w++) M = fmaxf(M, wmax[w]), na = max(na, wna[w]);
+    if (tid < NW * 32) {
+        const float w = dec_split_weight(mk, M); /* 0 past ns (mk = -inf) */
+        if (tid < DEC_MAX_SPLITS) wsh[tid] = w;
+        float wl = w * lk;
+        for (int o = 16; o > 0; o >>= 1) wl += __shfl_xor_sync(0xffffffffu, wl, o);
+        if (lane == 0) wsum[tid >> 5] = wl;
+    }
+    __syncthreads();
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        if (k0 + j < na) acc += wsh[k0 + j] * pv[j];
+    red[q][d] = acc;
+    __syncthreads();
+    if (q) return;
+    float L = 0.0f, a = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NW; w++) L += wsum[w];
+#pragma unroll
+    for (int g = 0; g < KQ; g++) a += red[g][d];
+    out[(size_t)s * nh * HD + (size_t)h * HD + d] = __float2half(L > 0.0f ? a / L : 0.0f);
+}
+
 /* ------------------------------------------------------------------------ */
 /* host side                                                                 */
 /* ------------------------------------------------------------------------ */
@@ -607,8 +679,12 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
         return;
     }
     if (ns > 1 && !(c->skip & OPS_SKIP_COMBINE)) {
-        e = ops_cuda_launch(c, attn_dec_combine_kernel<HD>, dim3(nh, S), dim3(DEC_NT), 0, out,
-                            (const float *)c->dec_part, nh, ns);
+        if (ns > DEC_PV && c->dec_wide)
+            e = ops_cuda_launch(c, attn_dec_combine_wide_kernel<HD>, dim3(nh, S), dim3(DEC_CW_NT), 0, out,
+                                (const float *)c->dec_part, nh, ns);
+        else
+            e = ops_cuda_launch(c, attn_dec_combine_kernel<HD>, dim3(nh, S), dim3(DEC_NT), 0, out,
+                                (const float *)c->dec_part, nh, ns);
         if (e != cudaSuccess) ops_cuda__fail(c, -EIO, "attention (decode combine)", cudaGetErrorString(e));
     }
 }

@@ -131,19 +131,40 @@ static cudaError_t stream_mlp(const uint4 *p, size_t n, unsigned *sink, int bloc
     return launch_stream(k_stream_mlp<NL>, blocks, 256, p, n, sink, s);
 }
 
+/* The back-to-back calls are captured into one CUDA graph and replayed, as
+ * the engine replays a forward pass (since session 30). Issued from the host
+ * one by one (--b2b-host, as before), a call shorter than its launch
+ * measures the host, not the kernel: on an H200 a 5 MB read-only stream took
+ * 3.0-4.4 µs issued, 1.6 µs replayed (docs/PERFORMANCE.md "Session 30"). */
+static int g_b2b_graph = 1;
+
 /* Median µs per call of `calls` calls issued back to back on stream s. */
 template <typename F>
 static double b2b_us(cudaEvent_t a, cudaEvent_t b, cudaStream_t s, int calls, F fn) {
     std::vector<float> v;
+    cudaGraphExec_t ge = NULL;
+    if (g_b2b_graph) {
+        for (int i = 0; i < calls; i++) fn(i); /* eager once: lazy loads and allocations */
+        CUDA_CHECK_ABORT(cudaStreamSynchronize(s));
+        cudaGraph_t g;
+        CUDA_CHECK_ABORT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < calls; i++) fn(i);
+        CUDA_CHECK_ABORT(cudaStreamEndCapture(s, &g));
+        CUDA_CHECK_ABORT(cudaGraphInstantiate(&ge, g, 0));
+        CUDA_CHECK_ABORT(cudaGraphDestroy(g));
+    }
     for (int rep = 0; rep < 7; rep++) {
         CUDA_CHECK_ABORT(cudaEventRecord(a, s));
-        for (int i = 0; i < calls; i++) fn(i);
+        if (ge) CUDA_CHECK_ABORT(cudaGraphLaunch(ge, s));
+        else
+            for (int i = 0; i < calls; i++) fn(i);
         CUDA_CHECK_ABORT(cudaEventRecord(b, s));
         CUDA_CHECK_ABORT(cudaEventSynchronize(b));
         float ms = 0;
         CUDA_CHECK_ABORT(cudaEventElapsedTime(&ms, a, b));
         if (rep) v.push_back(ms * 1000.f / calls); /* the first is warm-up */
     }
+    if (ge) CUDA_CHECK_ABORT(cudaGraphExecDestroy(ge));
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
 }
@@ -198,6 +219,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
     const char *only = NULL, *set = "8b", *b2b_arg = "1,2,4,8,16";
     int b2b_kernel = W4A16_KERNEL_AUTO; /* --b2b-kernel: forces the "new" column's kernel */
     int b2b_split = 0;                  /* --b2b-split: and its split count (0: its own rule) */
+    int b2b_copies = 0;                 /* --b2b-copies: weight copies back to back (0: > 2x L2) */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--set") && i + 1 < argc) set = argv[++i];
@@ -217,6 +239,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
             }
         }
         else if (!strcmp(argv[i], "--b2b-split") && i + 1 < argc) b2b_split = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--b2b-copies") && i + 1 < argc) b2b_copies = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--b2b-host")) g_b2b_graph = 0;
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
         else if (!strcmp(argv[i], "--m") && i + 1 < argc) ms_arg = argv[++i];
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = argv[++i];
@@ -227,11 +251,17 @@ extern "C" int bench_kernels(int argc, char **argv) {
             fprintf(stderr,
                     "usage: awqd bench kernels [--reps N] [--m 1,2,4,...] [--shape NAME] [--set 8b|32b|70b|all]\n"
                     "                          [--b2b-m 1,2,4,8,16] [--b2b-only] [--b2b-kernel K [--b2b-split N]] [--b2b-audit] [--mlp-sweep]\n"
+                    "                          [--b2b-copies N] [--b2b-host]\n"
                     "                          [--variants] [--csv FILE]\n"
                     "  --set       Qwen3-8B shapes (default), Qwen3-32B or Llama-3-70B at tp = 1, 2, 4, or all\n"
                     "  --b2b-only  only the back-to-back table (no single cold calls, no cuBLAS at all)\n"
                     "  --b2b-kernel decode|skinny|tc64  the back-to-back \"new\" column with that kernel forced\n"
                     "  --b2b-split N  and with N splits of K (skinny, tc64; 0: the dispatch's count)\n"
+                    "  --b2b-copies N  back to back over N copies of the weight (default: enough for twice the L2;\n"
+                    "              1: the weight stays in L2 where it fits, to tell latency from DRAM bandwidth)\n"
+                    "  --b2b-host  the back-to-back calls issued from the host one by one (before session 30) instead\n"
+                    "              of captured into one CUDA graph and replayed as the engine runs them; a call\n"
+                    "              shorter than its launch then times the host\n"
                     "  --mlp-sweep the read-only stream with 4 / 8 KB in flight per warp on grids of 0.5-3x\n"
                     "              two blocks per SM (beside the stream-read ceiling)\n"
                     "  --b2b-audit also time the decode kernel forced (M <= 16), from M = 9 skinny (to 64), tc64,\n"
@@ -435,6 +465,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
              * on a non-blocking stream (programmatic dependent launch does not
              * apply on the legacy default stream) */
             int R = (int)std::min<double>(64.0, std::ceil(2.0 * prop.l2CacheSize / wbytes)) + 1;
+            if (b2b_copies > 0) R = b2b_copies;
             std::vector<struct w4a16_weight *> cp(R, nullptr);
             cp[0] = w;
             for (int i = 1; i < R; i++)

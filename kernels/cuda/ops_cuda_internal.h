@@ -99,6 +99,7 @@ struct cuda_ctx {
     int dec_lo, dec_hi;           /* split rule (attn_decode.cu), AWQD_CUDA_DEC_SPLIT=lo,hi */
     int dec_min_keys;             /* keys a decode split covers at least (AWQD_CUDA_DEC_MIN_KEYS) */
     int dec_ns;                   /* > 0: splits forced (AWQD_CUDA_DEC_NS=1..64, tuning) */
+    int dec_wide;                 /* the wide combine kernel where ns > DEC_PV (AWQD_CUDA_DEC_WIDE=0: off) */
     int dec_prewait;              /* decode attention loads its first K/V tile before the PDL wait
                                    * (AWQD_CUDA_DEC_PREWAIT, 1) */
     /* AWQD_CUDA_SKIP (measurement only: the results are wrong): ops whose

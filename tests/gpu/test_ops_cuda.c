@@ -507,6 +507,20 @@ TEST(ops_cuda, attention_decode) {
     unsetenv("AWQD_CUDA_DEC_PREWAIT");
 }
 
+/* batch 1 on 1-4 KV heads: 33-64 splits, merged by the wide combine kernel
+ * (more than DEC_PV = 16 splits; every head size: 2-16 split groups per
+ * CTA) and, for comparison, by the plain one (AWQD_CUDA_DEC_WIDE=0) */
+TEST(ops_cuda, attention_decode_many_splits) {
+    const int cfg[][3] = {{128, 16, 2}, {64, 16, 2}, {32, 8, 2}, {256, 8, 1}, {128, 32, 4}};
+    const int past1[][1] = {{4095}, {2047}, {600}, {33}}, rows1[] = {1};
+    for (int w = 0; w < 2 && !test_failed(); w++) {
+        if (w) setenv("AWQD_CUDA_DEC_WIDE", "0", 1);
+        for (int i = 0; i < 5 && !test_failed(); i++)
+            for (int j = 0; j < 4 && !test_failed(); j++) attn_case(cfg[i][0], cfg[i][1], cfg[i][2], 1, past1[j], rows1, 16);
+    }
+    unsetenv("AWQD_CUDA_DEC_WIDE");
+}
+
 /* prefill from scratch, and chunks on top of a cached prefix */
 TEST(ops_cuda, attention_prefill_and_chunked) {
     const int p1[] = {0}, r1[] = {130};

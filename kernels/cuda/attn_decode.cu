@@ -532,6 +532,7 @@ attn_dec_combine_kernel(__half *out, const float *part, int nh, int ns) {
  * in group order. The same weights as the combine kernel; its sums in
  * another order (deterministic). */
 #define DEC_CW_NT 512
+static_assert(DEC_WIDE_FROM == DEC_PV + 1, "the wide merge takes over where the plain one needs a second round trip");
 template <int HD>
 static __global__ void __launch_bounds__(DEC_CW_NT)
 attn_dec_combine_wide_kernel(__half *out, const float *part, int nh, int ns) {
@@ -679,7 +680,7 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
         return;
     }
     if (ns > 1 && !(c->skip & OPS_SKIP_COMBINE)) {
-        if (ns > DEC_PV && c->dec_wide)
+        if (c->dec_wide && ns >= c->dec_wide)
             e = ops_cuda_launch(c, attn_dec_combine_wide_kernel<HD>, dim3(nh, S), dim3(DEC_CW_NT), 0, out,
                                 (const float *)c->dec_part, nh, ns);
         else

@@ -1345,7 +1345,8 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     if (skip_env && *skip_env) parse_skip(c, skip_env);
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     c->dec_prewait = !util_env_is_zero("AWQD_CUDA_DEC_PREWAIT");
-    c->dec_wide = !util_env_is_zero("AWQD_CUDA_DEC_WIDE");
+    const char *wide_env = getenv("AWQD_CUDA_DEC_WIDE"); /* 0: off; n >= 2: from n splits */
+    c->dec_wide = wide_env && *wide_env ? (atoi(wide_env) >= 2 ? atoi(wide_env) : 0) : DEC_WIDE_FROM;
     c->grp_on = !util_env_is_zero("AWQD_CUDA_UPLOAD_GROUP");
     c->smp_fuse = !util_env_is_zero("AWQD_CUDA_SAMPLE_FUSE");
     const char *sg_env = getenv("AWQD_CUDA_SAMPLE_GS");

@@ -42,6 +42,10 @@ struct cuda_attn {
     int n_items, n_comb, qp;
 };
 
+/* the decode split merge by the wide combine kernel from this many splits
+ * (attn_decode.cu: more than the plain kernel loads before its barrier) */
+#define DEC_WIDE_FROM 17
+
 struct cuda_ctx {
     int device;
     int n_sms;
@@ -99,7 +103,8 @@ struct cuda_ctx {
     int dec_lo, dec_hi;           /* split rule (attn_decode.cu), AWQD_CUDA_DEC_SPLIT=lo,hi */
     int dec_min_keys;             /* keys a decode split covers at least (AWQD_CUDA_DEC_MIN_KEYS) */
     int dec_ns;                   /* > 0: splits forced (AWQD_CUDA_DEC_NS=1..64, tuning) */
-    int dec_wide;                 /* the wide combine kernel where ns > DEC_PV (AWQD_CUDA_DEC_WIDE=0: off) */
+    int dec_wide;                 /* the wide combine kernel from this many splits (0: never;
+                                   * AWQD_CUDA_DEC_WIDE=0 / n >= 2, default DEC_WIDE_FROM) */
     int dec_prewait;              /* decode attention loads its first K/V tile before the PDL wait
                                    * (AWQD_CUDA_DEC_PREWAIT, 1) */
     /* AWQD_CUDA_SKIP (measurement only: the results are wrong): ops whose

@@ -508,8 +508,9 @@ TEST(ops_cuda, attention_decode) {
 }
 
 /* batch 1 on 1-4 KV heads: 33-64 splits, merged by the wide combine kernel
- * (more than DEC_PV = 16 splits; every head size: 2-16 split groups per
- * CTA) and, for comparison, by the plain one (AWQD_CUDA_DEC_WIDE=0) */
+ * (from 17 splits; every head size: 2-16 split groups per CTA) and, for
+ * comparison, by the plain one (AWQD_CUDA_DEC_WIDE=0); then the wide kernel
+ * at every split count (=2) on batches of 7 and 3 (2-10 splits) */
 TEST(ops_cuda, attention_decode_many_splits) {
     const int cfg[][3] = {{128, 16, 2}, {64, 16, 2}, {32, 8, 2}, {256, 8, 1}, {128, 32, 4}};
     const int past1[][1] = {{4095}, {2047}, {600}, {33}}, rows1[] = {1};
@@ -517,6 +518,13 @@ TEST(ops_cuda, attention_decode_many_splits) {
         if (w) setenv("AWQD_CUDA_DEC_WIDE", "0", 1);
         for (int i = 0; i < 5 && !test_failed(); i++)
             for (int j = 0; j < 4 && !test_failed(); j++) attn_case(cfg[i][0], cfg[i][1], cfg[i][2], 1, past1[j], rows1, 16);
+    }
+    setenv("AWQD_CUDA_DEC_WIDE", "2", 1);
+    const int past7[] = {0, 15, 16, 100, 3000, 777, 64}, rows7[] = {1, 1, 1, 1, 1, 1, 1};
+    const int past3[] = {2047, 5, 900}, rows3[] = {1, 1, 1};
+    for (int i = 0; i < 5 && !test_failed(); i++) {
+        attn_case(cfg[i][0], cfg[i][1], cfg[i][2], 7, past7, rows7, 16);
+        if (!test_failed()) attn_case(cfg[i][0], cfg[i][1], cfg[i][2], 3, past3, rows3, 16);
     }
     unsetenv("AWQD_CUDA_DEC_WIDE");
 }

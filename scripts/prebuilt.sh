@@ -6,6 +6,8 @@
 #       tree and each REV (in a git worktree) for CUDA_ARCHS (default 90a), strips the debug info
 #       and writes .device/prebuilt.tar.xz (~7 MB a tree) with one folder per tree: "work" and
 #       the REVs as given. Carry .device/prebuilt.tar.xz (and .deps) to the device.
+#       With PB_STAMPS=1 also "stamps": the working tree built with -DAWQD_STAMPS (in build-pbst;
+#       per-block phase timestamps in the decode kernels, printed at exit: kernels/cuda/stamps.cuh).
 #   scripts/prebuilt.sh link [DEST]        GPU machine, after `source .deps/env.sh`: unpacks it
 #       and links DEST/NAME/awqd (and DEST/work/awqd-test-gpu); DEST defaults to /tmp/prebuilt.
 #       Prints the binaries; a failed link is an error (exit 3).
@@ -19,25 +21,26 @@ shift || true
 ARCHS=${CUDA_ARCHS:-90a}
 PACK=.device/prebuilt.tar.xz
 
-# build one tree (cwd) into build-pb and stage it under $1 with its link lines
+# build one tree (cwd) into $B (default build-pb; extra make arguments: $EXTRA) and stage it
+# under $1 with its link lines
 stage() {
-    local dst=$1 log
+    local dst=$1 log B=${B:-build-pb}
     log=$(mktemp)
-    rm -f build-pb/awqd build-pb/awqd-test-gpu
-    if ! make -j"$(nproc)" CUDA=1 CUDA_ARCHS="$ARCHS" BUILD=build-pb build-pb/awqd build-pb/awqd-test-gpu >"$log" 2>&1; then
+    rm -f $B/awqd $B/awqd-test-gpu
+    if ! make -j"$(nproc)" CUDA=1 CUDA_ARCHS="$ARCHS" BUILD=$B ${EXTRA:+"$EXTRA"} $B/awqd $B/awqd-test-gpu >"$log" 2>&1; then
         # an older tree may have no GPU test binary
-        rm -f build-pb/awqd
-        make -j"$(nproc)" CUDA=1 CUDA_ARCHS="$ARCHS" BUILD=build-pb build-pb/awqd >"$log" 2>&1 || {
+        rm -f $B/awqd
+        make -j"$(nproc)" CUDA=1 CUDA_ARCHS="$ARCHS" BUILD=$B ${EXTRA:+"$EXTRA"} $B/awqd >"$log" 2>&1 || {
             tail -20 "$log" >&2
             echo "prebuilt.sh: build failed in $(pwd)" >&2
             exit 3
         }
     fi
     mkdir -p "$dst"
-    cp -r build-pb/obj "$dst/"
-    [ -d build-pb/llhttp ] && cp -r build-pb/llhttp "$dst/"
-    grep -E "^\S+ +-o build-pb/awqd " "$log" | tail -1 | sed 's#build-pb/#@B@/#g' >"$dst/link-awqd.txt"
-    grep -E "^\S+ +-o build-pb/awqd-test-gpu " "$log" | tail -1 | sed 's#build-pb/#@B@/#g' >"$dst/link-test.txt" || true
+    cp -r $B/obj "$dst/"
+    [ -d $B/llhttp ] && cp -r $B/llhttp "$dst/"
+    grep -E "^\S+ +-o $B/awqd " "$log" | tail -1 | sed "s#$B/#@B@/#g" >"$dst/link-awqd.txt"
+    grep -E "^\S+ +-o $B/awqd-test-gpu " "$log" | tail -1 | sed "s#$B/#@B@/#g" >"$dst/link-test.txt" || true
     [ -s "$dst/link-awqd.txt" ] || { echo "prebuilt.sh: no link line for awqd in $(pwd)" >&2; exit 3; }
     find "$dst" -name '*.d' -delete
     find "$dst" -name '*.o' -exec strip --strip-debug {} +
@@ -50,6 +53,9 @@ pack)
     cd "$top"
     tmp=$(mktemp -d)
     stage "$tmp/work"
+    if [ "${PB_STAMPS:-0}" = 1 ]; then
+        B=build-pbst EXTRA="NVCCFLAGS=-O3 -lineinfo -DAWQD_STAMPS" stage "$tmp/stamps"
+    fi
     for rev in "$@"; do
         wt=$(mktemp -d)
         git worktree add -f -q --detach "$wt" "$rev"

@@ -57,6 +57,8 @@ extern "C" {
 #include "engine/util.h"
 }
 
+#include "kernels/cuda/stamps.cuh" /* empty unless -DAWQD_STAMPS */
+
 #define DEC_NT 128
 #define DEC_MAX_SPLITS 64
 /* From this many splits the tensor-core kernel's splits without keys write
@@ -291,9 +293,12 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
                    const int *block_table, const int *past, float *part, int nh, int nkv,
                    int max_blocks, int block_size, float qscale, int min_keys, int prewait) {
     constexpr int TK = 64, KS = HD / 16, DT = HD / 8;
+    ST_DECL;
+    ST_BEGIN(ST_KEY(4, nh, gridDim.x));
     if (!prewait) {
         ops_cuda_pdl_wait();
         ops_cuda_pdl_trigger();
+        ST_MARK(1);
     }
     extern __shared__ __align__(16) unsigned char dec_smem[];
     __half(*ks)[HD + 8] = (__half(*)[HD + 8])dec_smem;
@@ -315,12 +320,14 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
         if (prewait) {
             ops_cuda_pdl_wait();
             ops_cuda_pdl_trigger();
+            ST_MARK(1);
         }
         for (int r = tid; r < G; r += DEC_NT) {
             float *pp = dec_part_at<HD>(part, s, nh, g * G + r, ns, k);
             pp[HD] = -INFINITY;
             pp[HD + 1] = 0.0f;
         }
+        ST_MARK(5); /* an empty split's end */
         return;
     }
     const size_t width = (size_t)(nh + 2 * nkv) * HD;
@@ -343,6 +350,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
         cp_async_commit();
         ops_cuda_pdl_wait();
         ops_cuda_pdl_trigger();
+        ST_MARK(1);
         if (nk >= kb && nk < kb + TK) {
             for (int e = tid; e < 2 * CH; e += DEC_NT)
                 kv_chunk_load<HD>(e < CH ? ks : vs, e < CH ? kc : vc, (nk - kb) * CH + e % CH, kb, ke, bt,
@@ -365,6 +373,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
         *(unsigned *)&qsh[r][d] = v;
     }
     if (prewait) cp_async_wait0(); /* the first tile with the new key's row */
+    ST_MARK(2);
     float o[DT][4];
 #pragma unroll
     for (int j = 0; j < DT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
@@ -417,6 +426,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
     }
     cp_async_wait0();
     __syncthreads(); /* the tile area is free: it takes the warps' O */
+    ST_MARK(3);
     float(*wo)[16][HD] = (float(*)[16][HD])dec_smem; /* [4 warps][16 rows][HD] */
     if (tq == 0) {
         wm[warp][gq] = mrow[0];
@@ -459,6 +469,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
             }
         }
     }
+    ST_MARK(4);
 }
 
 /* grid (nh, S): merges the ns partials of query head blockIdx.x of row s in
@@ -474,8 +485,11 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
 template <int HD>
 static __global__ void __launch_bounds__(DEC_NT)
 attn_dec_combine_kernel(__half *out, const float *part, int nh, int ns) {
+    ST_DECL;
+    ST_BEGIN(ST_KEY(5, nh, ns));
     ops_cuda_pdl_wait();
     ops_cuda_pdl_trigger();
+    ST_MARK(1);
     const int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
     const float *base = dec_part_at<HD>(part, s, nh, h, ns, 0);
     __shared__ float msh[DEC_MAX_SPLITS], lsh[DEC_MAX_SPLITS];
@@ -517,6 +531,7 @@ attn_dec_combine_kernel(__half *out, const float *part, int nh, int ns) {
         for (int k = 0; k < na; k++) a2 += dec_split_weight(msh[k], M) * base[(size_t)k * (HD + 2) + d];
         o[d] = __float2half(a2 * inv_l);
     }
+    ST_MARK(4);
 }
 
 /* The merge where there are more than DEC_PV splits (batch 1-2 at 2-8 KV
@@ -538,8 +553,11 @@ static __global__ void __launch_bounds__(DEC_CW_NT)
 attn_dec_combine_wide_kernel(__half *out, const float *part, int nh, int ns) {
     constexpr int KQ = DEC_CW_NT / HD, PER = DEC_MAX_SPLITS / KQ, NW = DEC_MAX_SPLITS / 32;
     static_assert(KQ >= 1 && PER * KQ == DEC_MAX_SPLITS && NW * 32 <= DEC_CW_NT, "the groups cover every split");
+    ST_DECL;
+    ST_BEGIN(ST_KEY(6, nh, ns));
     ops_cuda_pdl_wait();
     ops_cuda_pdl_trigger();
+    ST_MARK(1);
     const int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
     const int d = tid % HD, q = tid / HD, k0 = q * PER;
     const float *base = dec_part_at<HD>(part, s, nh, h, ns, 0);
@@ -581,6 +599,7 @@ attn_dec_combine_wide_kernel(__half *out, const float *part, int nh, int ns) {
         if (k0 + j < na) acc += wsh[k0 + j] * pv[j];
     red[q][d] = acc;
     __syncthreads();
+    ST_MARK(3);
     if (q) return;
     float L = 0.0f, a = 0.0f;
 #pragma unroll
@@ -588,7 +607,19 @@ attn_dec_combine_wide_kernel(__half *out, const float *part, int nh, int ns) {
 #pragma unroll
     for (int g = 0; g < KQ; g++) a += red[g][d];
     out[(size_t)s * nh * HD + (size_t)h * HD + d] = __float2half(L > 0.0f ? a / L : 0.0f);
+    ST_MARK(4);
 }
+
+#ifdef AWQD_STAMPS
+extern "C" void attn_decode_stamps_dump(void) {
+    static const char *const kinds[16] = {"?", "?", "?", "?", "attention (heads x splits)",
+                                          "merge (heads x splits)", "wide merge (heads x splits)", "?",
+                                          "?", "?", "?", "?", "?", "?", "?", "?"};
+    st_dump("decode attention", kinds,
+            "0 entry, 1 after the PDL wait, 2 first tile in (attention) , 3 keys done / sums shared, 4 written, "
+            "5 an empty split written");
+}
+#endif
 
 /* ------------------------------------------------------------------------ */
 /* host side                                                                 */

@@ -1273,6 +1273,10 @@ static void cu_destroy(struct ops *ops) {
                  "partials %.1f MB, attention partials %.1f MB, lm_head gather %.1f MB",
                  c->lin_ws_bytes / 1e6, c->dec_part_floats * 4 / 1e6, c->attn.part_bytes / 1e6,
                  c->gather_elems * 2 / 1e6);
+#ifdef AWQD_STAMPS
+        w4a16_stamps_dump();
+        attn_decode_stamps_dump();
+#endif
         prof_free(c);
         ops_cuda__attn_free(&c->attn);
         ops_cuda__attn_decode_free(c);

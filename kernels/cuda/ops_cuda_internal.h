@@ -42,6 +42,11 @@ struct cuda_attn {
     int n_items, n_comb, qp;
 };
 
+#ifdef AWQD_STAMPS /* kernels/cuda/stamps.cuh: each unit's table, printed at teardown */
+extern "C" void w4a16_stamps_dump(void);
+extern "C" void attn_decode_stamps_dump(void);
+#endif
+
 /* the decode split merge by the wide combine kernel from this many splits
  * (attn_decode.cu: more than the plain kernel loads before its barrier) */
 #define DEC_WIDE_FROM 17

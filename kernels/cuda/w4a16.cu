@@ -493,6 +493,8 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 /* 6.1 / 6.4 / 8.0 (H200, session 21; AWQD_W4A16_XCG=1 goes back).           */
 /* ------------------------------------------------------------------------ */
 
+#include "kernels/cuda/stamps.cuh" /* empty unless -DAWQD_STAMPS */
+
 /* DC_WARPS, DC_MAX_M, DC_SMEM_MAX, the shared memory layout and the launch
  * plan: kernels/cuda/dc_plan.h (plain C, also checked by a CPU test) */
 #define DC_F_LATE 1 /* k_decode flags: trigger the dependents after the main loop */
@@ -809,6 +811,8 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          int flags, epi_args ep, norm_args na, w4a16_sum xsum, int ncols) {
     typedef dc_state<MT, TB> S;
     extern __shared__ __align__(16) unsigned char smem[];
+    ST_DECL;
+    ST_BEGIN(ST_KEY(SUM ? 3 : NORM ? 2 : 1, K, ep.n));
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, c = lane & 3;
     const int KG = KC >> 1;
@@ -838,6 +842,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     const int late = flags & DC_F_LATE;
     if (!late) pdl_launch();
     pdl_wait();
+    ST_MARK(1);
 
     /* x rows [0, M) of this warp's K range -> shared memory (only this warp reads them) */
     uint16_t *sx = (uint16_t *)smem;
@@ -857,6 +862,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         cp_async_wait<0>();
     }
     __syncwarp();
+    ST_MARK(2);
 #pragma unroll
     for (int i = 0; i < MT; i++) {
         const int m = min(i * 8 + r, ep.m - 1);
@@ -904,6 +910,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
             if (late) pdl_launch();
         }
 
+        ST_MARK(3);
         /* the 8 warps' partials, added in warp order */
         float *red = (float *)(smem + dc_x_bytes(ep.m, K)); /* [TB][MT*4][8][32] */
 #pragma unroll
@@ -926,6 +933,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
                 else w4_epilogue(ep, t0 + warp, r, i * 8 + 2 * c, v[0], v[1], v[2], v[3]);
             }
         }
+        ST_MARK(4);
         if (!PS) return;
         col += gridDim.x;
         if (col >= ncols) return;
@@ -1411,6 +1419,14 @@ done:
     if (w) w4a16_free(w);
     return rc;
 }
+
+#ifdef AWQD_STAMPS
+extern "C" void w4a16_stamps_dump(void) {
+    static const char *const kinds[16] = {"?", "decode", "decode+norm", "decode+sum", "?", "?", "?", "?",
+                                          "?", "?", "?", "?", "?", "?", "?", "?"};
+    st_dump("w4a16 (K x N)", kinds, "0 entry, 1 after the PDL wait, 2 x / norm staged, 3 main loop done, 4 stored");
+}
+#endif
 
 extern "C" void w4a16_free(struct w4a16_weight *w) {
     if (!w) return;

@@ -37,9 +37,9 @@
  * accumulators stay in registers for the whole split. G is a template
  * parameter (1, 2, 4, 8, 16): no loop runs over absent heads. ns == 1 writes the normalized output; otherwise the partial
  * (o, m, l) goes to fp32 scratch [S, nh, ns, HD + 2] and a combine kernel
- * (grid (nh, S)) merges the splits in split order (deterministic); above
- * DEC_PV splits the wide combine kernel (512 threads, splits spread over
- * thread groups as well as dims) merges them. */
+ * (grid (nh, S)) merges the splits in split order (deterministic); from
+ * DEC_WIDE_FROM (17) splits the wide combine kernel (512 threads, splits
+ * spread over thread groups as well as dims) merges them. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -616,7 +616,7 @@ extern "C" void attn_decode_stamps_dump(void) {
                                           "merge (heads x splits)", "wide merge (heads x splits)", "?",
                                           "?", "?", "?", "?", "?", "?", "?", "?"};
     st_dump("decode attention", kinds,
-            "0 entry, 1 after the PDL wait, 2 first tile in (attention) , 3 keys done / sums shared, 4 written, "
+            "0 entry, 1 after the PDL wait, 2 first tile in (attention), 3 keys done / sums shared, 4 written, "
             "5 an empty split written");
 }
 #endif

@@ -484,11 +484,12 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
 #define DEC_PV 16
 template <int HD>
 static __global__ void __launch_bounds__(DEC_NT)
-attn_dec_combine_kernel(__half *out, const float *part, int nh, int ns) {
+attn_dec_combine_kernel(__half *out, const float *part, int nh, int ns, int early) {
     ST_DECL;
     ST_BEGIN(ST_KEY(5, nh, ns));
+    if (early) ops_cuda_pdl_trigger(); /* o_proj launches during the merge (OPS_EARLY_MERGE) */
     ops_cuda_pdl_wait();
-    ops_cuda_pdl_trigger();
+    if (!early) ops_cuda_pdl_trigger();
     ST_MARK(1);
     const int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
     const float *base = dec_part_at<HD>(part, s, nh, h, ns, 0);
@@ -550,13 +551,14 @@ attn_dec_combine_kernel(__half *out, const float *part, int nh, int ns) {
 static_assert(DEC_WIDE_FROM == DEC_PV + 1, "the wide merge takes over where the plain one needs a second round trip");
 template <int HD>
 static __global__ void __launch_bounds__(DEC_CW_NT)
-attn_dec_combine_wide_kernel(__half *out, const float *part, int nh, int ns) {
+attn_dec_combine_wide_kernel(__half *out, const float *part, int nh, int ns, int early) {
     constexpr int KQ = DEC_CW_NT / HD, PER = DEC_MAX_SPLITS / KQ, NW = DEC_MAX_SPLITS / 32;
     static_assert(KQ >= 1 && PER * KQ == DEC_MAX_SPLITS && NW * 32 <= DEC_CW_NT, "the groups cover every split");
     ST_DECL;
     ST_BEGIN(ST_KEY(6, nh, ns));
+    if (early) ops_cuda_pdl_trigger(); /* o_proj launches during the merge (OPS_EARLY_MERGE) */
     ops_cuda_pdl_wait();
-    ops_cuda_pdl_trigger();
+    if (!early) ops_cuda_pdl_trigger();
     ST_MARK(1);
     const int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
     const int d = tid % HD, q = tid / HD, k0 = q * PER;
@@ -713,10 +715,10 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
     if (ns > 1 && !(c->skip & OPS_SKIP_COMBINE)) {
         if (c->dec_wide && ns >= c->dec_wide)
             e = ops_cuda_launch(c, attn_dec_combine_wide_kernel<HD>, dim3(nh, S), dim3(DEC_CW_NT), 0, out,
-                                (const float *)c->dec_part, nh, ns);
+                                (const float *)c->dec_part, nh, ns, c->early & OPS_EARLY_MERGE);
         else
             e = ops_cuda_launch(c, attn_dec_combine_kernel<HD>, dim3(nh, S), dim3(DEC_NT), 0, out,
-                                (const float *)c->dec_part, nh, ns);
+                                (const float *)c->dec_part, nh, ns, c->early & OPS_EARLY_MERGE);
         if (e != cudaSuccess) ops_cuda__fail(c, -EIO, "attention (decode combine)", cudaGetErrorString(e));
     }
 }

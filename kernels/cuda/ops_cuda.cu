@@ -19,6 +19,7 @@
 
 #include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/stamps.cuh" /* empty unless -DAWQD_STAMPS */
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/ops_cuda_graph.h"
 #include "kernels/cuda/ops_cuda_internal.h"
@@ -622,7 +623,10 @@ add_rmsnorm_vec_kernel(__half *resid, const __half *delta, __half *out, const __
 static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
                                          const __half *q_norm, const __half *k_norm, float eps,
                                          const float *inv_freq, const int *positions,
-                                         const int *slots, __half *kc, __half *vc) {
+                                         const int *slots, __half *kc, __half *vc, int early) {
+    ST_DECL;
+    ST_BEGIN(ST_KEY(1, nh + nkv, gridDim.x));
+    if (early) ops_cuda_pdl_trigger(); /* the attention launches now (OPS_EARLY_QKNORM) */
     const int r = blockIdx.x;
     const int head = blockIdx.y * 4 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -645,7 +649,8 @@ static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
         if (head >= nh) slot = slots[r];
     }
     ops_cuda_pdl_wait();
-    ops_cuda_pdl_trigger();
+    if (!early) ops_cuda_pdl_trigger();
+    ST_MARK(1);
     if (!live) return;
     size_t width = (size_t)(nh + 2 * nkv) * hd;
     __half *x = qkv + (size_t)r * width + (size_t)head * hd; /* q heads then k heads */
@@ -684,7 +689,16 @@ static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
                 vc[dst + lane * E + i] = vs[lane * E + i];
             }
     }
+    ST_MARK(2);
 }
+
+#ifdef AWQD_STAMPS
+static void ops_stamps_dump(void) {
+    static const char *const kinds[16] = {"?", "qk-norm + rope (heads x rows)", "?", "?", "?", "?", "?", "?",
+                                          "?", "?", "?", "?", "?", "?", "?", "?"};
+    st_dump("small kernels", kinds, "0 entry, 1 after the PDL wait, 2 written");
+}
+#endif
 
 /* dst[r, :] = x[rows[r], :] */
 static __global__ void gather_rows_kernel(__half *dst, const __half *x, const int *rows, int dim) {
@@ -1014,7 +1028,7 @@ static void cu_qk_norm_rope_kv(void *ctx, struct buf *qkv, int n, int nh, int nk
     ops_cuda_launch(c, qk_rope_kv_kernel, grid, dim3(128), 0, H(qkv), nh, nkv, hd,
                     q_norm ? CH(q_norm) : NULL, k_norm ? CH(k_norm) : NULL, eps,
                     (const float *)inv_freq->d, I32(ab->positions), I32(ab->slots), H(k_cache),
-                    H(v_cache));
+                    H(v_cache), c->early & OPS_EARLY_QKNORM);
     OPS_CUDA_LAUNCHED(c, "qk_norm_rope_kv");
     PROF_END(c);
 }
@@ -1276,6 +1290,7 @@ static void cu_destroy(struct ops *ops) {
 #ifdef AWQD_STAMPS
         w4a16_stamps_dump();
         attn_decode_stamps_dump();
+        ops_stamps_dump();
 #endif
         prof_free(c);
         ops_cuda__attn_free(&c->attn);
@@ -1349,6 +1364,8 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     if (skip_env && *skip_env) parse_skip(c, skip_env);
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     c->dec_prewait = !util_env_is_zero("AWQD_CUDA_DEC_PREWAIT");
+    const char *early_env = getenv("AWQD_CUDA_EARLY"); /* OPS_EARLY_* bits */
+    c->early = early_env && *early_env ? atoi(early_env) & (OPS_EARLY_MERGE | OPS_EARLY_QKNORM) : 0;
     const char *wide_env = getenv("AWQD_CUDA_DEC_WIDE"); /* 0: off; n >= 2: from n splits */
     c->dec_wide = wide_env && *wide_env ? (atoi(wide_env) >= 2 ? atoi(wide_env) : 0) : DEC_WIDE_FROM;
     c->grp_on = !util_env_is_zero("AWQD_CUDA_UPLOAD_GROUP");

@@ -112,11 +112,18 @@ struct cuda_ctx {
                                    * AWQD_CUDA_DEC_WIDE=0 / n >= 2, default DEC_WIDE_FROM) */
     int dec_prewait;              /* decode attention loads its first K/V tile before the PDL wait
                                    * (AWQD_CUDA_DEC_PREWAIT, 1) */
+    int early;                    /* OPS_EARLY_*: small kernels that trigger their dependents
+                                   * before their own PDL wait (AWQD_CUDA_EARLY, a bit mask) */
     /* AWQD_CUDA_SKIP (measurement only: the results are wrong): ops whose
      * kernels are not launched, to measure what each costs inside a step */
     unsigned skip;                /* OPS_SKIP_* */
     int skip_lin[8][2], n_skip_lin; /* linears (k, n) not launched */
 };
+/* AWQD_CUDA_EARLY bits: a dependent's launch takes ~2.2 us after the last
+ * block's trigger (H200, session 31 stamps), so a short kernel that triggers
+ * only after its wait holds the next one back by that much */
+#define OPS_EARLY_MERGE 1
+#define OPS_EARLY_QKNORM 2
 #define OPS_SKIP_QKNORM 1u
 #define OPS_SKIP_ATTN 2u
 #define OPS_SKIP_COMBINE 4u

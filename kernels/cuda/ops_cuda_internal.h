@@ -113,7 +113,8 @@ struct cuda_ctx {
     int dec_prewait;              /* decode attention loads its first K/V tile before the PDL wait
                                    * (AWQD_CUDA_DEC_PREWAIT, 1) */
     int early;                    /* OPS_EARLY_*: small kernels that trigger their dependents
-                                   * before their own PDL wait (AWQD_CUDA_EARLY, a bit mask) */
+                                   * before their own PDL wait (AWQD_CUDA_EARLY, a bit mask;
+                                   * default OPS_EARLY_MERGE) */
     /* AWQD_CUDA_SKIP (measurement only: the results are wrong): ops whose
      * kernels are not launched, to measure what each costs inside a step */
     unsigned skip;                /* OPS_SKIP_* */

@@ -623,11 +623,16 @@ add_rmsnorm_vec_kernel(__half *resid, const __half *delta, __half *out, const __
 static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
                                          const __half *q_norm, const __half *k_norm, float eps,
                                          const float *inv_freq, const int *positions,
-                                         const int *slots, __half *kc, __half *vc, int early) {
+                                         const int *slots, __half *kc, __half *vc, int early_keys) {
     ST_DECL;
     ST_BEGIN(ST_KEY(1, nh + nkv, gridDim.x));
-    if (early) ops_cuda_pdl_trigger(); /* the attention launches now (OPS_EARLY_QKNORM) */
     const int r = blockIdx.x;
+    /* OPS_EARLY_QKNORM: the attention launches now where the step's keys
+     * (this row's context times the rows) are few: its CTAs then load their
+     * first K/V tiles during the q|k|v linear, and many of them slow it
+     * (positions: in memory before the step's first kernel) */
+    const bool early = (long long)(positions[r] + 1) * gridDim.x <= early_keys;
+    if (early) ops_cuda_pdl_trigger();
     const int head = blockIdx.y * 4 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     const int E = hd >> 5, half = hd >> 1;
@@ -1028,7 +1033,7 @@ static void cu_qk_norm_rope_kv(void *ctx, struct buf *qkv, int n, int nh, int nk
     ops_cuda_launch(c, qk_rope_kv_kernel, grid, dim3(128), 0, H(qkv), nh, nkv, hd,
                     q_norm ? CH(q_norm) : NULL, k_norm ? CH(k_norm) : NULL, eps,
                     (const float *)inv_freq->d, I32(ab->positions), I32(ab->slots), H(k_cache),
-                    H(v_cache), c->early & OPS_EARLY_QKNORM);
+                    H(v_cache), c->early & OPS_EARLY_QKNORM ? c->early_qk_keys : 0);
     OPS_CUDA_LAUNCHED(c, "qk_norm_rope_kv");
     PROF_END(c);
 }
@@ -1364,12 +1369,15 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     if (skip_env && *skip_env) parse_skip(c, skip_env);
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     c->dec_prewait = !util_env_is_zero("AWQD_CUDA_DEC_PREWAIT");
-    /* OPS_EARLY_* bits, default the merge only (session 31, H200: Qwen3-8B batch 1-2 1-2% faster,
-     * the tp = 4 rank proxy and batch 8 even; the q/k-norm bit won 2% on the proxy at context 512
-     * and lost 2-3% at 2048) */
+    /* OPS_EARLY_* bits, default both (session 31, H200, docs/PERFORMANCE.md "Session 31"): the
+     * merge's made Qwen3-8B batch 1-2 1-2% faster; the q/k-norm's made the tp = 4 rank proxy 3%
+     * faster at contexts 256-1024 and 1% slower at 2048, Qwen3-8B batch 2 1% slower from 1024:
+     * hence only up to AWQD_CUDA_EARLY_QK_KEYS (default 1024) keys a step (context x rows) */
     const char *early_env = getenv("AWQD_CUDA_EARLY");
     c->early = early_env && *early_env ? atoi(early_env) & (OPS_EARLY_MERGE | OPS_EARLY_QKNORM)
-                                       : OPS_EARLY_MERGE;
+                                       : OPS_EARLY_MERGE | OPS_EARLY_QKNORM;
+    const char *eqk_env = getenv("AWQD_CUDA_EARLY_QK_KEYS");
+    c->early_qk_keys = eqk_env && *eqk_env ? atoi(eqk_env) : 1024;
     const char *wide_env = getenv("AWQD_CUDA_DEC_WIDE"); /* 0: off; n >= 2: from n splits */
     c->dec_wide = wide_env && *wide_env ? (atoi(wide_env) >= 2 ? atoi(wide_env) : 0) : DEC_WIDE_FROM;
     c->grp_on = !util_env_is_zero("AWQD_CUDA_UPLOAD_GROUP");

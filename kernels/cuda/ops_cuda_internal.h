@@ -114,7 +114,9 @@ struct cuda_ctx {
                                    * (AWQD_CUDA_DEC_PREWAIT, 1) */
     int early;                    /* OPS_EARLY_*: small kernels that trigger their dependents
                                    * before their own PDL wait (AWQD_CUDA_EARLY, a bit mask;
-                                   * default OPS_EARLY_MERGE) */
+                                   * default both) */
+    int early_qk_keys;            /* OPS_EARLY_QKNORM only where a row's context x the rows
+                                   * <= this (AWQD_CUDA_EARLY_QK_KEYS, default 1024) */
     /* AWQD_CUDA_SKIP (measurement only: the results are wrong): ops whose
      * kernels are not launched, to measure what each costs inside a step */
     unsigned skip;                /* OPS_SKIP_* */

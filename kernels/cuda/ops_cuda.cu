@@ -971,6 +971,7 @@ static void parse_skip(struct cuda_ctx *c, const char *e) {
         else if (!strcmp(t, "attn")) c->skip |= OPS_SKIP_ATTN;
         else if (!strcmp(t, "combine")) c->skip |= OPS_SKIP_COMBINE;
         else if (!strcmp(t, "lm_head")) c->skip |= OPS_SKIP_LM_HEAD;
+        else if (!strcmp(t, "normdelta")) c->skip |= OPS_SKIP_NORMDELTA;
         else if (sscanf(t, "%dx%d", &k, &n) == 2 && c->n_skip_lin < 8) {
             c->skip_lin[c->n_skip_lin][0] = k;
             c->skip_lin[c->n_skip_lin++][1] = n;
@@ -1061,7 +1062,8 @@ static int cu_add_rmsnorm_linear(void *ctx, const struct buf *rin, const struct 
     char err[256];
     PROF_BEGIN(c, gu ? "add_rmsnorm+linear_silu_mul" : "add_rmsnorm+linear", l->k, l->n);
     int rc = w4a16_linear_norm(l->w, (const uint16_t *)rin->d,
-                               delta ? (const uint16_t *)delta->d : NULL, (uint16_t *)rout->d,
+                               delta && !(c->skip & OPS_SKIP_NORMDELTA) ? (const uint16_t *)delta->d : NULL,
+                               (uint16_t *)rout->d,
                                (const uint16_t *)w->d, eps, n, (uint16_t *)y->d,
                                (gu ? W4A16_EPI_SILU_MUL : 0) | (l->has_bias ? W4A16_EPI_BIAS : 0),
                                c->stream, err, sizeof err);

@@ -131,6 +131,7 @@ struct cuda_ctx {
 #define OPS_SKIP_ATTN 2u
 #define OPS_SKIP_COMBINE 4u
 #define OPS_SKIP_LM_HEAD 8u
+#define OPS_SKIP_NORMDELTA 16u /* the fused norm linear reads no delta (its prologue's bytes) */
 
 void ops_cuda__prof_begin(struct cuda_ctx *c, const char *what, int k, int n);
 void ops_cuda__prof_end(struct cuda_ctx *c);

@@ -26,7 +26,7 @@
 
 #define ST_SLOTS 12
 #define ST_BLOCKS 512
-#define ST_POINTS 6
+#define ST_POINTS 8
 
 struct st_table {
     unsigned long long key[ST_SLOTS];
@@ -56,6 +56,9 @@ static __device__ __forceinline__ int st_block(void) {
 /* ST_BEGIN clears the block's later points (a point a launch does not reach
  * reads 0, not the previous launch's time) and stamps point 0 */
 #define ST_DECL int st_row_ = -1
+/* a device function that stamps too takes the kernel's row: f(... ST_PARAM), f(... ST_ARG) */
+#define ST_PARAM , int st_row_
+#define ST_ARG , st_row_
 #define ST_BEGIN(keyv)                                                               \
     do {                                                                             \
         if (threadIdx.x == 0 && st_block() < ST_BLOCKS) {                            \
@@ -117,6 +120,8 @@ static void st_dump(const char *unit, const char *const *kinds, const char *poin
 }
 #else
 #define ST_DECL
+#define ST_PARAM
+#define ST_ARG
 #define ST_BEGIN(keyv)
 #define ST_MARK(p)
 #endif

@@ -700,7 +700,7 @@ static __device__ __forceinline__ void dc_norm_scale(uint16_t *px, const uint4 &
 template <int PRE>
 static __device__ void dc_norm_prologue(const norm_args &na, const uint4 *wpre,
                                         uint16_t *sx, int xs, int K, int m, int k0, int n8,
-                                        int warp, int lane) {
+                                        int warp, int lane ST_PARAM) {
     __shared__ float ssq[8][DC_WARPS]; /* [row][warp]: m <= 8 (MT = 1 only) */
     const bool first = blockIdx.x == 0;
     for (int row = 0; row < m; row++) {
@@ -725,10 +725,15 @@ static __device__ void dc_norm_prologue(const norm_args &na, const uint4 *wpre,
             }
             *(uint4 *)(sx + row * xs + k0 + p * 8) = a;
             if (first) *(uint4 *)(na.rout + off) = a;
+#ifdef AWQD_STAMPS
+            asm volatile("" ::: "memory"); /* the stores above (of the loaded values) first */
+            if (row == 0 && p == lane) ST_MARK(5); /* the first pieces in */
+#endif
         }
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         if (lane == 0) ssq[row][warp] = ss;
     }
+    ST_MARK(6); /* this warp's pieces in and summed */
     __syncthreads();
     for (int row = 0; row < m; row++) {
         float tot = 0.0f;
@@ -848,7 +853,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     uint16_t *sx = (uint16_t *)smem;
     const int xs = K + 8, k0 = gw0 * 128, n8 = ng * 16; /* 16-byte pieces per row */
     if (NORM) {
-        dc_norm_prologue<PRE>(na, wpre, sx, xs, K, ep.m, k0, n8, warp, lane);
+        dc_norm_prologue<PRE>(na, wpre, sx, xs, K, ep.m, k0, n8, warp, lane ST_ARG);
     } else {
         const bool via_l1 = !(flags & DC_F_XCG);
         for (int i = lane; i < ep.m * n8; i += 32) {
@@ -1424,7 +1429,7 @@ done:
 extern "C" void w4a16_stamps_dump(void) {
     static const char *const kinds[16] = {"?", "decode", "decode+norm", "decode+sum", "?", "?", "?", "?",
                                           "?", "?", "?", "?", "?", "?", "?", "?"};
-    st_dump("w4a16 (K x N)", kinds, "0 entry, 1 after the PDL wait, 2 x / norm staged, 3 main loop done, 4 stored");
+    st_dump("w4a16 (K x N)", kinds, "0 entry, 1 after the PDL wait, 2 x / norm staged, 3 main loop done, 4 stored, 5 norm: first pieces in, 6 norm: warp 0's pieces summed");
 }
 #endif
 

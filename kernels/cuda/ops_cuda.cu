@@ -632,7 +632,8 @@ static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
      * (this row's context times the rows) are few: its CTAs then load their
      * first K/V tiles during the q|k|v linear, and many of them slow it
      * (positions: in memory before the step's first kernel) */
-    const bool early = (long long)(positions[r] + 1) * gridDim.x <= early_keys;
+    const int pos_r = positions[r];
+    const bool early = (long long)(pos_r + 1) * gridDim.x <= early_keys;
     if (early) ops_cuda_pdl_trigger();
     const int head = blockIdx.y * 4 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -642,7 +643,7 @@ static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
     float sn[8], cs[8], g[8];
     int slot = -1;
     if (live) {
-        const float pos = (float)positions[r];
+        const float pos = (float)pos_r;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             sn[i] = 0.0f, cs[i] = 1.0f, g[i] = 1.0f;

@@ -57,8 +57,6 @@ extern "C" {
 #include "engine/util.h"
 }
 
-#include <limits.h>
-
 #include "kernels/cuda/stamps.cuh" /* empty unless -DAWQD_STAMPS */
 
 #define DEC_NT 128
@@ -289,12 +287,11 @@ static __device__ __forceinline__ float dec_split_weight(float m, float M) {
  * registers at <= 128 (4 CTAs per SM; with Q in registers 167, 3 per SM).
  * Same split rule, partials and combine kernel as the SIMT kernel. */
 
-template <int HD, int G, bool EMPTY, bool QK_ALL>
+template <int HD, int G, bool EMPTY>
 static __global__ void __launch_bounds__(DEC_NT, 4)
 attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
                    const int *block_table, const int *past, float *part, int nh, int nkv,
-                   int max_blocks, int block_size, float qscale, int min_keys, int prewait,
-                   int tile_keys) {
+                   int max_blocks, int block_size, float qscale, int min_keys, int prewait) {
     constexpr int TK = 64, KS = HD / 16, DT = HD / 8;
     ST_DECL;
     ST_BEGIN(ST_KEY(4, nh, gridDim.x));
@@ -339,19 +336,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
     auto load = [&](__half(*dst)[HD + 8], const __half *cache, int t0) {
         dec_tile_load<HD, TK>(dst, cache, t0, ke, tid, bt, block_size, nkv, g);
     };
-    if (QK_ALL && prewait && (long long)ctx * gridDim.z > tile_keys) {
-        /* launched early on a step of many keys (OPS_EARLY_QK_ALL): only
-         * the first tile's block-table entries before the wait (into L1),
-         * the tile itself after it — the tiles of many CTAs requested during
-         * the q|k|v linear slowed its stream (session 31) */
-        const int b0 = kb / block_size, b1 = (min(kb + TK, ke) - 1) / block_size;
-        for (int e = tid; e <= b1 - b0; e += DEC_NT) asm volatile("prefetch.global.L1 [%0];" ::"l"(bt + b0 + e));
-        ops_cuda_pdl_wait();
-        ops_cuda_pdl_trigger();
-        ST_MARK(1);
-        load(ks, kc, kb);
-        load(vs, vc, kb);
-    } else if (prewait) {
+    if (prewait) {
         /* past, the block table and every cached key but the new one (ctx
          * - 1, written by the previous kernel) were in memory before this
          * step's first kernel: the first tile loads before the wait, less
@@ -709,13 +694,11 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
         /* many splits (batch 1-4 by KV heads): the splits without keys skip
          * the work (DEC_EMPTY_NS); else the kernel without that branch (measured
          * 0.3-0.9% faster at batch 8 / 32, where every split has keys) */
-        const bool all = (c->early & OPS_EARLY_QK_ALL) != 0; /* compiled in only for it */
-        auto *kern = ns >= DEC_EMPTY_NS ? (all ? attn_dec_tc_kernel<HDT, G, true, true> : attn_dec_tc_kernel<HDT, G, true, false>)
-                                        : (all ? attn_dec_tc_kernel<HDT, G, false, true> : attn_dec_tc_kernel<HDT, G, false, false>);
+        auto *kern = ns >= DEC_EMPTY_NS ? attn_dec_tc_kernel<HDT, G, true>
+                                        : attn_dec_tc_kernel<HDT, G, false>;
         e = ops_cuda_launch(c, kern, dim3(ns, nkv, S), dim3(DEC_NT), smem, out, qkv, kc, vc, bt,
                             past, c->dec_part, nh, nkv, ab->max_blocks, ab->block_size, qscale,
-                            c->dec_min_keys, c->pdl && c->dec_prewait,
-                            all ? c->early_qk_keys : INT_MAX);
+                            c->dec_min_keys, c->pdl && c->dec_prewait);
     } else {
         size_t smem = dec_smem_bytes(HD, G);
         if (smem > 48 * 1024)

@@ -8,7 +8,6 @@
  * staging buffer. Every op is enqueued on ctx->stream; download and sync wait.
  * A failed launch is remembered and reported by the next download/sync. */
 #include <errno.h>
-#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1036,8 +1035,7 @@ static void cu_qk_norm_rope_kv(void *ctx, struct buf *qkv, int n, int nh, int nk
     ops_cuda_launch(c, qk_rope_kv_kernel, grid, dim3(128), 0, H(qkv), nh, nkv, hd,
                     q_norm ? CH(q_norm) : NULL, k_norm ? CH(k_norm) : NULL, eps,
                     (const float *)inv_freq->d, I32(ab->positions), I32(ab->slots), H(k_cache),
-                    H(v_cache),
-                    c->early & OPS_EARLY_QK_ALL ? INT_MAX : c->early & OPS_EARLY_QKNORM ? c->early_qk_keys : 0);
+                    H(v_cache), c->early & OPS_EARLY_QKNORM ? c->early_qk_keys : 0);
     OPS_CUDA_LAUNCHED(c, "qk_norm_rope_kv");
     PROF_END(c);
 }
@@ -1379,7 +1377,7 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
      * faster at contexts 256-1024 and 1% slower at 2048, Qwen3-8B batch 2 1% slower from 1024:
      * hence only up to AWQD_CUDA_EARLY_QK_KEYS (default 1024) keys a step (context x rows) */
     const char *early_env = getenv("AWQD_CUDA_EARLY");
-    c->early = early_env && *early_env ? atoi(early_env) & (OPS_EARLY_MERGE | OPS_EARLY_QKNORM | OPS_EARLY_QK_ALL)
+    c->early = early_env && *early_env ? atoi(early_env) & (OPS_EARLY_MERGE | OPS_EARLY_QKNORM)
                                        : OPS_EARLY_MERGE | OPS_EARLY_QKNORM;
     const char *eqk_env = getenv("AWQD_CUDA_EARLY_QK_KEYS");
     c->early_qk_keys = eqk_env && *eqk_env ? atoi(eqk_env) : 1024;

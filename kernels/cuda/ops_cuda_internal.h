@@ -127,10 +127,6 @@ struct cuda_ctx {
  * only after its wait holds the next one back by that much */
 #define OPS_EARLY_MERGE 1
 #define OPS_EARLY_QKNORM 2
-/* (session 31, compiled only, off by default) the q/k-norm at every context;
- * above the key limit the attention then loads only its first tile's
- * block-table entries before its wait, the tile after it */
-#define OPS_EARLY_QK_ALL 4
 #define OPS_SKIP_QKNORM 1u
 #define OPS_SKIP_ATTN 2u
 #define OPS_SKIP_COMBINE 4u

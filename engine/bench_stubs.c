@@ -6,4 +6,7 @@
 int bench_kernels(int argc, char **argv) {
     return cmd_not_built("bench kernels", "this build has no CUDA backend: build with nvcc present or CUDA=1");
 }
+int bench_chain(int argc, char **argv) {
+    return cmd_not_built("bench chain", "this build has no CUDA backend: build with nvcc present or CUDA=1");
+}
 #endif

@@ -14,6 +14,7 @@ struct bench {
 
 static const struct bench BENCHES[] = {
     {"kernels", bench_kernels, "W4A16 GEMV/GEMM vs cuBLAS FP16 and the copy rate (GPU)"},
+    {"chain", bench_chain, "o -> norm -> gate|up -> down at batch 1: three kernels vs one persistent (GPU)"},
     {"e2e", bench_e2e, "decode tokens/s and TTFT of a whole model"},
     {"tokenizer", bench_tokenizer, "encode/decode MB/s vs the JS reference"},
 };
@@ -39,6 +40,6 @@ int cmd_bench(int argc, char **argv) {
     }
     for (int i = 0; i < N_BENCHES; i++)
         if (strcmp(argv[1], BENCHES[i].name) == 0) return BENCHES[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "awqd bench: unknown benchmark \"%s\" (kernels, e2e, tokenizer, all)\n", argv[1]);
+    fprintf(stderr, "awqd bench: unknown benchmark \"%s\" (kernels, chain, e2e, tokenizer, all)\n", argv[1]);
     return 2;
 }

@@ -98,26 +98,6 @@ struct w4a16_weight {
 /* Device helpers                                                            */
 /* ------------------------------------------------------------------------ */
 
-static __device__ __forceinline__ uint32_t lop3_lo(uint32_t w) {
-    uint32_t d; /* (w & 0x000f000f) | 0x64006400 */
-    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(w), "n"(0x000f000f), "n"(0x64006400));
-    return d;
-}
-static __device__ __forceinline__ uint32_t lop3_hi(uint32_t w) {
-    uint32_t d; /* (w & 0x00f000f0) | 0x64006400 */
-    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(w), "n"(0x00f000f0), "n"(0x64006400));
-    return d;
-}
-
-/* d = A * B (no accumulator input) */
-static __device__ __forceinline__ void mma16816_z(float d[4], const uint32_t a[4], uint32_t b0,
-                                                  uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
-}
-
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src),
                  "r"(bytes));
@@ -139,26 +119,6 @@ static int x_via_l2(void) {
  * x, y, workspace and counters are written by earlier kernels and are read
  * only after pdl_wait(); weights, scales, zeros and bias are constant after
  * upload, so they are prefetched before the wait. */
-
-/* Zero-point subtrahends: {1024+z, 1024+z} and {1024+16z, 1024+16z} as half2 bits. */
-static __device__ __forceinline__ uint32_t magic_lo(uint32_t z) {
-    uint32_t h = 0x6400u | z;
-    return h | (h << 16);
-}
-static __device__ __forceinline__ uint32_t magic_hi(uint32_t z) {
-    uint32_t h = 0x6400u | (z << 4);
-    return h | (h << 16);
-}
-
-/* Unscaled A fragment: rows r -> q - z, rows r+8 -> 16 (q - z); exact. */
-static __device__ __forceinline__ void deq_raw(uint32_t w, uint32_t mlo, uint32_t mhi,
-                                               uint32_t a[4]) {
-    uint32_t w8 = w >> 8;
-    a[0] = hsub2u(lop3_lo(w), mlo);
-    a[1] = hsub2u(lop3_hi(w), mhi);
-    a[2] = hsub2u(lop3_lo(w8), mlo);
-    a[3] = hsub2u(lop3_hi(w8), mhi);
-}
 
 /* Scaled A fragment: (q - z) * s in fp16. nz_hi = {-(64+z), ...} for rows r+8. */
 static __device__ __forceinline__ void deq_scaled(uint32_t w, uint32_t mlo, uint32_t nz_hi,
@@ -1447,6 +1407,15 @@ extern "C" int w4a16_k(const struct w4a16_weight *w) { return w->k; }
 extern "C" int w4a16_n(const struct w4a16_weight *w) { return w->n; }
 extern "C" int w4a16_out_cols(const struct w4a16_weight *w) { return w->out_cols; }
 extern "C" size_t w4a16_device_bytes(const struct w4a16_weight *w) { return w->bytes; }
+extern "C" void w4a16_view_of(const struct w4a16_weight *w, struct w4a16_view *v) {
+    v->qw = w->qw;
+    v->sc = w->sc;
+    v->zr = w->zr;
+    v->bias = w->bias;
+    v->k = w->k, v->n = w->n, v->group = w->group, v->gate_up = w->layout == W4A16_LAYOUT_GATE_UP;
+    v->out_cols = w->out_cols, v->n16a = w->n16a, v->kc = w->kc, v->kg = w->kg;
+    v->sms = w->sms, v->cc_major = w->cc_major, v->smem_optin = w->smem_optin;
+}
 
 extern "C" int w4a16_clone(const struct w4a16_weight *src, struct w4a16_weight **out, char *err,
                            size_t errlen) {

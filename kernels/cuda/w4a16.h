@@ -132,6 +132,18 @@ int w4a16_n(const struct w4a16_weight *w);
 int w4a16_out_cols(const struct w4a16_weight *w);
 size_t w4a16_device_bytes(const struct w4a16_weight *w);
 
+/* The device arrays and plan facts of a weight (w4a16.cu "Device weight
+ * layout"), for kernels in other files (w4a16_chain.cu). Valid while w is. */
+struct w4a16_view {
+    const void *qw;      /* uint4 [n16a / 8][kc][8][32] */
+    const uint32_t *sc;  /* [kg][n16a][8] half2 */
+    const uint8_t *zr;   /* [kg][n16a][8] */
+    const uint16_t *bias; /* or NULL */
+    int k, n, group, gate_up, out_cols, n16a, kc, kg;
+    int sms, cc_major, smem_optin;
+};
+void w4a16_view_of(const struct w4a16_weight *w, struct w4a16_view *v);
+
 /* A second device copy of a weight (device-to-device; benchmarks that must
  * stream more bytes than the L2 holds). Freed with w4a16_free. */
 int w4a16_clone(const struct w4a16_weight *src, struct w4a16_weight **out, char *err,

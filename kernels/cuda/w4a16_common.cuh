@@ -120,4 +120,46 @@ static __device__ __forceinline__ void w4_epilogue(const A &a, int nt, int r, in
     }
 }
 
+/* The LOP3 dequantization of the repacked layout (w4a16.cu "Device weight
+ * layout"): shared by the decode kernels of w4a16.cu and w4a16_chain.cu. */
+static __device__ __forceinline__ uint32_t lop3_lo(uint32_t w) {
+    uint32_t d; /* (w & 0x000f000f) | 0x64006400 */
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(w), "n"(0x000f000f), "n"(0x64006400));
+    return d;
+}
+static __device__ __forceinline__ uint32_t lop3_hi(uint32_t w) {
+    uint32_t d; /* (w & 0x00f000f0) | 0x64006400 */
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(w), "n"(0x00f000f0), "n"(0x64006400));
+    return d;
+}
+
+/* d = A * B (no accumulator input) */
+static __device__ __forceinline__ void mma16816_z(float d[4], const uint32_t a[4], uint32_t b0,
+                                                  uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+}
+
+/* Zero-point subtrahends: {1024+z, 1024+z} and {1024+16z, 1024+16z} as half2 bits. */
+static __device__ __forceinline__ uint32_t magic_lo(uint32_t z) {
+    uint32_t h = 0x6400u | z;
+    return h | (h << 16);
+}
+static __device__ __forceinline__ uint32_t magic_hi(uint32_t z) {
+    uint32_t h = 0x6400u | (z << 4);
+    return h | (h << 16);
+}
+
+/* Unscaled A fragment: rows r -> q - z, rows r+8 -> 16 (q - z); exact. */
+static __device__ __forceinline__ void deq_raw(uint32_t w, uint32_t mlo, uint32_t mhi,
+                                               uint32_t a[4]) {
+    uint32_t w8 = w >> 8;
+    a[0] = hsub2u(lop3_lo(w), mlo);
+    a[1] = hsub2u(lop3_hi(w), mhi);
+    a[2] = hsub2u(lop3_lo(w8), mlo);
+    a[3] = hsub2u(lop3_hi(w8), mhi);
+}
+
 #endif

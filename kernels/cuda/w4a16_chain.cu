@@ -1,0 +1,674 @@
+/* w4a16_chain.cu — o_proj -> residual + RMSNorm -> gate|up (silu * up) ->
+ * down_proj of one decode row as one persistent kernel (w4a16_chain.h).
+ *
+ * Roles (one block per SM, 17 warps):
+ *   warp 16, lanes 0-3 (producer): lane L walks the block's items j = L,
+ *       L + 4, ... of the three phases in sequence and copies each into
+ *       stage j % S with the bulk-copy engine (weights 8 KB with an L2
+ *       evict-first hint, scales 256 B, zeros 64 B; completion counted in
+ *       bytes on the stage's "full" mbarrier). It waits only for a free
+ *       stage (the "empty" mbarrier), never for x: across a phase boundary
+ *       it keeps the ring full. No divisions in its loop: one issuing
+ *       thread with two per item was the stream's limit (session 32).
+ *   warps 0-15 (consumers), in 8 pairs: pair m takes the items j = m, m +
+ *       8, ... (an item: 128-column block cb, group g = two 64-deep K
+ *       chunks of 8 n16 tiles); each warp of the pair 4 of the 8 tiles. Its
+ *       lanes' words, scales and zeros leave the stage at once (the pair's
+ *       two arrivals release it), then 8 mma.sync per tile with the LOP3
+ *       halves {1024 + q} / {1024 + 16 q} as they are: the offset and the
+ *       zero point leave as (1024 + z) X per tile and group, X the group's
+ *       sum of x (computed once per phase), so no HSUB2 per word. S is a
+ *       multiple of 8, so stage s always belongs to producer lane s % 4 and
+ *       pair s % 8, and each side meets a stage's rounds in order.
+ *   At the end of a phase each warp's sums are in shared slots [column
+ *   block][pair]; the block adds the pairs in order, writes the column
+ *   block's partial slot (slot = this block's rank among the column
+ *   block's blocks) and counts itself in; the last block to arrive adds the
+ *   slots in slot order and applies the phase's epilogue:
+ *         o:       rout = fp16(rin + fp16(sum)), ssq[cb] = sum of rout^2
+ *         gate|up: act = fp16(silu(gate) * up)
+ *         down:    y = fp16(sum)
+ *   then (o, gate|up) counts the column block done.
+ *   A phase's x: o's is the call's x; gate|up waits until all of o's
+ *   column blocks are done and builds x = fp16(w * (rout * r)) with r from
+ *   the ssq partials (lane-strided, then a fixed shuffle tree: add_rmsnorm's
+ *   arithmetic in another order); down waits for all of gate|up's and reads
+ *   act. x lives in shared memory after the ring. Every sum has a fixed
+ *   order: the results are bitwise the same call after call.
+ *
+ * Items: phase p's items are its (cb, g) pairs in memory order (cb major);
+ * block b < P' = min(grid, I) takes [b I / P', (b + 1) I / P'): the same
+ * bytes per block, one contiguous stream per block per matrix.
+ *
+ * Measured (H200, session 32, `awqd bench chain`; docs/PERFORMANCE.md
+ * "Session 32"): 0.65-0.86x the three decode kernels. As a pure stream
+ * (AWQD_CHAIN_DBG=7) the ring moves the three weights 1.15-1.32x faster
+ * than the three kernels, but the consumers alone (no copies) run at the
+ * stream's pace, so the ~4 µs of dependent L2 round trips at each phase
+ * end (partials, count, finish, done, the next x) are not absorbed.
+ *
+ * The counters (arrivals per column block, done per phase) are reset by
+ * whoever finishes with them: a column block's last block, and the last
+ * block to exit (all blocks have passed both waits by then). */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/w4a16.h"
+#include "kernels/cuda/w4a16_chain.h"
+#include "kernels/cuda/w4a16_common.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define CH_ENABLED 0 /* bulk copies and mbarrier tx counts: sm_90 */
+#else
+#define CH_ENABLED 1
+#endif
+
+#define CH_CONSUMERS 16 /* consumer warps: 8 pairs, a pair per item, 4 of its 8 n16 tiles a warp */
+#define CH_PAIRS (CH_CONSUMERS / 2)
+#define CH_THREADS ((CH_CONSUMERS + 1) * 32)
+#define CH_W_BYTES 8192                  /* one item's weights: 2 chunks x 8 tiles x 512 B */
+#define CH_STAGE (CH_W_BYTES + 256 + 64) /* + scales (8 tiles x 8 half2) + zeros (8 x 8 bytes) */
+#define CH_MAX_STAGES 32
+#define CH_PL 4 /* producer lanes */
+#define CH_MAX_LCB 16 /* column blocks a block may touch in one phase (shared slots of 4 KB) */
+#define CH_TIMEOUT_NS 2000000000ull
+
+struct ch_phase {
+    const uint4 *qw;
+    const uint32_t *sc;
+    const uint8_t *zr;
+    int n16a, kc, kg, nb; /* nb: 128-column blocks */
+    int items;            /* nb * kg */
+    int blocks;           /* blocks with items: min(grid, items), each >= 1 item */
+    int k;                /* x length */
+    int ncols;            /* valid outputs: N (plain), inter (gate|up) */
+    int maxs;             /* partial slots per column block */
+    float *part;          /* [nb][maxs][128] */
+    int *cnt;             /* [nb] arrivals */
+};
+
+struct ch_args {
+    ch_phase ph[3];
+    const uint16_t *x, *rin, *nw;
+    uint16_t *rout, *act, *y;
+    float eps;
+    float *ssq;  /* [o's nb] */
+    int *done;   /* [2] column blocks finished: o, gate|up */
+    int *exitc;  /* blocks that finished */
+    int *errf;   /* 1: a wait timed out */
+    int stages;
+    int xoff;    /* byte offset of x in dynamic shared memory */
+    int soff;    /* byte offset of the warps' column-block slots */
+    int lcb;     /* slots: column blocks per block per phase at most */
+    int gsoff;   /* byte offset of the groups' sums of x (maxk / 128 floats) */
+    int dbg;     /* AWQD_CHAIN_DBG (timing only, results wrong): 1 no math, 2 no phase
+                  * waits, 4 no column-block ends, 8 weights only (no scale / zero copies),
+                  * 16 no copies at all (the consumers' pace) */
+};
+
+static __device__ __forceinline__ void ch_bar_init(uint32_t bar, uint32_t count) {
+#if CH_ENABLED
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+static __device__ __forceinline__ void ch_bar_wait(uint32_t bar, uint32_t parity) {
+#if CH_ENABLED
+    asm volatile("{\n.reg .pred p;\nCH_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra CH_WAIT;\n}\n" ::"r"(bar), "r"(parity)
+                 : "memory");
+#endif
+}
+static __device__ __forceinline__ void ch_bar_arrive(uint32_t bar) {
+#if CH_ENABLED
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+#endif
+}
+static __device__ __forceinline__ void ch_bar_expect(uint32_t bar, uint32_t bytes) {
+#if CH_ENABLED
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+static __device__ __forceinline__ void ch_bulk(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+#if CH_ENABLED
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
+}
+/* the 256 consumer threads only (named barrier 1) */
+static __device__ __forceinline__ void ch_sync(void) {
+    asm volatile("bar.sync 1, %0;" ::"n"(CH_CONSUMERS * 32) : "memory");
+}
+static __device__ __forceinline__ int ch_ld_acquire(const int *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ unsigned long long ch_now(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* the block whose share holds item i (shares [b I / P, (b + 1) I / P); P <=
+ * I, so every share holds at least one item and the blocks of a column
+ * block are consecutive) */
+static __device__ __forceinline__ int ch_owner(long long i, int items, int P) {
+    return (int)(((i + 1) * P - 1) / items);
+}
+
+/* consumer thread 0 waits until *ctr >= target (then the consumers sync) */
+static __device__ void ch_wait_count(const ch_args &a, const int *ctr, int target, int tid) {
+    if (tid == 0) {
+        unsigned spins = 0;
+        unsigned long long t0 = 0;
+        while (ch_ld_acquire(ctr) < target) {
+            if ((++spins & 255) == 0) {
+                const unsigned long long t = ch_now();
+                if (!t0) t0 = t;
+                else if (t - t0 > CH_TIMEOUT_NS) {
+                    atomicExch(a.errf, 1);
+                    break;
+                }
+            }
+        }
+        __threadfence();
+    }
+    ch_sync();
+}
+
+/* The last block of column block cb of phase p: add the nsl slots in order,
+ * the phase's epilogue. All 256 consumer threads call it. */
+static __device__ void ch_finish(const ch_args &a, int p, int cb, int nsl, int tid, float *sv,
+                                 float *red) {
+    const ch_phase &ph = a.ph[p];
+    float v = 0.f;
+    if (tid < 128) {
+        const float *src = ph.part + (size_t)cb * ph.maxs * 128 + tid;
+        for (int s = 0; s < nsl; s++) v += __ldcg(src + s * 128);
+    }
+    if (p == 0) {
+        const int col = cb * 128 + tid;
+        float sq = 0.f;
+        if (tid < 128 && col < ph.ncols) {
+            const float yo = __half2float(__float2half_rn(v));
+            const __half h = __float2half_rn(__half2float(__ushort_as_half(a.rin[col])) + yo);
+            a.rout[col] = __half_as_ushort(h);
+            const float hf = __half2float(h);
+            sq = hf * hf;
+        }
+        for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        if ((tid & 31) == 0 && tid < 128) red[tid >> 5] = sq;
+        ch_sync();
+        if (tid == 0) a.ssq[cb] = red[0] + red[1] + red[2] + red[3];
+    } else if (p == 1) {
+        if (tid < 128) sv[tid] = v;
+        ch_sync();
+        const int j = cb * 64 + tid; /* tile tid / 8, gate row tid % 8 */
+        if (tid < 64 && j < ph.ncols) {
+            const int rho = (tid >> 3) * 16 + (tid & 7);
+            store_h(a.act + j, w4_silu_mul(sv[rho], sv[rho + 8]));
+        }
+    } else {
+        const int col = cb * 128 + tid;
+        if (tid < 128 && col < ph.ncols) store_h(a.y + col, v);
+    }
+    if (p < 2) {
+        ch_sync();
+        if (tid == 0) {
+            __threadfence();
+            atomicAdd(a.done + p, 1);
+        }
+    }
+}
+
+static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a) {
+    extern __shared__ __align__(128) unsigned char ch_smem[];
+    __shared__ __align__(8) uint64_t bars[2 * CH_MAX_STAGES]; /* full[S], empty[S] */
+    __shared__ float sv[128], red[4];
+    __shared__ int s_last[CH_MAX_LCB];
+    const uint32_t ring0 = smem_u32(ch_smem), full0 = smem_u32(bars), empty0 = full0 + 8 * CH_MAX_STAGES;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int P = gridDim.x, b = blockIdx.x, S = a.stages;
+
+    if (tid == 0) {
+        for (int s = 0; s < S; s++) {
+            ch_bar_init(full0 + 8 * s, 1);
+            ch_bar_init(empty0 + 8 * s, 2); /* the pair of warps that takes the stage */
+        }
+#if CH_ENABLED
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+    }
+    __syncthreads();
+
+    if (warp == CH_CONSUMERS) {
+        /* ---------------- producer: weights are constant, no wait ----------------
+         * CH_PL lanes, lane L the block's items j = L, L + CH_PL, ... of the
+         * three phases in sequence (j: the block's item count so far), into
+         * stage j % S (S is a multiple of CH_PL); no divisions in the loop:
+         * one issuing thread was the stream's limit (session 32) */
+        if (lane < CH_PL) {
+            uint64_t pol = 0; /* weights are read once: evict them first */
+#if CH_ENABLED
+            asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+            int s = lane, round = 0, jb = 0;
+            for (int p = 0; p < 3; p++) {
+                const ch_phase &ph = a.ph[p];
+                const int Pp = ph.blocks, i0 = b < Pp ? (int)((long long)b * ph.items / Pp) : 0,
+                          n = b < Pp ? (int)((long long)(b + 1) * ph.items / Pp) - i0 : 0;
+                int q = ((lane - jb) % CH_PL + CH_PL) % CH_PL;
+                int cb = (i0 + q) / ph.kg, g = (i0 + q) - cb * ph.kg;
+                for (; q < n; q += CH_PL) {
+                    if (round) ch_bar_wait(empty0 + 8 * s, (round - 1) & 1);
+                    const uint32_t st = ring0 + s * CH_STAGE, fb = full0 + 8 * s;
+                    const size_t gi = ((size_t)g * ph.n16a + cb * 8) * 8;
+                    const uint4 *wsrc = ph.qw + ((size_t)cb * ph.kc + 2 * g) * 256;
+                    if (a.dbg & 16) { /* no copies: the consumers' own pace */
+                        ch_bar_arrive(fb);
+                        goto next;
+                    }
+                    ch_bar_expect(fb, a.dbg & 8 ? CH_W_BYTES : CH_STAGE);
+#if CH_ENABLED
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                                 ::"r"(st), "l"(wsrc), "r"(CH_W_BYTES), "r"(fb), "l"(pol) : "memory");
+#endif
+                    if (!(a.dbg & 8)) {
+                        ch_bulk(st + CH_W_BYTES, ph.sc + gi, 256, fb);
+                        ch_bulk(st + CH_W_BYTES + 256, ph.zr + gi, 64, fb);
+                    }
+                next:
+                    s += CH_PL;
+                    if (s >= S) s -= S, round++;
+                    g += CH_PL;
+                    while (g >= ph.kg) g -= ph.kg, cb++;
+                }
+                jb += n;
+            }
+            if (lane == 0) pdl_launch();
+        }
+        return;
+    }
+
+    /* ---------------- consumers ---------------- */
+    const int r = lane >> 2, c = lane & 3;
+    uint16_t *sx = (uint16_t *)(ch_smem + a.xoff);
+    const int pair = warp >> 1, half = warp & 1; /* item j = pair + 8 k of the block; tiles 4 half .. + 3 */
+    int js = pair;       /* this warp's next item's stage */
+    uint32_t jpar = 0;   /* and its fill's parity */
+    int jb = 0;          /* the block's items in earlier phases */
+    float *slots = (float *)(ch_smem + a.soff); /* [column block of the block][pair][128], zero */
+    float *sxs = (float *)(ch_smem + a.gsoff);  /* [groups of x]: the sums of x */
+    for (int i = tid; i < a.lcb * CH_PAIRS * 128; i += CH_CONSUMERS * 32) slots[i] = 0.f;
+    pdl_wait(); /* x, rin, the counters: written by earlier kernels */
+    for (int p = 0; p < 3; p++) {
+        const ch_phase &ph = a.ph[p];
+        /* ---- this phase's x into shared memory ---- */
+        if (p == 0) {
+#pragma unroll 4
+            for (int i = tid; i < ph.k / 8; i += CH_CONSUMERS * 32)
+                ((uint4 *)sx)[i] = __ldcg((const uint4 *)a.x + i);
+        } else if (p == 1) {
+            if (!(a.dbg & 2)) ch_wait_count(a, a.done, a.ph[0].nb, tid);
+            /* the column blocks' sums of squares: lane l adds l, l + 32, ... in
+             * order, then a fixed shuffle tree (every block the same sum) */
+            float tot = 0.f;
+            for (int q = lane; q < a.ph[0].nb; q += 32) tot += __ldcg(a.ssq + q);
+            for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
+            tot = __shfl_sync(0xffffffffu, tot, 0); /* lane 0's association for all */
+            const float rr = rsqrtf(tot / (float)ph.k + a.eps);
+#pragma unroll 4
+            for (int i = tid; i < ph.k / 8; i += CH_CONSUMERS * 32) {
+                uint4 v = __ldcg((const uint4 *)a.rout + i);
+                const uint4 w = __ldg((const uint4 *)a.nw + i);
+                __half2 *v2 = (__half2 *)&v;
+                const __half2 *w2 = (const __half2 *)&w;
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const float2 fv = __half22float2(v2[u]), fw = __half22float2(w2[u]);
+                    v2[u] = __floats2half2_rn(fw.x * (fv.x * rr), fw.y * (fv.y * rr));
+                }
+                ((uint4 *)sx)[i] = v;
+            }
+        } else {
+            if (!(a.dbg & 2)) ch_wait_count(a, a.done + 1, a.ph[1].nb, tid);
+            pdl_launch();
+#pragma unroll 4
+            for (int i = tid; i < ph.k / 8; i += CH_CONSUMERS * 32)
+                ((uint4 *)sx)[i] = __ldcg((const uint4 *)a.act + i);
+        }
+        ch_sync();
+        /* the sum of x over each group of 128 (warp w groups w, w + 16, ...;
+         * lane l its 4 values, a fixed shuffle tree): the zero point and the
+         * 1024 offset of the LOP3 halves come out as (1024 + z) X */
+        for (int gq = warp; gq < ph.kg; gq += CH_CONSUMERS) {
+            const uint2 v = *(const uint2 *)(sx + gq * 128 + lane * 4);
+            const float2 f0 = __half22float2(*(const __half2 *)&v.x), f1 = __half22float2(*(const __half2 *)&v.y);
+            float sum = (f0.x + f0.y) + (f1.x + f1.y);
+            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if (lane == 0) sxs[gq] = sum;
+        }
+        ch_sync();
+
+        /* ---- this block's items: pair m the block's items j = m, m + 8, ... ---- */
+        const int Pp = ph.blocks, i0 = b < Pp ? (int)((long long)b * ph.items / Pp) : 0,
+                  n = b < Pp ? (int)((long long)(b + 1) * ph.items / Pp) - i0 : 0;
+        const int cb0 = i0 / ph.kg, ncb = n ? (i0 + n - 1) / ph.kg - cb0 + 1 : 0;
+        int q = ((pair - jb) % CH_PAIRS + CH_PAIRS) % CH_PAIRS;
+        int cb = (i0 + q) / ph.kg, g = (i0 + q) - cb * ph.kg;
+        float acc[4][2];
+#pragma unroll
+        for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = 0.f;
+        for (; q < n; q += CH_PAIRS) {
+            ch_bar_wait(full0 + 8 * js, jpar);
+            const unsigned char *st = ch_smem + (size_t)js * CH_STAGE;
+            uint4 wv[2][4];
+            uint32_t s2[4], zz[4];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int t = 0; t < 4; t++) wv[h][t] = ((const uint4 *)st)[(h * 8 + half * 4 + t) * 32 + lane];
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                s2[t] = ((const uint32_t *)(st + CH_W_BYTES))[(half * 4 + t) * 8 + r];
+                zz[t] = (st + CH_W_BYTES + 256)[(half * 4 + t) * 8 + r];
+            }
+            __syncwarp();
+            if (lane == 0) ch_bar_arrive(empty0 + 8 * js);
+            js += CH_PAIRS;
+            if (js >= S) js -= S, jpar ^= 1;
+            if (!(a.dbg & 1)) {
+                /* x of chunks 2g, 2g + 1: lane c multiplies x[16c, 16c + 16); the
+                 * lanes of rows r > 0 (mma columns never used: M = 1) read row 0 too */
+                uint4 xa[2], xb[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint16_t *xp = sx + (2 * g + h) * 64 + 16 * c;
+                    xa[h] = *(const uint4 *)xp;
+                    xb[h] = *(const uint4 *)(xp + 8);
+                }
+                const float X = sxs[g]; /* the group's sum of x */
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    /* A = the LOP3 halves {1024 + q} (rows r) and {1024 + 16 q}
+                     * (rows r + 8) as they are: the offset and the zero point
+                     * leave as (1024 + z) X per group (no HSUB2 per word) */
+                    const __half2 sh2 = *reinterpret_cast<const __half2 *>(&s2[t]);
+                    const float slo = __low2float(sh2), shi = __high2float(sh2) * 0.0625f;
+                    const float clo = (1024.f + (float)(zz[t] & 15)) * X;
+                    const float chi = (1024.f + 16.f * (float)(zz[t] >> 4)) * X;
+                    float d[4], e[4];
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const uint32_t *wt = &wv[h][t].x;
+#pragma unroll
+                        for (int u = 0; u < 4; u++) {
+                            const uint32_t w8 = wt[u] >> 8;
+                            const uint32_t af[4] = {lop3_lo(wt[u]), lop3_hi(wt[u]), lop3_lo(w8), lop3_hi(w8)};
+                            const uint32_t *xs = u < 2 ? &xa[h].x : &xb[h].x;
+                            float *acc4 = u & 1 ? e : d;
+                            if (h == 0 && u < 2) mma16816_z(acc4, af, xs[(u & 1) * 2], xs[(u & 1) * 2 + 1]);
+                            else mma16816(acc4, af, xs[(u & 1) * 2], xs[(u & 1) * 2 + 1]);
+                        }
+                    }
+                    acc[t][0] = fmaf(slo, (d[0] + e[0]) - clo, acc[t][0]);
+                    acc[t][1] = fmaf(shi, (d[2] + e[2]) - chi, acc[t][1]);
+                }
+            }
+            /* the next item of this warp: in another column block (or none)? */
+            const int cbw = cb;
+            g += CH_PAIRS;
+            while (g >= ph.kg) g -= ph.kg, cb++;
+            if (q + CH_PAIRS < n && cb == cbw) continue;
+            if (c == 0) { /* this warp's sums of column block cbw: slot (cbw - cb0, pair), its tiles */
+                float *dst = slots + ((cbw - cb0) * CH_PAIRS + pair) * 128 + half * 64 + r;
+#pragma unroll
+                for (int t = 0; t < 4; t++) dst[t * 16] = acc[t][0], dst[t * 16 + 8] = acc[t][1];
+            }
+#pragma unroll
+            for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = 0.f;
+        }
+        jb += n;
+        ch_sync(); /* every warp's slots written */
+        if (a.dbg & 4) continue;
+        /* ---- the block's part of each of its column blocks: the 8 warps'
+         * slots in warp order -> the column block's partial slot; count in;
+         * the last block of a column block finishes it ---- */
+        for (int l = tid >> 7; l < ncb; l += CH_CONSUMERS / 4) {
+            const int cbl = cb0 + l, t = tid & 127;
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < CH_PAIRS; w++) v += slots[(l * CH_PAIRS + w) * 128 + t];
+            const int bf = ch_owner((long long)cbl * ph.kg, ph.items, Pp);
+            __stcg(ph.part + ((size_t)cbl * ph.maxs + (b - bf)) * 128 + t, v);
+        }
+        /* the barrier, then the counting thread's fence: cumulative over the
+         * block's partial stores that the barrier ordered before it */
+        ch_sync();
+        if (tid < ncb) {
+            __threadfence();
+            const int cbl = cb0 + tid;
+            const long long first_item = (long long)cbl * ph.kg;
+            const int bf = ch_owner(first_item, ph.items, Pp);
+            const int nsl = ch_owner(first_item + ph.kg - 1, ph.items, Pp) - bf + 1;
+            const int old = atomicAdd(ph.cnt + cbl, 1);
+            s_last[tid] = old == nsl - 1 ? nsl : 0;
+            if (old == nsl - 1) ph.cnt[cbl] = 0;
+            __threadfence(); /* the other blocks' partials before the barrier below */
+        }
+        ch_sync();
+        for (int l = 0; l < ncb; l++) {
+            if (!s_last[l]) continue;
+            ch_finish(a, p, cb0 + l, s_last[l], tid, sv, red);
+        }
+        /* zero the slots for the next phase (warps without items in a column
+         * block leave its slot as it is) */
+        for (int i = tid; i < ncb * CH_PAIRS * 128; i += CH_CONSUMERS * 32) slots[i] = 0.f;
+    }
+    /* the last block out resets the phase counters for the next call */
+    ch_sync();
+    if (tid == 0) {
+        __threadfence();
+        if (atomicAdd(a.exitc, 1) == P - 1) {
+            a.done[0] = 0;
+            a.done[1] = 0;
+            *a.exitc = 0;
+            __threadfence();
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Host side                                                                */
+/* ------------------------------------------------------------------------ */
+
+struct w4a16_chain {
+    ch_args a;
+    int blocks, smem;
+    void *dev; /* one allocation: partials, ssq, counters, act */
+};
+
+static void ch_err(char *err, size_t n, const char *fmt, const char *what) {
+    if (err && n) snprintf(err, n, fmt, what);
+}
+
+/* partial slots a column block needs: the most blocks sharing one */
+static int ch_max_slots(int nb, int kg, int P) {
+    const long long items = (long long)nb * kg;
+    int m = 1;
+    for (int cb = 0; cb < nb; cb++) {
+        const long long f = (long long)cb * kg, l = f + kg - 1;
+        const int bf = (int)(((f + 1) * P - 1) / items), bl = (int)(((l + 1) * P - 1) / items);
+        if (bl - bf + 1 > m) m = bl - bf + 1;
+    }
+    return m;
+}
+
+extern "C" int w4a16_chain_create(const struct w4a16_weight *o, const struct w4a16_weight *gu,
+                                  const struct w4a16_weight *down, struct w4a16_chain **out,
+                                  char *err, size_t errlen) {
+    *out = NULL;
+    struct w4a16_view v[3];
+    w4a16_view_of(o, &v[0]);
+    w4a16_view_of(gu, &v[1]);
+    w4a16_view_of(down, &v[2]);
+    if (v[0].cc_major < 9) return ch_err(err, errlen, "%s", "w4a16_chain: needs sm_90 (bulk copies)"), -ENOTSUP;
+    for (int p = 0; p < 3; p++)
+        if (v[p].group != 128 || v[p].bias || v[p].gate_up != (p == 1))
+            return ch_err(err, errlen, "w4a16_chain: %s: group 128, no bias, layouts plain / gate|up / plain",
+                          p == 0 ? "o" : p == 1 ? "gate|up" : "down"), -ENOTSUP;
+    const int H = v[0].n, inter = v[1].out_cols;
+    if (v[1].k != H || v[2].k != inter || v[2].n != H)
+        return ch_err(err, errlen, "%s", "w4a16_chain: the shapes do not chain (o: K -> H, gate|up: H -> 2 I, down: I -> H)"), -ENOTSUP;
+    int maxk = v[0].k > H ? v[0].k : H;
+    if (inter > maxk) maxk = inter;
+    const int P = v[0].sms;
+    int lcb = 1; /* the most column blocks one block touches in a phase */
+    for (int p = 0; p < 3; p++) {
+        const int nb = v[p].n16a / 8, kg = v[p].kg;
+        const long long items = (long long)nb * kg;
+        const int Pp = items < P ? (int)items : P;
+        for (int b = 0; b < Pp; b++) {
+            const long long i0 = b * items / Pp, i1 = (b + 1) * items / Pp;
+            const int m = (int)((i1 - 1) / kg - i0 / kg + 1);
+            if (m > lcb) lcb = m;
+        }
+    }
+    if (lcb > CH_MAX_LCB)
+        return ch_err(err, errlen, "%s", "w4a16_chain: too many column blocks per block (K too small for the grid)"), -ENOTSUP;
+    const int xbytes = (maxk * 2 + 127) / 128 * 128, sbytes = lcb * CH_PAIRS * 128 * 4;
+    const int gbytes = (maxk / 128 * 4 + 127) / 128 * 128;
+    int stages = (v[0].smem_optin - xbytes - sbytes - gbytes - 1024) / CH_STAGE;
+    if (stages > CH_MAX_STAGES) stages = CH_MAX_STAGES;
+    const char *st_env = getenv("AWQD_CHAIN_STAGES"); /* timing: fewer stages */
+    if (st_env && atoi(st_env) >= CH_PAIRS && atoi(st_env) < stages) stages = atoi(st_env);
+    /* stage s is filled by producer lane s % CH_PL and taken by pair s %
+     * CH_PAIRS in every round, so each side visits a stage's rounds in order
+     * (with other owners a lane or a pair running a round ahead would pass
+     * a parity wait of the round before: session 32's fault) */
+    stages -= stages % CH_PAIRS;
+    if (stages < CH_PAIRS) return ch_err(err, errlen, "%s", "w4a16_chain: x too large for shared memory beside the ring"), -ENOTSUP;
+
+    struct w4a16_chain *ch = (struct w4a16_chain *)calloc(1, sizeof *ch);
+    if (!ch) return ch_err(err, errlen, "%s", "w4a16_chain: out of memory"), -ENOMEM;
+    ch_args &a = ch->a;
+    size_t fl = 0; /* floats of partials */
+    int nbs = 0;
+    for (int p = 0; p < 3; p++) {
+        ch_phase &ph = a.ph[p];
+        ph.qw = (const uint4 *)v[p].qw;
+        ph.sc = v[p].sc;
+        ph.zr = v[p].zr;
+        ph.n16a = v[p].n16a, ph.kc = v[p].kc, ph.kg = v[p].kg, ph.nb = v[p].n16a / 8;
+        ph.items = ph.nb * ph.kg;
+        ph.k = v[p].k;
+        ph.ncols = v[p].out_cols;
+        ph.blocks = ph.items < P ? ph.items : P;
+        ph.maxs = ch_max_slots(ph.nb, ph.kg, ph.blocks);
+        fl += (size_t)ph.nb * ph.maxs * 128;
+        nbs += ph.nb;
+    }
+    const size_t bytes = fl * 4 + (size_t)a.ph[0].nb * 4 + (size_t)(nbs + 4) * 4 + ((size_t)inter * 2 + 16);
+    if (cudaMalloc(&ch->dev, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        free(ch);
+        return ch_err(err, errlen, "%s", "w4a16_chain: out of device memory"), -ENOMEM;
+    }
+    if (cudaMemset(ch->dev, 0, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        w4a16_chain_free(ch);
+        return ch_err(err, errlen, "%s", "w4a16_chain: cudaMemset failed"), -ENOMEM;
+    }
+    char *q = (char *)ch->dev;
+    for (int p = 0; p < 3; p++) {
+        a.ph[p].part = (float *)q;
+        q += (size_t)a.ph[p].nb * a.ph[p].maxs * 128 * 4;
+    }
+    a.ssq = (float *)q;
+    q += (size_t)a.ph[0].nb * 4;
+    int *ints = (int *)q;
+    for (int p = 0; p < 3; p++) {
+        a.ph[p].cnt = ints;
+        ints += a.ph[p].nb;
+    }
+    a.done = ints;
+    a.exitc = ints + 2;
+    a.errf = ints + 3;
+    q = (char *)(ints + 4);
+    q = (char *)(((uintptr_t)q + 15) & ~(uintptr_t)15);
+    a.act = (uint16_t *)q;
+    a.stages = stages;
+    a.xoff = stages * CH_STAGE;
+    a.xoff = (a.xoff + 127) / 128 * 128;
+    a.soff = a.xoff + xbytes;
+    a.lcb = lcb;
+    a.gsoff = a.soff + sbytes;
+    ch->smem = a.gsoff + gbytes;
+    ch->blocks = P;
+    cudaError_t e = cudaFuncSetAttribute(k_chain, cudaFuncAttributeMaxDynamicSharedMemorySize, ch->smem);
+    int per_sm = 0;
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_chain, CH_THREADS, ch->smem);
+    if (e != cudaSuccess || per_sm < 1) {
+        cudaGetLastError();
+        w4a16_chain_free(ch);
+        return ch_err(err, errlen, "w4a16_chain: the kernel does not fit an SM (%s)",
+                      e != cudaSuccess ? cudaGetErrorString(e) : "occupancy 0"), -ENOTSUP;
+    }
+    *out = ch;
+    return 0;
+}
+
+extern "C" void w4a16_chain_free(struct w4a16_chain *ch) {
+    if (!ch) return;
+    if (ch->dev) cudaFree(ch->dev);
+    free(ch);
+}
+
+extern "C" int w4a16_chain_run(struct w4a16_chain *ch, const uint16_t *x, const uint16_t *rin,
+                               const uint16_t *norm_w, float eps, uint16_t *rout, uint16_t *y,
+                               cudaStream_t s, char *err, size_t errlen) {
+    if (!x || !rin || !norm_w || !rout || !y || rout == rin)
+        return ch_err(err, errlen, "%s", "w4a16_chain_run: bad arguments"), -EINVAL;
+    ch_args a = ch->a;
+    a.x = x, a.rin = rin, a.nw = norm_w, a.rout = rout, a.y = y, a.eps = eps;
+    static const int dbg = getenv("AWQD_CHAIN_DBG") ? atoi(getenv("AWQD_CHAIN_DBG")) : 0;
+    a.dbg = dbg;
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3(ch->blocks);
+    cfg.blockDim = dim3(CH_THREADS);
+    cfg.dynamicSmemBytes = ch->smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = w4a16_pdl(-1) ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k_chain, (const ch_args)a);
+    if (e != cudaSuccess) {
+        ch_err(err, errlen, "w4a16_chain_run: launch: %s", cudaGetErrorString(e));
+        return -EIO;
+    }
+    return 0;
+}
+
+extern "C" int w4a16_chain_error(struct w4a16_chain *ch) {
+    int v = 0;
+    if (cudaMemcpy(&v, ch->a.errf, 4, cudaMemcpyDeviceToHost) != cudaSuccess) return 1;
+    return v != 0;
+}
+
+extern "C" void w4a16_chain_describe(const struct w4a16_chain *ch, int *blocks, int *stages,
+                                     int *stage_bytes) {
+    if (blocks) *blocks = ch->blocks;
+    if (stages) *stages = ch->a.stages;
+    if (stage_bytes) *stage_bytes = CH_STAGE;
+}

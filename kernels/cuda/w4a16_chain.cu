@@ -1,25 +1,24 @@
 /* w4a16_chain.cu — o_proj -> residual + RMSNorm -> gate|up (silu * up) ->
  * down_proj of one decode row as one persistent kernel (w4a16_chain.h).
  *
- * Roles (one block per SM, 17 warps):
- *   warp 16, lanes 0-3 (producer): lane L walks the block's items j = L,
- *       L + 4, ... of the three phases in sequence and copies each into
- *       stage j % S with the bulk-copy engine (weights 8 KB with an L2
+ * Roles (one block per SM, 16 warps in 8 pairs): pair m takes the block's
+ * items j = m, m + 8, ... of the three phases in sequence (an item: 128-column
+ * block cb, group g = two 64-deep K chunks of 8 n16 tiles) and owns the
+ * ring stages m, m + 8, ... (D = S / 8 of them):
+ *   lane 0 of its first warp (the issuer) copies the pair's items into its
+ *       stages with the bulk-copy engine (weights 8 KB with an L2
  *       evict-first hint, scales 256 B, zeros 64 B; completion counted in
- *       bytes on the stage's "full" mbarrier). It waits only for a free
- *       stage (the "empty" mbarrier), never for x: across a phase boundary
- *       it keeps the ring full. No divisions in its loop: one issuing
- *       thread with two per item was the stream's limit (session 32).
- *   warps 0-15 (consumers), in 8 pairs: pair m takes the items j = m, m +
- *       8, ... (an item: 128-column block cb, group g = two 64-deep K
- *       chunks of 8 n16 tiles); each warp of the pair 4 of the 8 tiles. Its
- *       lanes' words, scales and zeros leave the stage at once (the pair's
- *       two arrivals release it), then 8 mma.sync per tile with the LOP3
- *       halves {1024 + q} / {1024 + 16 q} as they are: the offset and the
- *       zero point leave as (1024 + z) X per tile and group, X the group's
- *       sum of x (computed once per phase), so no HSUB2 per word. S is a
- *       multiple of 8, so stage s always belongs to producer lane s % 4 and
- *       pair s % 8, and each side meets a stage's rounds in order.
+ *       bytes on the stage's "full" mbarrier), D items ahead of the one the
+ *       pair computes; the first D before the PDL wait, the next one as
+ *       soon as both warps hold a stage in registers (a 64-thread barrier).
+ *       The copies never wait for x: across a phase boundary D items of the
+ *       next phase are already on their way. (A producer warp, one lane per
+ *       pair, was slower: its lanes' divergent waits serialized the ring.)
+ *   both warps compute, each 4 of the item's 8 tiles: 8 mma.sync per tile
+ *       with the LOP3 halves {1024 + q} / {1024 + 16 q} as they are; the
+ *       offset and the zero point leave as (1024 + z) X per tile and group,
+ *       X the group's sum of x (computed once per phase), so no HSUB2 per
+ *       word.
  *   At the end of a phase each warp's sums are in shared slots [column
  *   block][pair]; the block adds the pairs in order, writes the column
  *   block's partial slot (slot = this block's rank among the column
@@ -41,11 +40,12 @@
  * bytes per block, one contiguous stream per block per matrix.
  *
  * Measured (H200, session 32, `awqd bench chain`; docs/PERFORMANCE.md
- * "Session 32"): 0.65-0.86x the three decode kernels. As a pure stream
- * (AWQD_CHAIN_DBG=7) the ring moves the three weights 1.15-1.32x faster
+ * "Session 32"): 0.66-0.89x the three decode kernels. As a pure stream
+ * (AWQD_CHAIN_DBG=7) the ring moves the three weights 1.17-1.31x faster
  * than the three kernels, but the consumers alone (no copies) run at the
- * stream's pace, so the ~4 µs of dependent L2 round trips at each phase
- * end (partials, count, finish, done, the next x) are not absorbed.
+ * stream's pace, the skeleton alone (no copies, no math) takes ~14 µs of
+ * Qwen3-8B's 44, and the dependent L2 round trips at each phase end
+ * (partials, count, finish, done, the next x) are not absorbed.
  *
  * The counters (arrivals per column block, done per phase) are reset by
  * whoever finishes with them: a column block's last block, and the last
@@ -72,11 +72,10 @@
 
 #define CH_CONSUMERS 16 /* consumer warps: 8 pairs, a pair per item, 4 of its 8 n16 tiles a warp */
 #define CH_PAIRS (CH_CONSUMERS / 2)
-#define CH_THREADS ((CH_CONSUMERS + 1) * 32)
+#define CH_THREADS (CH_CONSUMERS * 32)
 #define CH_W_BYTES 8192                  /* one item's weights: 2 chunks x 8 tiles x 512 B */
 #define CH_STAGE (CH_W_BYTES + 256 + 64) /* + scales (8 tiles x 8 half2) + zeros (8 x 8 bytes) */
 #define CH_MAX_STAGES 32
-#define CH_PL 4 /* producer lanes */
 #define CH_MAX_LCB 16 /* column blocks a block may touch in one phase (shared slots of 4 KB) */
 #define CH_TIMEOUT_NS 2000000000ull
 
@@ -110,7 +109,8 @@ struct ch_args {
     int gsoff;   /* byte offset of the groups' sums of x (maxk / 128 floats) */
     int dbg;     /* AWQD_CHAIN_DBG (timing only, results wrong): 1 no math, 2 no phase
                   * waits, 4 no column-block ends, 8 weights only (no scale / zero copies),
-                  * 16 no copies at all (the consumers' pace) */
+                  * 16 no copies at all (the consumers' pace), 32 no x builds;
+                  * 64 (results right) the ring's waits by polling test_wait */
 };
 
 static __device__ __forceinline__ void ch_bar_init(uint32_t bar, uint32_t count) {
@@ -123,6 +123,15 @@ static __device__ __forceinline__ void ch_bar_wait(uint32_t bar, uint32_t parity
     asm volatile("{\n.reg .pred p;\nCH_WAIT:\n"
                  "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
                  "@!p bra CH_WAIT;\n}\n" ::"r"(bar), "r"(parity)
+                 : "memory");
+#endif
+}
+/* the same by polling (mbarrier.test_wait never suspends the thread) */
+static __device__ __forceinline__ void ch_bar_spin(uint32_t bar, uint32_t parity) {
+#if CH_ENABLED
+    asm volatile("{\n.reg .pred p;\nCH_SPIN:\n"
+                 "mbarrier.test_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra CH_SPIN;\n}\n" ::"r"(bar), "r"(parity)
                  : "memory");
 #endif
 }
@@ -229,81 +238,102 @@ static __device__ void ch_finish(const ch_args &a, int p, int cb, int nsl, int t
     }
 }
 
+/* A pair's next item to copy: its items of the three phases in sequence
+ * (pair m takes the block's items j = m, m + 8, ...; j counts across the
+ * phases). */
+struct ch_cursor {
+    int p, q, n, cb, g, jb; /* phase (3: none left), item in the block's share, share size, (cb, g), items before */
+};
+/* from phase c.p on (c.jb: the block's items before it), the pair's first item */
+static __device__ void ch_cursor_phase(const ch_args &a, ch_cursor &c, int b, int m) {
+    for (; c.p < 3; c.p++) {
+        const ch_phase &ph = a.ph[c.p];
+        const int Pp = ph.blocks, i0 = b < Pp ? (int)((long long)b * ph.items / Pp) : 0;
+        c.n = b < Pp ? (int)((long long)(b + 1) * ph.items / Pp) - i0 : 0;
+        c.q = ((m - c.jb) % CH_PAIRS + CH_PAIRS) % CH_PAIRS;
+        if (c.q < c.n) {
+            c.cb = (i0 + c.q) / ph.kg;
+            c.g = (i0 + c.q) - c.cb * ph.kg;
+            return;
+        }
+        c.jb += c.n;
+    }
+}
+static __device__ __forceinline__ void ch_cursor_next(const ch_args &a, ch_cursor &c, int b, int m) {
+    c.q += CH_PAIRS;
+    if (c.q < c.n) {
+        const int kg = a.ph[c.p].kg;
+        c.g += CH_PAIRS;
+        while (c.g >= kg) c.g -= kg, c.cb++;
+        return;
+    }
+    c.jb += c.n;
+    c.p++;
+    ch_cursor_phase(a, c, b, m);
+}
+/* the item at c into the stage at st (full barrier fb): weights, scales, zeros */
+static __device__ __forceinline__ void ch_issue(const ch_args &a, const ch_cursor &c, uint32_t st, uint32_t fb,
+                                                uint64_t pol) {
+    const ch_phase &ph = a.ph[c.p];
+    if (a.dbg & 16) { /* no copies: the consumers' own pace */
+        ch_bar_arrive(fb);
+        return;
+    }
+    const size_t gi = ((size_t)c.g * ph.n16a + c.cb * 8) * 8;
+    const uint4 *wsrc = ph.qw + ((size_t)c.cb * ph.kc + 2 * c.g) * 256;
+    ch_bar_expect(fb, a.dbg & 8 ? CH_W_BYTES : CH_STAGE);
+#if CH_ENABLED
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                 ::"r"(st), "l"(wsrc), "r"(CH_W_BYTES), "r"(fb), "l"(pol) : "memory");
+#else
+    asm volatile("" ::"l"(wsrc), "l"(pol)); /* built below sm_90, never run there */
+#endif
+    if (!(a.dbg & 8)) {
+        ch_bulk(st + CH_W_BYTES, ph.sc + gi, 256, fb);
+        ch_bulk(st + CH_W_BYTES + 256, ph.zr + gi, 64, fb);
+    }
+}
+
 static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a) {
     extern __shared__ __align__(128) unsigned char ch_smem[];
-    __shared__ __align__(8) uint64_t bars[2 * CH_MAX_STAGES]; /* full[S], empty[S] */
+    __shared__ __align__(8) uint64_t bars[CH_MAX_STAGES]; /* full[S] */
     __shared__ float sv[128], red[4];
     __shared__ int s_last[CH_MAX_LCB];
-    const uint32_t ring0 = smem_u32(ch_smem), full0 = smem_u32(bars), empty0 = full0 + 8 * CH_MAX_STAGES;
+    const uint32_t ring0 = smem_u32(ch_smem), full0 = smem_u32(bars);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int P = gridDim.x, b = blockIdx.x, S = a.stages;
+    const int P = gridDim.x, b = blockIdx.x, S = a.stages, D = S / CH_PAIRS;
 
     if (tid == 0) {
-        for (int s = 0; s < S; s++) {
-            ch_bar_init(full0 + 8 * s, 1);
-            ch_bar_init(empty0 + 8 * s, 2); /* the pair of warps that takes the stage */
-        }
+        for (int s = 0; s < S; s++) ch_bar_init(full0 + 8 * s, 1);
 #if CH_ENABLED
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
     }
     __syncthreads();
 
-    if (warp == CH_CONSUMERS) {
-        /* ---------------- producer: weights are constant, no wait ----------------
-         * CH_PL lanes, lane L the block's items j = L, L + CH_PL, ... of the
-         * three phases in sequence (j: the block's item count so far), into
-         * stage j % S (S is a multiple of CH_PL); no divisions in the loop:
-         * one issuing thread was the stream's limit (session 32) */
-        if (lane < CH_PL) {
-            uint64_t pol = 0; /* weights are read once: evict them first */
+    /* Each pair feeds itself: lane 0 of its first warp (the issuer) copies
+     * the pair's items into its D stages (m, m + 8, ...), D ahead of the one
+     * the pair computes; the first D before the PDL wait (weights are
+     * constant). No producer warp: its lanes' divergent waits serialized
+     * the ring (session 32). */
+    const int pair = warp >> 1, half = warp & 1; /* item j = pair + 8 k of the block; tiles 4 half .. + 3 */
+    const bool issuer = half == 0 && lane == 0;
+    uint64_t pol = 0; /* weights are read once: evict them first */
+    ch_cursor cur = {0, 0, 0, 0, 0, 0};
+    if (issuer) {
 #if CH_ENABLED
-            asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
 #endif
-            int s = lane, round = 0, jb = 0;
-            for (int p = 0; p < 3; p++) {
-                const ch_phase &ph = a.ph[p];
-                const int Pp = ph.blocks, i0 = b < Pp ? (int)((long long)b * ph.items / Pp) : 0,
-                          n = b < Pp ? (int)((long long)(b + 1) * ph.items / Pp) - i0 : 0;
-                int q = ((lane - jb) % CH_PL + CH_PL) % CH_PL;
-                int cb = (i0 + q) / ph.kg, g = (i0 + q) - cb * ph.kg;
-                for (; q < n; q += CH_PL) {
-                    if (round) ch_bar_wait(empty0 + 8 * s, (round - 1) & 1);
-                    const uint32_t st = ring0 + s * CH_STAGE, fb = full0 + 8 * s;
-                    const size_t gi = ((size_t)g * ph.n16a + cb * 8) * 8;
-                    const uint4 *wsrc = ph.qw + ((size_t)cb * ph.kc + 2 * g) * 256;
-                    if (a.dbg & 16) { /* no copies: the consumers' own pace */
-                        ch_bar_arrive(fb);
-                        goto next;
-                    }
-                    ch_bar_expect(fb, a.dbg & 8 ? CH_W_BYTES : CH_STAGE);
-#if CH_ENABLED
-                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-                                 ::"r"(st), "l"(wsrc), "r"(CH_W_BYTES), "r"(fb), "l"(pol) : "memory");
-#endif
-                    if (!(a.dbg & 8)) {
-                        ch_bulk(st + CH_W_BYTES, ph.sc + gi, 256, fb);
-                        ch_bulk(st + CH_W_BYTES + 256, ph.zr + gi, 64, fb);
-                    }
-                next:
-                    s += CH_PL;
-                    if (s >= S) s -= S, round++;
-                    g += CH_PL;
-                    while (g >= ph.kg) g -= ph.kg, cb++;
-                }
-                jb += n;
-            }
-            if (lane == 0) pdl_launch();
-        }
-        return;
+        ch_cursor_phase(a, cur, b, pair);
+        for (int k = 0; k < D && cur.p < 3; k++, ch_cursor_next(a, cur, b, pair))
+            ch_issue(a, cur, ring0 + (pair + CH_PAIRS * k) * CH_STAGE, full0 + 8 * (pair + CH_PAIRS * k), pol);
     }
 
     /* ---------------- consumers ---------------- */
     const int r = lane >> 2, c = lane & 3;
     uint16_t *sx = (uint16_t *)(ch_smem + a.xoff);
-    const int pair = warp >> 1, half = warp & 1; /* item j = pair + 8 k of the block; tiles 4 half .. + 3 */
-    int js = pair;       /* this warp's next item's stage */
-    uint32_t jpar = 0;   /* and its fill's parity */
+    int ks = 0;          /* this pair's next item's stage: pair + 8 ks */
+    uint32_t kpar = 0;   /* and its fill's parity */
     int jb = 0;          /* the block's items in earlier phases */
     float *slots = (float *)(ch_smem + a.soff); /* [column block of the block][pair][128], zero */
     float *sxs = (float *)(ch_smem + a.gsoff);  /* [groups of x]: the sums of x */
@@ -312,7 +342,9 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
     for (int p = 0; p < 3; p++) {
         const ch_phase &ph = a.ph[p];
         /* ---- this phase's x into shared memory ---- */
-        if (p == 0) {
+        if (a.dbg & 32) {
+            /* timing: no x */
+        } else if (p == 0) {
 #pragma unroll 4
             for (int i = tid; i < ph.k / 8; i += CH_CONSUMERS * 32)
                 ((uint4 *)sx)[i] = __ldcg((const uint4 *)a.x + i);
@@ -368,7 +400,9 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
 #pragma unroll
         for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = 0.f;
         for (; q < n; q += CH_PAIRS) {
-            ch_bar_wait(full0 + 8 * js, jpar);
+            const int js = pair + CH_PAIRS * ks;
+            if (a.dbg & 64) ch_bar_spin(full0 + 8 * js, kpar);
+            else ch_bar_wait(full0 + 8 * js, kpar);
             const unsigned char *st = ch_smem + (size_t)js * CH_STAGE;
             uint4 wv[2][4];
             uint32_t s2[4], zz[4];
@@ -381,10 +415,18 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
                 s2[t] = ((const uint32_t *)(st + CH_W_BYTES))[(half * 4 + t) * 8 + r];
                 zz[t] = (st + CH_W_BYTES + 256)[(half * 4 + t) * 8 + r];
             }
-            __syncwarp();
-            if (lane == 0) ch_bar_arrive(empty0 + 8 * js);
-            js += CH_PAIRS;
-            if (js >= S) js -= S, jpar ^= 1;
+            /* both warps of the pair have the stage in registers: refill it
+             * with the pair's item D ahead (the generic reads before the
+             * bulk copy's async-proxy writes) */
+            asm volatile("bar.sync %0, 64;" ::"r"(2 + pair) : "memory");
+            if (issuer && cur.p < 3) {
+#if CH_ENABLED
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+                ch_issue(a, cur, ring0 + js * CH_STAGE, full0 + 8 * js, pol);
+                ch_cursor_next(a, cur, b, pair);
+            }
+            if (++ks == D) ks = 0, kpar ^= 1;
             if (!(a.dbg & 1)) {
                 /* x of chunks 2g, 2g + 1: lane c multiplies x[16c, 16c + 16); the
                  * lanes of rows r > 0 (mma columns never used: M = 1) read row 0 too */
@@ -550,10 +592,10 @@ extern "C" int w4a16_chain_create(const struct w4a16_weight *o, const struct w4a
     if (stages > CH_MAX_STAGES) stages = CH_MAX_STAGES;
     const char *st_env = getenv("AWQD_CHAIN_STAGES"); /* timing: fewer stages */
     if (st_env && atoi(st_env) >= CH_PAIRS && atoi(st_env) < stages) stages = atoi(st_env);
-    /* stage s is filled by producer lane s % CH_PL and taken by pair s %
-     * CH_PAIRS in every round, so each side visits a stage's rounds in order
-     * (with other owners a lane or a pair running a round ahead would pass
-     * a parity wait of the round before: session 32's fault) */
+    /* stage s belongs to pair s % 8 (it fills and takes it), so each
+     * stage's rounds are met in order (with stages shared by two owners, one
+     * running a round ahead passed the other's parity wait: session 32's
+     * fault) */
     stages -= stages % CH_PAIRS;
     if (stages < CH_PAIRS) return ch_err(err, errlen, "%s", "w4a16_chain: x too large for shared memory beside the ring"), -ENOTSUP;
 
@@ -641,8 +683,7 @@ extern "C" int w4a16_chain_run(struct w4a16_chain *ch, const uint16_t *x, const 
     a.x = x, a.rin = rin, a.nw = norm_w, a.rout = rout, a.y = y, a.eps = eps;
     static const int dbg = getenv("AWQD_CHAIN_DBG") ? atoi(getenv("AWQD_CHAIN_DBG")) : 0;
     a.dbg = dbg;
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
+    cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(ch->blocks);
     cfg.blockDim = dim3(CH_THREADS);
     cfg.dynamicSmemBytes = ch->smem;

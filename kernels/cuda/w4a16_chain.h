@@ -26,7 +26,7 @@
  * block of the previous one is done (a grid-wide wait; the whole grid is
  * resident: one block per SM, grid = SMs).
  *
- * Status: measured 0.65-0.86x the three kernels on H200 (session 32:
+ * Status: measured 0.66-0.89x the three kernels on H200 (session 32:
  * docs/PERFORMANCE.md "Session 32"); `awqd bench chain` and the GPU test
  * `w4a16_chain` keep it honest while it is tuned. Not called by the engine.
  *
@@ -38,8 +38,9 @@
  *
  * Timing switches (results wrong, for `bench chain` only):
  * AWQD_CHAIN_DBG bits 1 no math, 2 no phase waits, 4 no phase ends, 8
- * weights only, 16 no copies (the consumers' own pace);
- * AWQD_CHAIN_STAGES=n fewer ring stages. */
+ * weights only, 16 no copies (the consumers' own pace), 32 no x builds;
+ * 64 (results right) the ring's waits by polling; AWQD_CHAIN_STAGES=n
+ * fewer ring stages. */
 #ifndef AWQD_W4A16_CHAIN_H
 #define AWQD_W4A16_CHAIN_H
 

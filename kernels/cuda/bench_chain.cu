@@ -329,5 +329,6 @@ extern "C" int bench_chain(int argc, char **argv) {
         cudaFree(dy), cudaFree(drout2), cudaFree(dy2);
     }
     cudaStreamDestroy(s);
+    w4a16_chain_stamps_dump(); /* the last call's timeline in a -DAWQD_STAMPS build */
     return bad;
 }

@@ -63,6 +63,7 @@
 #include "kernels/cuda/w4a16.h"
 #include "kernels/cuda/w4a16_chain.h"
 #include "kernels/cuda/w4a16_common.cuh"
+#include "kernels/cuda/stamps.cuh" /* empty unless -DAWQD_STAMPS */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define CH_ENABLED 0 /* bulk copies and mbarrier tx counts: sm_90 */
@@ -302,6 +303,8 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
     const uint32_t ring0 = smem_u32(ch_smem), full0 = smem_u32(bars);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int P = gridDim.x, b = blockIdx.x, S = a.stages, D = S / CH_PAIRS;
+    ST_DECL;
+    ST_BEGIN(ST_KEY(1, a.ph[0].ncols, a.ph[1].ncols)); /* points: w4a16_chain_stamps_dump */
 
     if (tid == 0) {
         for (int s = 0; s < S; s++) ch_bar_init(full0 + 8 * s, 1);
@@ -328,6 +331,7 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
         for (int k = 0; k < D && cur.p < 3; k++, ch_cursor_next(a, cur, b, pair))
             ch_issue(a, cur, ring0 + (pair + CH_PAIRS * k) * CH_STAGE, full0 + 8 * (pair + CH_PAIRS * k), pol);
     }
+    ST_MARK(1);
 
     /* ---------------- consumers ---------------- */
     const int r = lane >> 2, c = lane & 3;
@@ -389,6 +393,7 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
             if (lane == 0) sxs[gq] = sum;
         }
         ch_sync();
+        ST_MARK(2 + 2 * p); /* this phase's x ready */
 
         /* ---- this block's items: pair m the block's items j = m, m + 8, ... ---- */
         const int Pp = ph.blocks, i0 = b < Pp ? (int)((long long)b * ph.items / Pp) : 0,
@@ -480,6 +485,7 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
         }
         jb += n;
         ch_sync(); /* every warp's slots written */
+        ST_MARK(3 + 2 * p); /* this block's items of the phase done */
         if (a.dbg & 4) continue;
         /* ---- the block's part of each of its column blocks: the 8 warps'
          * slots in warp order -> the column block's partial slot; count in;
@@ -705,6 +711,16 @@ extern "C" int w4a16_chain_error(struct w4a16_chain *ch) {
     int v = 0;
     if (cudaMemcpy(&v, ch->a.errf, 4, cudaMemcpyDeviceToHost) != cudaSuccess) return 1;
     return v != 0;
+}
+
+extern "C" void w4a16_chain_stamps_dump(void) {
+#ifdef AWQD_STAMPS
+    static const char *const kinds[16] = {"?", "chain (H x inter)", "?", "?", "?", "?", "?", "?",
+                                          "?", "?", "?", "?", "?", "?", "?", "?"};
+    st_dump("w4a16_chain", kinds,
+            "0 entry, 1 first copies issued, 2 o's x ready, 3 o's items done, 4 gate|up's x ready, "
+            "5 its items done, 6 down's x ready, 7 its items done");
+#endif
 }
 
 extern "C" void w4a16_chain_describe(const struct w4a16_chain *ch, int *blocks, int *stages,

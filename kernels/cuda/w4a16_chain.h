@@ -79,6 +79,11 @@ int w4a16_chain_run(struct w4a16_chain *ch, const uint16_t *x, const uint16_t *r
  * synchronizes the device). */
 int w4a16_chain_error(struct w4a16_chain *ch);
 
+/* With -DAWQD_STAMPS (scripts/prebuilt.sh: PB_STAMPS=1): prints the last
+ * call's per-block timeline (kernels/cuda/stamps.cuh) to stderr; else
+ * nothing. */
+void w4a16_chain_stamps_dump(void);
+
 /* The plan, for logs and benchmarks: blocks, ring stages, stage bytes. */
 void w4a16_chain_describe(const struct w4a16_chain *ch, int *blocks, int *stages, int *stage_bytes);
 

@@ -109,7 +109,7 @@ struct ch_args {
     int lcb;     /* slots: column blocks per block per phase at most */
     int gsoff;   /* byte offset of the groups' sums of x (maxk / 128 floats) */
     int dbg;     /* AWQD_CHAIN_DBG (timing only, results wrong): 1 no math, 2 no phase
-                  * waits, 4 no column-block ends, 8 weights only (no scale / zero copies),
+                  * waits, 4 no phase ends, 8 weights only (no scale / zero copies),
                   * 16 no copies at all (the consumers' pace), 32 no x builds;
                   * 64 (results right) the ring's waits by polling test_wait */
 };
@@ -487,8 +487,8 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
         ch_sync(); /* every warp's slots written */
         ST_MARK(3 + 2 * p); /* this block's items of the phase done */
         if (a.dbg & 4) continue;
-        /* ---- the block's part of each of its column blocks: the 8 warps'
-         * slots in warp order -> the column block's partial slot; count in;
+        /* ---- the block's part of each of its column blocks: the 8 pairs'
+         * slots in pair order -> the column block's partial slot; count in;
          * the last block of a column block finishes it ---- */
         for (int l = tid >> 7; l < ncb; l += CH_CONSUMERS / 4) {
             const int cbl = cb0 + l, t = tid & 127;

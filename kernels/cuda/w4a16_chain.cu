@@ -110,52 +110,9 @@ struct ch_args {
     int gsoff;   /* byte offset of the groups' sums of x (maxk / 128 floats) */
     int dbg;     /* AWQD_CHAIN_DBG (timing only, results wrong): 1 no math, 2 no phase
                   * waits, 4 no phase ends, 8 weights only (no scale / zero copies),
-                  * 16 no copies at all (the consumers' pace), 32 no x builds;
-                  * 64 (results right) the ring's waits by polling test_wait */
+                  * 16 no copies at all (the consumers' pace), 32 no x builds */
 };
 
-static __device__ __forceinline__ void ch_bar_init(uint32_t bar, uint32_t count) {
-#if CH_ENABLED
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-#endif
-}
-static __device__ __forceinline__ void ch_bar_wait(uint32_t bar, uint32_t parity) {
-#if CH_ENABLED
-    asm volatile("{\n.reg .pred p;\nCH_WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra CH_WAIT;\n}\n" ::"r"(bar), "r"(parity)
-                 : "memory");
-#endif
-}
-/* the same by polling (mbarrier.test_wait never suspends the thread) */
-static __device__ __forceinline__ void ch_bar_spin(uint32_t bar, uint32_t parity) {
-#if CH_ENABLED
-    asm volatile("{\n.reg .pred p;\nCH_SPIN:\n"
-                 "mbarrier.test_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra CH_SPIN;\n}\n" ::"r"(bar), "r"(parity)
-                 : "memory");
-#endif
-}
-static __device__ __forceinline__ void ch_bar_arrive(uint32_t bar) {
-#if CH_ENABLED
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-#endif
-}
-static __device__ __forceinline__ void ch_bar_expect(uint32_t bar, uint32_t bytes) {
-#if CH_ENABLED
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-}
-static __device__ __forceinline__ void ch_bulk(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-#if CH_ENABLED
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-#endif
-}
-/* the 256 consumer threads only (named barrier 1) */
-static __device__ __forceinline__ void ch_sync(void) {
-    asm volatile("bar.sync 1, %0;" ::"n"(CH_CONSUMERS * 32) : "memory");
-}
 static __device__ __forceinline__ int ch_ld_acquire(const int *p) {
     int v;
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -167,11 +124,18 @@ static __device__ __forceinline__ unsigned long long ch_now(void) {
     return t;
 }
 
-/* the block whose share holds item i (shares [b I / P, (b + 1) I / P); P <=
- * I, so every share holds at least one item and the blocks of a column
- * block are consecutive) */
-static __device__ __forceinline__ int ch_owner(long long i, int items, int P) {
-    return (int)(((i + 1) * P - 1) / items);
+/* The shares of a phase's items (host and device: the plan and the kernel
+ * use the same arithmetic). Block b < P of the P = ph.blocks <= items blocks
+ * with items takes [b I / P, (b + 1) I / P): at least one item each, so the
+ * blocks of a column block are consecutive; blocks b >= P take none. */
+static __host__ __device__ __forceinline__ void ch_share(const ch_phase &ph, int b, int *i0, int *n) {
+    const int P = ph.blocks;
+    *i0 = b < P ? (int)((long long)b * ph.items / P) : 0;
+    *n = b < P ? (int)((long long)(b + 1) * ph.items / P) - *i0 : 0;
+}
+/* the block whose share holds item i */
+static __host__ __device__ __forceinline__ int ch_owner(const ch_phase &ph, long long i) {
+    return (int)(((i + 1) * ph.blocks - 1) / ph.items);
 }
 
 /* consumer thread 0 waits until *ctr >= target (then the consumers sync) */
@@ -191,11 +155,11 @@ static __device__ void ch_wait_count(const ch_args &a, const int *ctr, int targe
         }
         __threadfence();
     }
-    ch_sync();
+    __syncthreads();
 }
 
 /* The last block of column block cb of phase p: add the nsl slots in order,
- * the phase's epilogue. All 256 consumer threads call it. */
+ * the phase's epilogue. Every thread of the block calls it. */
 static __device__ void ch_finish(const ch_args &a, int p, int cb, int nsl, int tid, float *sv,
                                  float *red) {
     const ch_phase &ph = a.ph[p];
@@ -216,11 +180,11 @@ static __device__ void ch_finish(const ch_args &a, int p, int cb, int nsl, int t
         }
         for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
         if ((tid & 31) == 0 && tid < 128) red[tid >> 5] = sq;
-        ch_sync();
+        __syncthreads();
         if (tid == 0) a.ssq[cb] = red[0] + red[1] + red[2] + red[3];
     } else if (p == 1) {
         if (tid < 128) sv[tid] = v;
-        ch_sync();
+        __syncthreads();
         const int j = cb * 64 + tid; /* tile tid / 8, gate row tid % 8 */
         if (tid < 64 && j < ph.ncols) {
             const int rho = (tid >> 3) * 16 + (tid & 7);
@@ -231,7 +195,7 @@ static __device__ void ch_finish(const ch_args &a, int p, int cb, int nsl, int t
         if (tid < 128 && col < ph.ncols) store_h(a.y + col, v);
     }
     if (p < 2) {
-        ch_sync();
+        __syncthreads();
         if (tid == 0) {
             __threadfence();
             atomicAdd(a.done + p, 1);
@@ -249,8 +213,8 @@ struct ch_cursor {
 static __device__ void ch_cursor_phase(const ch_args &a, ch_cursor &c, int b, int m) {
     for (; c.p < 3; c.p++) {
         const ch_phase &ph = a.ph[c.p];
-        const int Pp = ph.blocks, i0 = b < Pp ? (int)((long long)b * ph.items / Pp) : 0;
-        c.n = b < Pp ? (int)((long long)(b + 1) * ph.items / Pp) - i0 : 0;
+        int i0;
+        ch_share(ph, b, &i0, &c.n);
         c.q = ((m - c.jb) % CH_PAIRS + CH_PAIRS) % CH_PAIRS;
         if (c.q < c.n) {
             c.cb = (i0 + c.q) / ph.kg;
@@ -277,12 +241,12 @@ static __device__ __forceinline__ void ch_issue(const ch_args &a, const ch_curso
                                                 uint64_t pol) {
     const ch_phase &ph = a.ph[c.p];
     if (a.dbg & 16) { /* no copies: the consumers' own pace */
-        ch_bar_arrive(fb);
+        mbar_arrive(fb);
         return;
     }
     const size_t gi = ((size_t)c.g * ph.n16a + c.cb * 8) * 8;
     const uint4 *wsrc = ph.qw + ((size_t)c.cb * ph.kc + 2 * c.g) * 256;
-    ch_bar_expect(fb, a.dbg & 8 ? CH_W_BYTES : CH_STAGE);
+    mbar_expect_tx(fb, a.dbg & 8 ? CH_W_BYTES : CH_STAGE);
 #if CH_ENABLED
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
                  ::"r"(st), "l"(wsrc), "r"(CH_W_BYTES), "r"(fb), "l"(pol) : "memory");
@@ -290,8 +254,8 @@ static __device__ __forceinline__ void ch_issue(const ch_args &a, const ch_curso
     asm volatile("" ::"l"(wsrc), "l"(pol)); /* built below sm_90, never run there */
 #endif
     if (!(a.dbg & 8)) {
-        ch_bulk(st + CH_W_BYTES, ph.sc + gi, 256, fb);
-        ch_bulk(st + CH_W_BYTES + 256, ph.zr + gi, 64, fb);
+        bulk_g2s(st + CH_W_BYTES, ph.sc + gi, 256, fb);
+        bulk_g2s(st + CH_W_BYTES + 256, ph.zr + gi, 64, fb);
     }
 }
 
@@ -307,7 +271,7 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
     ST_BEGIN(ST_KEY(1, a.ph[0].ncols, a.ph[1].ncols)); /* points: w4a16_chain_stamps_dump */
 
     if (tid == 0) {
-        for (int s = 0; s < S; s++) ch_bar_init(full0 + 8 * s, 1);
+        for (int s = 0; s < S; s++) mbar_init(full0 + 8 * s, 1);
 #if CH_ENABLED
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
@@ -381,7 +345,7 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
             for (int i = tid; i < ph.k / 8; i += CH_CONSUMERS * 32)
                 ((uint4 *)sx)[i] = __ldcg((const uint4 *)a.act + i);
         }
-        ch_sync();
+        __syncthreads();
         /* the sum of x over each group of 128 (warp w groups w, w + 16, ...;
          * lane l its 4 values, a fixed shuffle tree): the zero point and the
          * 1024 offset of the LOP3 halves come out as (1024 + z) X */
@@ -392,12 +356,12 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
             for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
             if (lane == 0) sxs[gq] = sum;
         }
-        ch_sync();
+        __syncthreads();
         ST_MARK(2 + 2 * p); /* this phase's x ready */
 
         /* ---- this block's items: pair m the block's items j = m, m + 8, ... ---- */
-        const int Pp = ph.blocks, i0 = b < Pp ? (int)((long long)b * ph.items / Pp) : 0,
-                  n = b < Pp ? (int)((long long)(b + 1) * ph.items / Pp) - i0 : 0;
+        int i0, n;
+        ch_share(ph, b, &i0, &n);
         const int cb0 = i0 / ph.kg, ncb = n ? (i0 + n - 1) / ph.kg - cb0 + 1 : 0;
         int q = ((pair - jb) % CH_PAIRS + CH_PAIRS) % CH_PAIRS;
         int cb = (i0 + q) / ph.kg, g = (i0 + q) - cb * ph.kg;
@@ -406,8 +370,7 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
         for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = 0.f;
         for (; q < n; q += CH_PAIRS) {
             const int js = pair + CH_PAIRS * ks;
-            if (a.dbg & 64) ch_bar_spin(full0 + 8 * js, kpar);
-            else ch_bar_wait(full0 + 8 * js, kpar);
+            mbar_wait(full0 + 8 * js, kpar);
             const unsigned char *st = ch_smem + (size_t)js * CH_STAGE;
             uint4 wv[2][4];
             uint32_t s2[4], zz[4];
@@ -423,7 +386,7 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
             /* both warps of the pair have the stage in registers: refill it
              * with the pair's item D ahead (the generic reads before the
              * bulk copy's async-proxy writes) */
-            asm volatile("bar.sync %0, 64;" ::"r"(2 + pair) : "memory");
+            asm volatile("bar.sync %0, 64;" ::"r"(2 + pair) : "memory"); /* barriers 2-9: the pairs */
             if (issuer && cur.p < 3) {
 #if CH_ENABLED
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -484,7 +447,7 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
             for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = 0.f;
         }
         jb += n;
-        ch_sync(); /* every warp's slots written */
+        __syncthreads(); /* every warp's slots written */
         ST_MARK(3 + 2 * p); /* this block's items of the phase done */
         if (a.dbg & 4) continue;
         /* ---- the block's part of each of its column blocks: the 8 pairs'
@@ -495,24 +458,24 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
             float v = 0.f;
 #pragma unroll
             for (int w = 0; w < CH_PAIRS; w++) v += slots[(l * CH_PAIRS + w) * 128 + t];
-            const int bf = ch_owner((long long)cbl * ph.kg, ph.items, Pp);
+            const int bf = ch_owner(ph, (long long)cbl * ph.kg);
             __stcg(ph.part + ((size_t)cbl * ph.maxs + (b - bf)) * 128 + t, v);
         }
         /* the barrier, then the counting thread's fence: cumulative over the
          * block's partial stores that the barrier ordered before it */
-        ch_sync();
+        __syncthreads();
         if (tid < ncb) {
             __threadfence();
             const int cbl = cb0 + tid;
             const long long first_item = (long long)cbl * ph.kg;
-            const int bf = ch_owner(first_item, ph.items, Pp);
-            const int nsl = ch_owner(first_item + ph.kg - 1, ph.items, Pp) - bf + 1;
+            const int bf = ch_owner(ph, first_item);
+            const int nsl = ch_owner(ph, first_item + ph.kg - 1) - bf + 1;
             const int old = atomicAdd(ph.cnt + cbl, 1);
             s_last[tid] = old == nsl - 1 ? nsl : 0;
             if (old == nsl - 1) ph.cnt[cbl] = 0;
             __threadfence(); /* the other blocks' partials before the barrier below */
         }
-        ch_sync();
+        __syncthreads();
         for (int l = 0; l < ncb; l++) {
             if (!s_last[l]) continue;
             ch_finish(a, p, cb0 + l, s_last[l], tid, sv, red);
@@ -522,7 +485,7 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
         for (int i = tid; i < ncb * CH_PAIRS * 128; i += CH_CONSUMERS * 32) slots[i] = 0.f;
     }
     /* the last block out resets the phase counters for the next call */
-    ch_sync();
+    __syncthreads();
     if (tid == 0) {
         __threadfence();
         if (atomicAdd(a.exitc, 1) == P - 1) {
@@ -548,16 +511,30 @@ static void ch_err(char *err, size_t n, const char *fmt, const char *what) {
     if (err && n) snprintf(err, n, fmt, what);
 }
 
-/* partial slots a column block needs: the most blocks sharing one */
-static int ch_max_slots(int nb, int kg, int P) {
-    const long long items = (long long)nb * kg;
-    int m = 1;
-    for (int cb = 0; cb < nb; cb++) {
-        const long long f = (long long)cb * kg, l = f + kg - 1;
-        const int bf = (int)(((f + 1) * P - 1) / items), bl = (int)(((l + 1) * P - 1) / items);
-        if (bl - bf + 1 > m) m = bl - bf + 1;
+/* Phase p's plan from its weight: the blocks with items, the partial slots
+ * a column block needs (the most blocks sharing one) and, into *lcb, the
+ * most column blocks one block's share touches. */
+static void ch_plan_phase(ch_phase &ph, const struct w4a16_view &v, int grid, int *lcb) {
+    ph.qw = (const uint4 *)v.qw;
+    ph.sc = v.sc;
+    ph.zr = v.zr;
+    ph.n16a = v.n16a, ph.kc = v.kc, ph.kg = v.kg, ph.nb = v.n16a / 8;
+    ph.items = ph.nb * ph.kg;
+    ph.k = v.k;
+    ph.ncols = v.out_cols;
+    ph.blocks = ph.items < grid ? ph.items : grid;
+    ph.maxs = 1;
+    for (int cb = 0; cb < ph.nb; cb++) {
+        const long long f = (long long)cb * ph.kg;
+        const int m = ch_owner(ph, f + ph.kg - 1) - ch_owner(ph, f) + 1;
+        if (m > ph.maxs) ph.maxs = m;
     }
-    return m;
+    for (int b = 0; b < ph.blocks; b++) {
+        int i0, n;
+        ch_share(ph, b, &i0, &n);
+        const int m = (i0 + n - 1) / ph.kg - i0 / ph.kg + 1;
+        if (m > *lcb) *lcb = m;
+    }
 }
 
 extern "C" int w4a16_chain_create(const struct w4a16_weight *o, const struct w4a16_weight *gu,
@@ -579,17 +556,9 @@ extern "C" int w4a16_chain_create(const struct w4a16_weight *o, const struct w4a
     int maxk = v[0].k > H ? v[0].k : H;
     if (inter > maxk) maxk = inter;
     const int P = v[0].sms;
-    int lcb = 1; /* the most column blocks one block touches in a phase */
-    for (int p = 0; p < 3; p++) {
-        const int nb = v[p].n16a / 8, kg = v[p].kg;
-        const long long items = (long long)nb * kg;
-        const int Pp = items < P ? (int)items : P;
-        for (int b = 0; b < Pp; b++) {
-            const long long i0 = b * items / Pp, i1 = (b + 1) * items / Pp;
-            const int m = (int)((i1 - 1) / kg - i0 / kg + 1);
-            if (m > lcb) lcb = m;
-        }
-    }
+    ch_args a = {};
+    int lcb = 1;
+    for (int p = 0; p < 3; p++) ch_plan_phase(a.ph[p], v[p], P, &lcb);
     if (lcb > CH_MAX_LCB)
         return ch_err(err, errlen, "%s", "w4a16_chain: too many column blocks per block (K too small for the grid)"), -ENOTSUP;
     const int xbytes = (maxk * 2 + 127) / 128 * 128, sbytes = lcb * CH_PAIRS * 128 * 4;
@@ -607,22 +576,11 @@ extern "C" int w4a16_chain_create(const struct w4a16_weight *o, const struct w4a
 
     struct w4a16_chain *ch = (struct w4a16_chain *)calloc(1, sizeof *ch);
     if (!ch) return ch_err(err, errlen, "%s", "w4a16_chain: out of memory"), -ENOMEM;
-    ch_args &a = ch->a;
     size_t fl = 0; /* floats of partials */
     int nbs = 0;
     for (int p = 0; p < 3; p++) {
-        ch_phase &ph = a.ph[p];
-        ph.qw = (const uint4 *)v[p].qw;
-        ph.sc = v[p].sc;
-        ph.zr = v[p].zr;
-        ph.n16a = v[p].n16a, ph.kc = v[p].kc, ph.kg = v[p].kg, ph.nb = v[p].n16a / 8;
-        ph.items = ph.nb * ph.kg;
-        ph.k = v[p].k;
-        ph.ncols = v[p].out_cols;
-        ph.blocks = ph.items < P ? ph.items : P;
-        ph.maxs = ch_max_slots(ph.nb, ph.kg, ph.blocks);
-        fl += (size_t)ph.nb * ph.maxs * 128;
-        nbs += ph.nb;
+        fl += (size_t)a.ph[p].nb * a.ph[p].maxs * 128;
+        nbs += a.ph[p].nb;
     }
     const size_t bytes = fl * 4 + (size_t)a.ph[0].nb * 4 + (size_t)(nbs + 4) * 4 + ((size_t)inter * 2 + 16);
     if (cudaMalloc(&ch->dev, bytes) != cudaSuccess) {
@@ -661,6 +619,7 @@ extern "C" int w4a16_chain_create(const struct w4a16_weight *o, const struct w4a
     a.gsoff = a.soff + sbytes;
     ch->smem = a.gsoff + gbytes;
     ch->blocks = P;
+    ch->a = a;
     cudaError_t e = cudaFuncSetAttribute(k_chain, cudaFuncAttributeMaxDynamicSharedMemorySize, ch->smem);
     int per_sm = 0;
     if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_chain, CH_THREADS, ch->smem);

@@ -39,8 +39,7 @@
  * Timing switches (results wrong, for `bench chain` only):
  * AWQD_CHAIN_DBG bits 1 no math, 2 no phase waits, 4 no phase ends, 8
  * weights only, 16 no copies (the consumers' own pace), 32 no x builds;
- * 64 (results right) the ring's waits by polling; AWQD_CHAIN_STAGES=n
- * fewer ring stages. */
+ * AWQD_CHAIN_STAGES=n fewer ring stages. */
 #ifndef AWQD_W4A16_CHAIN_H
 #define AWQD_W4A16_CHAIN_H
 

@@ -1,7 +1,8 @@
 /* w4a16_common.cuh — device helpers shared by the W4A16 kernels (w4a16.cu,
- * w4a16_gemm.cu): shared-memory addresses, cp.async groups, programmatic
- * dependent launch, packed-half arithmetic on raw 32-bit words, and the
- * m16n8k16 tensor-core MMA. All static inline: each kernel file gets its own
+ * w4a16_gemm.cu, w4a16_chain.cu): shared-memory addresses, cp.async groups,
+ * programmatic dependent launch, packed-half arithmetic on raw 32-bit words,
+ * the m16n8k16 tensor-core MMA, the LOP3 dequantization, and the mbarrier /
+ * bulk-copy wrappers of the sm_90 pipelines. All static inline: each kernel file gets its own
  * copy, as if written there. */
 #ifndef AWQD_W4A16_COMMON_CUH
 #define AWQD_W4A16_COMMON_CUH
@@ -160,6 +161,46 @@ static __device__ __forceinline__ void deq_raw(uint32_t w, uint32_t mlo, uint32_
     a[1] = hsub2u(lop3_hi(w), mhi);
     a[2] = hsub2u(lop3_lo(w8), mlo);
     a[3] = hsub2u(lop3_hi(w8), mhi);
+}
+
+/* mbarriers and bulk copies (sm_90: empty below, where the kernels that use
+ * them never run) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define W4_MBAR_ENABLED 1
+#else
+#define W4_MBAR_ENABLED 0
+#endif
+static __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+#if W4_MBAR_ENABLED
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+/* until the phase of the given parity has completed */
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#if W4_MBAR_ENABLED
+    asm volatile("{\n.reg .pred p;\nMBAR_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra MBAR_WAIT;\n}\n" ::"r"(bar), "r"(parity)
+                 : "memory");
+#endif
+}
+static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#if W4_MBAR_ENABLED
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+#endif
+}
+/* arrive, expecting bytes more of bulk-copy completion on bar */
+static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+#if W4_MBAR_ENABLED
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+/* bytes (multiple of 16) from global to shared, completion on bar */
+static __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+#if W4_MBAR_ENABLED
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
 }
 
 #endif

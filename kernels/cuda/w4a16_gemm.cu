@@ -832,36 +832,11 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
 static_assert((WS_REGS_LAUNCH - WS_REGS_PRODUCER) * 128 >= (WS_REGS_CONSUMER - WS_REGS_LAUNCH) * 256,
               "the consumers' registers must come from the producer's");
 
-/* mbarriers (the kernel runs only where WG_ENABLED; empty elsewhere) */
-static __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-#if WG_ENABLED
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-#endif
-}
-static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-#if WG_ENABLED
-    asm volatile("{\n.reg .pred p;\nWS_WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WS_WAIT;\n}\n" ::"r"(bar), "r"(parity)
-                 : "memory");
-#endif
-}
-static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-#if WG_ENABLED
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-#endif
-}
+/* mbarriers beyond w4a16_common.cuh's (the kernel runs only where WG_ENABLED; empty elsewhere) */
 /* arrives on bar when every cp.async this thread issued before has landed */
 static __device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
 #if WG_ENABLED
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-#endif
-}
-/* mode 4: x by the tensor-memory accelerator (completion counted in bytes on
- * the stage's "full" barrier) */
-static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-#if WG_ENABLED
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 #endif
 }
 /* one box of a 2-D tensor map (coordinates innermost first) into shared memory */
@@ -1299,13 +1274,6 @@ struct ss_cfg {
 static __device__ __forceinline__ void mbar_expect_tx_noarrive(uint32_t bar, uint32_t bytes) {
 #if WG_ENABLED
     asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-}
-/* bytes (multiple of 16) from global to shared, completion on bar */
-static __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-#if WG_ENABLED
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 #endif
 }
 static __device__ __forceinline__ void sts128(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {

@@ -14,7 +14,6 @@
  * timing, both variants run once on the same inputs and their outputs are
  * compared (rout exactly, y within fp16 rounding of another summation
  * order): a mismatch fails the run (exit 1). */
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +33,6 @@
 extern "C" {
 #include "engine/bench.h"
 #include "engine/ckpt.h"
-#include "engine/util.h"
 }
 
 static uint64_t c_rng = 0x9e3779b97f4a7c15ull;

@@ -20,36 +20,42 @@
  *       X the group's sum of x (computed once per phase), so no HSUB2 per
  *       word.
  *   At the end of a phase each warp's sums are in shared slots [column
- *   block][pair]; the block adds the pairs in order, writes the column
- *   block's partial slot (slot = this block's rank among the column
- *   block's blocks) and counts itself in; the last block to arrive adds the
- *   slots in slot order and applies the phase's epilogue:
+ *   block][pair]; the block adds the pairs in order. The block that holds
+ *   a column block's last item finishes it; every other block of the
+ *   column block writes its sum to the column block's partial slot (slot =
+ *   its rank among the column block's blocks) as LL words (below). The
+ *   finisher polls those slots, adds them in slot order, its own last, and
+ *   applies the phase's epilogue:
  *         o:       rout = fp16(rin + fp16(sum)), ssq[cb] = sum of rout^2
  *         gate|up: act = fp16(silu(gate) * up)
  *         down:    y = fp16(sum)
- *   then (o, gate|up) counts the column block done.
- *   A phase's x: o's is the call's x; gate|up waits until all of o's
- *   column blocks are done and builds x = fp16(w * (rout * r)) with r from
- *   the ssq partials (lane-strided, then a fixed shuffle tree: add_rmsnorm's
- *   arithmetic in another order); down waits for all of gate|up's and reads
- *   act. x lives in shared memory after the ring. Every sum has a fixed
- *   order: the results are bitwise the same call after call.
+ *   o's rout and ssq and gate|up's act go out as LL words too.
+ *   A phase's x: o's is the call's x; gate|up's block polls all of rout
+ *   and ssq and builds x = fp16(w * (rout * r)) (add_rmsnorm's arithmetic,
+ *   the squares summed in another order: lane-strided, then a fixed
+ *   shuffle tree); down's polls all of act. x lives in shared memory after
+ *   the ring. Every sum has a fixed order: the results are bitwise the
+ *   same call after call.
+ *
+ * LL words (as NCCL's low-latency protocol): a 32-bit payload and the
+ * call's epoch in one 8-byte store, which is single-copy atomic, so a
+ * reader polls the data itself; no fence, counter or flag sits between a
+ * writer and its reader. The epoch (a device word, 0 at create) is the
+ * last call's; each call's words carry epoch + 1, and the last block to
+ * exit (an exit counter, reset by that block) moves the epoch on.
  *
  * Items: phase p's items are its (cb, g) pairs in memory order (cb major);
  * block b < P' = min(grid, I) takes [b I / P', (b + 1) I / P'): the same
  * bytes per block, one contiguous stream per block per matrix.
  *
- * Measured (H200, session 32, `awqd bench chain`; docs/PERFORMANCE.md
- * "Session 32"): 0.66-0.89x the three decode kernels. As a pure stream
- * (AWQD_CHAIN_DBG=7) the ring moves the three weights 1.17-1.31x faster
- * than the three kernels, but the consumers alone (no copies) run at the
- * stream's pace, the skeleton alone (no copies, no math) takes ~14 µs of
- * Qwen3-8B's 44, and the dependent L2 round trips at each phase end
- * (partials, count, finish, done, the next x) are not absorbed.
- *
- * The counters (arrivals per column block, done per phase) are reset by
- * whoever finishes with them: a column block's last block, and the last
- * block to exit (all blocks have passed both waits by then). */
+ * Measured (H200, `awqd bench chain`; docs/PERFORMANCE.md "Session 33"):
+ * 0.77-0.88x the three decode kernels on Qwen3-8B and the qwen3-32b tp = 2
+ * rank (session 32, with counters and fences at the phase ends:
+ * 0.67-0.81x). As a pure stream (AWQD_CHAIN_DBG=7) the ring moves the three
+ * weights 1.17-1.31x faster than the three kernels; what it loses is the
+ * consumers' pace (about 1.2x the stream's, so the ring cannot bank the
+ * transitions), the blocks' entry spread (a late block's o items hold up
+ * every block's gate|up) and the L2 round trips of each phase end. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -90,38 +96,93 @@ struct ch_phase {
     int k;                /* x length */
     int ncols;            /* valid outputs: N (plain), inter (gate|up) */
     int maxs;             /* partial slots per column block */
-    float *part;          /* [nb][maxs][128] */
-    int *cnt;             /* [nb] arrivals */
+    unsigned long long *part; /* [nb][maxs][128] LL words: fp32 partial sums */
 };
 
 struct ch_args {
     ch_phase ph[3];
     const uint16_t *x, *rin, *nw;
-    uint16_t *rout, *act, *y;
+    uint16_t *rout, *y;
     float eps;
-    float *ssq;  /* [o's nb] */
-    int *done;   /* [2] column blocks finished: o, gate|up */
-    int *exitc;  /* blocks that finished */
-    int *errf;   /* 1: a wait timed out */
+    unsigned long long *ssq;  /* [o's nb] LL: fp32 sums of rout^2 per column block */
+    unsigned long long *rll;  /* [o's nb * 64] LL: rout, two halves a word */
+    unsigned long long *all;  /* [gate|up's nb * 32] LL: act, two halves a word */
+    uint32_t *epoch; /* the last call's epoch (LL words carry this call's: epoch + 1) */
+    int *exitc;      /* blocks that finished */
+    int *errf;       /* 1: a wait timed out */
     int stages;
     int xoff;    /* byte offset of x in dynamic shared memory */
     int soff;    /* byte offset of the warps' column-block slots */
     int lcb;     /* slots: column blocks per block per phase at most */
     int gsoff;   /* byte offset of the groups' sums of x (maxk / 128 floats) */
+    int nwoff;   /* byte offset of norm_w (H halves) */
     int dbg;     /* AWQD_CHAIN_DBG (timing only, results wrong): 1 no math, 2 no phase
                   * waits, 4 no phase ends, 8 weights only (no scale / zero copies),
                   * 16 no copies at all (the consumers' pace), 32 no x builds */
 };
 
-static __device__ __forceinline__ int ch_ld_acquire(const int *p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 static __device__ __forceinline__ unsigned long long ch_now(void) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+}
+
+/* LL words ("low latency", as NCCL's LL protocol): a 32-bit payload and the
+ * call's epoch in one aligned 8-byte store, which is single-copy atomic, so
+ * a reader polls the data itself: no fence, no counter, no flag to read
+ * first. Every word a call reads is written once per call. */
+static __device__ __forceinline__ void ll_st(unsigned long long *p, uint32_t v, uint32_t ep) {
+    const unsigned long long w = ((unsigned long long)ep << 32) | v;
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+}
+static __device__ __forceinline__ unsigned long long ll_ld(const unsigned long long *p) {
+    unsigned long long w;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
+    return w;
+}
+/* w reloaded from p until it carries ep (or ~2 s: errf, garbage); bit 2 of
+ * dbg (timing) takes it as it is */
+static __device__ __noinline__ unsigned long long ll_poll_slow(int *errf, int dbg, const unsigned long long *p,
+                                                               unsigned long long w, uint32_t ep) {
+    unsigned spins = 0;
+    unsigned long long t0 = 0;
+    while ((uint32_t)(w >> 32) != ep && !(dbg & 2)) {
+        if ((++spins & 255) == 0) {
+            const unsigned long long t = ch_now();
+            if (!t0) t0 = t;
+            else if (t - t0 > CH_TIMEOUT_NS) {
+                atomicExch(errf, 1);
+                break;
+            }
+        }
+        __nanosleep(32); /* fewer polls in flight beside the weight stream */
+        w = ll_ld(p);
+    }
+    return w;
+}
+static __device__ __forceinline__ unsigned long long ll_poll(const ch_args &a, const unsigned long long *p,
+                                                             unsigned long long w, uint32_t ep) {
+    return (uint32_t)(w >> 32) == ep ? w : ll_poll_slow(a.errf, a.dbg, p, w, ep);
+}
+/* Block-wide: the payloads of LL words [0, n) of src into dst (shared
+ * memory), 4 words in flight per thread before any is checked. */
+static __device__ void ll_fetch(const ch_args &a, const unsigned long long *src, int n, uint32_t ep, uint32_t *dst,
+                                int tid) {
+    for (int base = 0; base < n; base += 4 * CH_THREADS) {
+        unsigned long long w[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int i = base + tid + j * CH_THREADS;
+            w[j] = i < n ? ll_ld(src + i) : 0;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int i = base + tid + j * CH_THREADS;
+            if (i >= n) continue;
+            if ((uint32_t)(w[j] >> 32) != ep) w[j] = ll_poll(a, src + i, w[j], ep);
+            dst[i] = (uint32_t)w[j];
+        }
+    }
 }
 
 /* The shares of a phase's items (host and device: the plan and the kernel
@@ -138,68 +199,63 @@ static __host__ __device__ __forceinline__ int ch_owner(const ch_phase &ph, long
     return (int)(((i + 1) * ph.blocks - 1) / ph.items);
 }
 
-/* consumer thread 0 waits until *ctr >= target (then the consumers sync) */
-static __device__ void ch_wait_count(const ch_args &a, const int *ctr, int target, int tid) {
-    if (tid == 0) {
-        unsigned spins = 0;
-        unsigned long long t0 = 0;
-        while (ch_ld_acquire(ctr) < target) {
-            if ((++spins & 255) == 0) {
-                const unsigned long long t = ch_now();
-                if (!t0) t0 = t;
-                else if (t - t0 > CH_TIMEOUT_NS) {
-                    atomicExch(a.errf, 1);
-                    break;
-                }
-            }
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-/* The last block of column block cb of phase p: add the nsl slots in order,
- * the phase's epilogue. Every thread of the block calls it. */
-static __device__ void ch_finish(const ch_args &a, int p, int cb, int nsl, int tid, float *sv,
-                                 float *red) {
+/* Column block cb of phase p, by the block that holds its last item (the
+ * last of its nsl slots; its own sum, own, from shared memory): the other
+ * slots' LL words in slot order, then the phase's epilogue. Every thread of
+ * the block calls it. */
+static __device__ void ch_finish(const ch_args &a, int p, int cb, int nsl, float own, uint32_t ep, int tid,
+                                 float *sv, float *red) {
     const ch_phase &ph = a.ph[p];
+    const int col = cb * 128 + tid;
     float v = 0.f;
     if (tid < 128) {
-        const float *src = ph.part + (size_t)cb * ph.maxs * 128 + tid;
-        for (int s = 0; s < nsl; s++) v += __ldcg(src + s * 128);
+        const unsigned long long *src = ph.part + (size_t)cb * ph.maxs * 128 + tid;
+        /* rin (o) with the first slots: one round trip when they are there */
+        const uint16_t rh = p == 0 && col < ph.ncols ? a.rin[col] : 0;
+        for (int s0 = 0; s0 < nsl - 1; s0 += 8) {
+            unsigned long long w[8];
+#pragma unroll
+            for (int s = 0; s < 8; s++) w[s] = s0 + s < nsl - 1 ? ll_ld(src + (s0 + s) * 128) : 0;
+#pragma unroll
+            for (int s = 0; s < 8; s++) {
+                if (s0 + s >= nsl - 1) continue;
+                if ((uint32_t)(w[s] >> 32) != ep) w[s] = ll_poll(a, src + (s0 + s) * 128, w[s], ep);
+                v += __uint_as_float((uint32_t)w[s]);
+            }
+        }
+        v += own;
+        if (p == 0) {
+            const float yo = __half2float(__float2half_rn(v));
+            const __half h = __float2half_rn(__half2float(__ushort_as_half(rh)) + yo);
+            v = __half2float(h); /* rout */
+            if (col < ph.ncols) a.rout[col] = __half_as_ushort(h);
+        }
     }
     if (p == 0) {
-        const int col = cb * 128 + tid;
-        float sq = 0.f;
-        if (tid < 128 && col < ph.ncols) {
-            const float yo = __half2float(__float2half_rn(v));
-            const __half h = __float2half_rn(__half2float(__ushort_as_half(a.rin[col])) + yo);
-            a.rout[col] = __half_as_ushort(h);
-            const float hf = __half2float(h);
-            sq = hf * hf;
-        }
+        /* rout to every block as LL words (lane pairs), its sum of squares */
+        float sq = tid < 128 && col < ph.ncols ? v * v : 0.f;
+        const uint32_t hb = __half_as_ushort(__float2half_rn(v));
+        const uint32_t nb = __shfl_down_sync(0xffffffffu, hb, 1);
+        if (tid < 128 && !(tid & 1)) ll_st(a.rll + col / 2, hb | nb << 16, ep);
         for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
         if ((tid & 31) == 0 && tid < 128) red[tid >> 5] = sq;
         __syncthreads();
-        if (tid == 0) a.ssq[cb] = red[0] + red[1] + red[2] + red[3];
+        if (tid == 0) ll_st(a.ssq + cb, __float_as_uint(red[0] + red[1] + red[2] + red[3]), ep);
     } else if (p == 1) {
         if (tid < 128) sv[tid] = v;
         __syncthreads();
-        const int j = cb * 64 + tid; /* tile tid / 8, gate row tid % 8 */
+        /* act j = cb * 64 + tid: tile tid / 8, gate row tid % 8 (padding
+         * columns written too: down's x build reads whole words) */
+        uint32_t hb = 0;
+        const int j = cb * 64 + tid;
         if (tid < 64 && j < ph.ncols) {
             const int rho = (tid >> 3) * 16 + (tid & 7);
-            store_h(a.act + j, w4_silu_mul(sv[rho], sv[rho + 8]));
+            hb = __half_as_ushort(__float2half_rn(w4_silu_mul(sv[rho], sv[rho + 8])));
         }
+        const uint32_t nb = __shfl_down_sync(0xffffffffu, hb, 1);
+        if (tid < 64 && !(tid & 1)) ll_st(a.all + j / 2, hb | nb << 16, ep);
     } else {
-        const int col = cb * 128 + tid;
         if (tid < 128 && col < ph.ncols) store_h(a.y + col, v);
-    }
-    if (p < 2) {
-        __syncthreads();
-        if (tid == 0) {
-            __threadfence();
-            atomicAdd(a.done + p, 1);
-        }
     }
 }
 
@@ -263,7 +319,6 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
     extern __shared__ __align__(128) unsigned char ch_smem[];
     __shared__ __align__(8) uint64_t bars[CH_MAX_STAGES]; /* full[S] */
     __shared__ float sv[128], red[4];
-    __shared__ int s_last[CH_MAX_LCB];
     const uint32_t ring0 = smem_u32(ch_smem), full0 = smem_u32(bars);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int P = gridDim.x, b = blockIdx.x, S = a.stages, D = S / CH_PAIRS;
@@ -305,8 +360,11 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
     int jb = 0;          /* the block's items in earlier phases */
     float *slots = (float *)(ch_smem + a.soff); /* [column block of the block][pair][128], zero */
     float *sxs = (float *)(ch_smem + a.gsoff);  /* [groups of x]: the sums of x */
+    uint16_t *snw = (uint16_t *)(ch_smem + a.nwoff);  /* norm_w (constant: before the wait) */
     for (int i = tid; i < a.lcb * CH_PAIRS * 128; i += CH_CONSUMERS * 32) slots[i] = 0.f;
-    pdl_wait(); /* x, rin, the counters: written by earlier kernels */
+    for (int i = tid; i < a.ph[1].k / 8; i += CH_CONSUMERS * 32) ((uint4 *)snw)[i] = __ldg((const uint4 *)a.nw + i);
+    pdl_wait(); /* x, rin, the epoch: written by earlier kernels */
+    const uint32_t ep = *(volatile const uint32_t *)a.epoch + 1; /* this call's LL words */
     for (int p = 0; p < 3; p++) {
         const ch_phase &ph = a.ph[p];
         /* ---- this phase's x into shared memory ---- */
@@ -317,18 +375,26 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
             for (int i = tid; i < ph.k / 8; i += CH_CONSUMERS * 32)
                 ((uint4 *)sx)[i] = __ldcg((const uint4 *)a.x + i);
         } else if (p == 1) {
-            if (!(a.dbg & 2)) ch_wait_count(a, a.done, a.ph[0].nb, tid);
-            /* the column blocks' sums of squares: lane l adds l, l + 32, ... in
-             * order, then a fixed shuffle tree (every block the same sum) */
+            /* o's column blocks' sums of squares (lane l polls l, l + 32, ...;
+             * at most 2 a lane: H <= 8192 is checked at create) and rout, all
+             * requested before any is checked; then lane l adds its sums in
+             * order and a fixed shuffle tree adds the lanes (every block the
+             * same sum) */
+            const int nbo = a.ph[0].nb;
+            unsigned long long q0 = lane < nbo ? ll_ld(a.ssq + lane) : 0;
+            unsigned long long q1 = lane + 32 < nbo ? ll_ld(a.ssq + lane + 32) : 0;
+            ll_fetch(a, a.rll, ph.k / 2, ep, (uint32_t *)sx, tid);
             float tot = 0.f;
-            for (int q = lane; q < a.ph[0].nb; q += 32) tot += __ldcg(a.ssq + q);
+            if (lane < nbo) tot += __uint_as_float((uint32_t)ll_poll(a, a.ssq + lane, q0, ep));
+            if (lane + 32 < nbo) tot += __uint_as_float((uint32_t)ll_poll(a, a.ssq + lane + 32, q1, ep));
             for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
             tot = __shfl_sync(0xffffffffu, tot, 0); /* lane 0's association for all */
             const float rr = rsqrtf(tot / (float)ph.k + a.eps);
+            __syncthreads();
 #pragma unroll 4
             for (int i = tid; i < ph.k / 8; i += CH_CONSUMERS * 32) {
-                uint4 v = __ldcg((const uint4 *)a.rout + i);
-                const uint4 w = __ldg((const uint4 *)a.nw + i);
+                uint4 v = ((const uint4 *)sx)[i];
+                const uint4 w = ((const uint4 *)snw)[i];
                 __half2 *v2 = (__half2 *)&v;
                 const __half2 *w2 = (const __half2 *)&w;
 #pragma unroll
@@ -339,11 +405,8 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
                 ((uint4 *)sx)[i] = v;
             }
         } else {
-            if (!(a.dbg & 2)) ch_wait_count(a, a.done + 1, a.ph[1].nb, tid);
             pdl_launch();
-#pragma unroll 4
-            for (int i = tid; i < ph.k / 8; i += CH_CONSUMERS * 32)
-                ((uint4 *)sx)[i] = __ldcg((const uint4 *)a.act + i);
+            ll_fetch(a, a.all, ph.k / 2, ep, (uint32_t *)sx, tid); /* act */
         }
         __syncthreads();
         /* the sum of x over each group of 128 (warp w groups w, w + 16, ...;
@@ -451,46 +514,38 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
         ST_MARK(3 + 2 * p); /* this block's items of the phase done */
         if (a.dbg & 4) continue;
         /* ---- the block's part of each of its column blocks: the 8 pairs'
-         * slots in pair order -> the column block's partial slot; count in;
-         * the last block of a column block finishes it ---- */
+         * slots in pair order; the block with a column block's last item
+         * finishes it, the others write their partial slot (slot = rank
+         * among the column block's blocks) as LL words ---- */
         for (int l = tid >> 7; l < ncb; l += CH_CONSUMERS / 4) {
             const int cbl = cb0 + l, t = tid & 127;
             float v = 0.f;
 #pragma unroll
             for (int w = 0; w < CH_PAIRS; w++) v += slots[(l * CH_PAIRS + w) * 128 + t];
-            const int bf = ch_owner(ph, (long long)cbl * ph.kg);
-            __stcg(ph.part + ((size_t)cbl * ph.maxs + (b - bf)) * 128 + t, v);
-        }
-        /* the barrier, then the counting thread's fence: cumulative over the
-         * block's partial stores that the barrier ordered before it */
-        __syncthreads();
-        if (tid < ncb) {
-            __threadfence();
-            const int cbl = cb0 + tid;
-            const long long first_item = (long long)cbl * ph.kg;
-            const int bf = ch_owner(ph, first_item);
-            const int nsl = ch_owner(ph, first_item + ph.kg - 1) - bf + 1;
-            const int old = atomicAdd(ph.cnt + cbl, 1);
-            s_last[tid] = old == nsl - 1 ? nsl : 0;
-            if (old == nsl - 1) ph.cnt[cbl] = 0;
-            __threadfence(); /* the other blocks' partials before the barrier below */
+            const long long f = (long long)cbl * ph.kg;
+            if (ch_owner(ph, f + ph.kg - 1) == b) slots[l * CH_PAIRS * 128 + t] = v; /* own: kept */
+            else ll_st(ph.part + ((size_t)cbl * ph.maxs + (b - ch_owner(ph, f))) * 128 + t, __float_as_uint(v), ep);
         }
         __syncthreads();
         for (int l = 0; l < ncb; l++) {
-            if (!s_last[l]) continue;
-            ch_finish(a, p, cb0 + l, s_last[l], tid, sv, red);
+            const long long f = (long long)(cb0 + l) * ph.kg;
+            const int bl = ch_owner(ph, f + ph.kg - 1);
+            if (bl != b) continue;
+            ch_finish(a, p, cb0 + l, bl - ch_owner(ph, f) + 1, tid < 128 ? slots[l * CH_PAIRS * 128 + tid] : 0.f,
+                      ep, tid, sv, red);
+            __syncthreads(); /* sv, red reused */
         }
         /* zero the slots for the next phase (warps without items in a column
          * block leave its slot as it is) */
         for (int i = tid; i < ncb * CH_PAIRS * 128; i += CH_CONSUMERS * 32) slots[i] = 0.f;
     }
-    /* the last block out resets the phase counters for the next call */
+    /* the last block out moves the epoch on for the next call (every block
+     * has read this call's by then) */
     __syncthreads();
     if (tid == 0) {
         __threadfence();
         if (atomicAdd(a.exitc, 1) == P - 1) {
-            a.done[0] = 0;
-            a.done[1] = 0;
+            *a.epoch = ep;
             *a.exitc = 0;
             __threadfence();
         }
@@ -504,7 +559,7 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
 struct w4a16_chain {
     ch_args a;
     int blocks, smem;
-    void *dev; /* one allocation: partials, ssq, counters, act */
+    void *dev; /* one allocation: the LL words, the epoch, two counters */
 };
 
 static void ch_err(char *err, size_t n, const char *fmt, const char *what) {
@@ -553,6 +608,8 @@ extern "C" int w4a16_chain_create(const struct w4a16_weight *o, const struct w4a
     const int H = v[0].n, inter = v[1].out_cols;
     if (v[1].k != H || v[2].k != inter || v[2].n != H)
         return ch_err(err, errlen, "%s", "w4a16_chain: the shapes do not chain (o: K -> H, gate|up: H -> 2 I, down: I -> H)"), -ENOTSUP;
+    if (H > 8192 || inter % 8)
+        return ch_err(err, errlen, "%s", "w4a16_chain: hidden > 8192 or intermediate not a multiple of 8"), -ENOTSUP;
     int maxk = v[0].k > H ? v[0].k : H;
     if (inter > maxk) maxk = inter;
     const int P = v[0].sms;
@@ -562,8 +619,8 @@ extern "C" int w4a16_chain_create(const struct w4a16_weight *o, const struct w4a
     if (lcb > CH_MAX_LCB)
         return ch_err(err, errlen, "%s", "w4a16_chain: too many column blocks per block (K too small for the grid)"), -ENOTSUP;
     const int xbytes = (maxk * 2 + 127) / 128 * 128, sbytes = lcb * CH_PAIRS * 128 * 4;
-    const int gbytes = (maxk / 128 * 4 + 127) / 128 * 128;
-    int stages = (v[0].smem_optin - xbytes - sbytes - gbytes - 1024) / CH_STAGE;
+    const int gbytes = (maxk / 128 * 4 + 127) / 128 * 128, nwbytes = (H * 2 + 127) / 128 * 128;
+    int stages = (v[0].smem_optin - xbytes - sbytes - gbytes - nwbytes - 1024) / CH_STAGE;
     if (stages > CH_MAX_STAGES) stages = CH_MAX_STAGES;
     const char *st_env = getenv("AWQD_CHAIN_STAGES"); /* timing: fewer stages */
     if (st_env && atoi(st_env) >= CH_PAIRS && atoi(st_env) < stages) stages = atoi(st_env);
@@ -576,13 +633,11 @@ extern "C" int w4a16_chain_create(const struct w4a16_weight *o, const struct w4a
 
     struct w4a16_chain *ch = (struct w4a16_chain *)calloc(1, sizeof *ch);
     if (!ch) return ch_err(err, errlen, "%s", "w4a16_chain: out of memory"), -ENOMEM;
-    size_t fl = 0; /* floats of partials */
-    int nbs = 0;
-    for (int p = 0; p < 3; p++) {
-        fl += (size_t)a.ph[p].nb * a.ph[p].maxs * 128;
-        nbs += a.ph[p].nb;
-    }
-    const size_t bytes = fl * 4 + (size_t)a.ph[0].nb * 4 + (size_t)(nbs + 4) * 4 + ((size_t)inter * 2 + 16);
+    /* LL words: the partial slots, o's sums of squares, rout, act; then the
+     * epoch and two counters (all zero: epoch 0, no word carries call 1's) */
+    size_t words = (size_t)a.ph[0].nb * 65 + (size_t)a.ph[1].nb * 32;
+    for (int p = 0; p < 3; p++) words += (size_t)a.ph[p].nb * a.ph[p].maxs * 128;
+    const size_t bytes = words * 8 + 16;
     if (cudaMalloc(&ch->dev, bytes) != cudaSuccess) {
         cudaGetLastError();
         free(ch);
@@ -593,31 +648,28 @@ extern "C" int w4a16_chain_create(const struct w4a16_weight *o, const struct w4a
         w4a16_chain_free(ch);
         return ch_err(err, errlen, "%s", "w4a16_chain: cudaMemset failed"), -ENOMEM;
     }
-    char *q = (char *)ch->dev;
+    unsigned long long *q = (unsigned long long *)ch->dev;
     for (int p = 0; p < 3; p++) {
-        a.ph[p].part = (float *)q;
-        q += (size_t)a.ph[p].nb * a.ph[p].maxs * 128 * 4;
+        a.ph[p].part = q;
+        q += (size_t)a.ph[p].nb * a.ph[p].maxs * 128;
     }
-    a.ssq = (float *)q;
-    q += (size_t)a.ph[0].nb * 4;
-    int *ints = (int *)q;
-    for (int p = 0; p < 3; p++) {
-        a.ph[p].cnt = ints;
-        ints += a.ph[p].nb;
-    }
-    a.done = ints;
-    a.exitc = ints + 2;
-    a.errf = ints + 3;
-    q = (char *)(ints + 4);
-    q = (char *)(((uintptr_t)q + 15) & ~(uintptr_t)15);
-    a.act = (uint16_t *)q;
+    a.ssq = q;
+    q += a.ph[0].nb;
+    a.rll = q;
+    q += (size_t)a.ph[0].nb * 64;
+    a.all = q;
+    q += (size_t)a.ph[1].nb * 32;
+    a.epoch = (uint32_t *)q;
+    a.exitc = (int *)q + 1;
+    a.errf = (int *)q + 2;
     a.stages = stages;
     a.xoff = stages * CH_STAGE;
     a.xoff = (a.xoff + 127) / 128 * 128;
     a.soff = a.xoff + xbytes;
     a.lcb = lcb;
     a.gsoff = a.soff + sbytes;
-    ch->smem = a.gsoff + gbytes;
+    a.nwoff = a.gsoff + gbytes;
+    ch->smem = a.nwoff + nwbytes;
     ch->blocks = P;
     ch->a = a;
     cudaError_t e = cudaFuncSetAttribute(k_chain, cudaFuncAttributeMaxDynamicSharedMemorySize, ch->smem);

@@ -20,24 +20,28 @@
  * the next matrix's weights arrive while the current one finishes, its
  * outputs are reduced and the next x is built. Each block takes an equal
  * share of every matrix's (128-column block, group) items in memory order
- * (no wave quantization); a column block's partial sums are added by the
- * last block to arrive, in block order (deterministic), which also applies
- * the phase's epilogue. A phase starts once a counter says every column
- * block of the previous one is done (a grid-wide wait; the whole grid is
- * resident: one block per SM, grid = SMs).
+ * (no wave quantization); a column block's partial sums are added in block
+ * order (deterministic) by the block that holds its last item, which also
+ * applies the phase's epilogue. Partials, rout, its sums of squares and act
+ * travel as LL words (payload + call epoch in one 8-byte store, polled by
+ * the reader): a phase starts once its block has polled all of its x's
+ * inputs (a grid-wide wait; the whole grid is resident: one block per SM,
+ * grid = SMs).
  *
- * Status: measured 0.66-0.89x the three kernels on H200 (session 32:
- * docs/PERFORMANCE.md "Session 32"); `awqd bench chain` and the GPU test
+ * Status: measured 0.77-0.88x the three kernels on H200 (session 33:
+ * docs/PERFORMANCE.md "Session 33"); `awqd bench chain` and the GPU test
  * `w4a16_chain` keep it honest while it is tuned. Not called by the engine.
  *
  * Limits: M = 1, group 128, sm_90 (bulk copies, mbarrier tx counts), one
- * GPU (no all-reduce), no bias, x of the largest K in shared memory beside
- * the ring (K <= ~50 K), at most 16 column blocks per block per phase.
- * Thread safety: one chain object per stream; calls on one stream
- * serialize (its counters are reset by each call's last block).
+ * GPU (no all-reduce), no bias, hidden <= 8192, intermediate a multiple of
+ * 8, x of the largest K in shared memory beside the ring (K <= ~50 K), at
+ * most 16 column blocks per block per phase. Thread safety: one chain
+ * object per stream; calls on one stream serialize (the epoch and the exit
+ * counter are moved on by each call's last block).
  *
  * Timing switches (results wrong, for `bench chain` only):
- * AWQD_CHAIN_DBG bits 1 no math, 2 no phase waits, 4 no phase ends, 8
+ * AWQD_CHAIN_DBG bits 1 no math, 2 no phase waits (LL words taken as they
+ * are), 4 no phase ends (only with 2), 8
  * weights only, 16 no copies (the consumers' own pace), 32 no x builds;
  * AWQD_CHAIN_STAGES=n fewer ring stages. */
 #ifndef AWQD_W4A16_CHAIN_H
@@ -57,7 +61,7 @@ struct w4a16_chain;
 
 /* Plans the chain over o (PLAIN, K_o -> H), gate|up (GATE_UP, H -> 2 inter)
  * and down (PLAIN, inter -> H) on the current device and allocates its
- * workspace (partials, counters, act). 0; -ENOTSUP where it cannot run
+ * workspace (LL partials, rout, sums of squares, act; the epoch). 0; -ENOTSUP where it cannot run
  * (device below sm_90, group != 128, shapes that do not chain, x too large
  * for shared memory); -ENOMEM. The weights must outlive the chain. */
 int w4a16_chain_create(const struct w4a16_weight *o, const struct w4a16_weight *gu,

@@ -49,9 +49,9 @@
  * bytes per block, one contiguous stream per block per matrix.
  *
  * Measured (H200, `awqd bench chain`; docs/PERFORMANCE.md "Session 33"):
- * 0.77-0.88x the three decode kernels on Qwen3-8B and the qwen3-32b tp = 2
- * rank (session 32, with counters and fences at the phase ends:
- * 0.67-0.81x). As a pure stream (AWQD_CHAIN_DBG=7) the ring moves the three
+ * 0.73-0.92x the three decode kernels on the five model shapes (session
+ * 32, with counters and fences at the phase ends: 0.66-0.88x in the same
+ * call). As a pure stream (AWQD_CHAIN_DBG=7) the ring moves the three
  * weights 1.17-1.31x faster than the three kernels; what it loses is the
  * consumers' pace (about 1.2x the stream's, so the ring cannot bank the
  * transitions), the blocks' entry spread (a late block's o items hold up

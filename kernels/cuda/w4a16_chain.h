@@ -28,7 +28,7 @@
  * inputs (a grid-wide wait; the whole grid is resident: one block per SM,
  * grid = SMs).
  *
- * Status: measured 0.77-0.88x the three kernels on H200 (session 33:
+ * Status: measured 0.73-0.92x the three kernels on H200 (session 33:
  * docs/PERFORMANCE.md "Session 33"); `awqd bench chain` and the GPU test
  * `w4a16_chain` keep it honest while it is tuned. Not called by the engine.
  *

@@ -17,7 +17,16 @@
  * that is ~2e-3 of the output scale, 5e-3 with margin. Every output must be
  * written (poisoned with NaN first), two calls and a graph replay must be
  * bitwise equal, rin must be left untouched, and no grid-wide wait may time
- * out. */
+ * out.
+ *
+ * Data: each case draws its own, seeded by its shape, so a case does not
+ * depend on which ran before it. Open (session 33): one data set — the
+ * Qwen3-8B shape drawn in sequence after the four cases of matches_reference
+ * — has 2 of its 4096 rout values past the per-element bound, at 16 ring
+ * stages as at 8, so a property of the arithmetic on that data (likely the
+ * fp32 sum of (1024 + q) x with (1024 + z) X taken back out, an absolute
+ * error that a small |yo| cannot absorb) or of the bound, not of the ring;
+ * not yet measured (docs/PERFORMANCE.md "Session 33" item 8). */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -64,7 +73,9 @@ static void mv(const float *w, const double *x, int K, int N, double *out) {
 
 static double rh(double v) { return f_from_h(h_from_f((float)v)); } /* round to fp16 */
 
-static void chain_case(int KO, int H, int I) {
+/* want_stages: the ring depth the plan must have chosen (0: any) */
+static void chain_case_s(int KO, int H, int I, int want_stages) {
+    ch_rng = 0x2545f4914f6cdd1dull ^ ((uint64_t)KO << 40 | (uint64_t)H << 20 | (uint64_t)I); /* the shape's data */
     struct ref_layer lo, lg, ld;
     ASSERT(ref_layer_make(&lo, KO, H, 128, 0, ch_rnd) == 0);
     ASSERT(ref_layer_make(&lg, H, 2 * I, 128, 0, ch_rnd) == 0);
@@ -77,6 +88,11 @@ static void chain_case(int KO, int H, int I) {
     struct w4a16_chain *ch = NULL;
     int rc = w4a16_chain_create(wo, wg, wd, &ch, err, sizeof err);
     ASSERT_MSG(rc == 0, "KO=%d H=%d I=%d: create rc %d: %s", KO, H, I, rc, err);
+    if (want_stages) {
+        int stages = 0;
+        w4a16_chain_describe(ch, NULL, &stages, NULL);
+        ASSERT_MSG(stages == want_stages, "stages %d, want %d", stages, want_stages);
+    }
 
     uint16_t *hx = malloc((size_t)KO * 2), *hr = malloc((size_t)H * 2), *hw = malloc((size_t)H * 2);
     uint16_t *out[3], *rout = malloc((size_t)H * 2), *rin2 = malloc((size_t)H * 2);
@@ -173,6 +189,8 @@ static void chain_case(int KO, int H, int I) {
     ref_layer_free(&lo), ref_layer_free(&lg), ref_layer_free(&ld);
 }
 
+static void chain_case(int KO, int H, int I) { chain_case_s(KO, H, I, 0); }
+
 /* fewer items than blocks in every phase; uneven shares; the tp = 4 rank
  * proxy of qwen3-32b; Qwen3-8B */
 TEST(w4a16_chain, matches_reference) {
@@ -180,6 +198,16 @@ TEST(w4a16_chain, matches_reference) {
     static const int shp[][3] = {{256, 384, 640}, {1024, 1152, 1408}, {2048, 5120, 6400}, {4096, 4096, 12288}};
     for (int i = 0; i < (int)(sizeof shp / sizeof shp[0]) && !test_failed(); i++)
         chain_case(shp[i][0], shp[i][1], shp[i][2]);
+}
+
+/* the shallowest ring (AWQD_CHAIN_STAGES=8: one stage a pair, refilled as
+ * soon as both warps hold it): each stage's rounds in order */
+TEST(w4a16_chain, one_stage_a_pair) {
+    if (!have_sm90()) TEST_SKIP("needs an sm_90 device");
+    setenv("AWQD_CHAIN_STAGES", "8", 1);
+    chain_case_s(1024, 1152, 1408, 8);
+    if (!test_failed()) chain_case_s(4096, 4096, 12288, 8);
+    unsetenv("AWQD_CHAIN_STAGES");
 }
 
 TEST(w4a16_chain, refuses_what_it_cannot_run) {

@@ -7,9 +7,9 @@
  * yo); a = fp16(w * (rout * rsqrt(mean(rout^2) + eps))); act = fp16(silu(a
  * @ Wg) * (a @ Wu)); y = act @ Wd.
  *
- * Bounds (stated, not tuned): rout within 2^-10 (|yo| + |rout|) of the
- * reference (yo is an fp32 sum in another order and may round one ulp the
- * other way before the residual add); y within
+ * Bounds (stated, not tuned): rout within 2^-10 (|yo| + |rout|) + 2^-12
+ * max|yo| of the reference (yo is an fp32 sum in another order and may
+ * round one ulp the other way before the residual add); y within
  * 5e-3 * max|y_ref|: the kernel's fp32 sums are exact to ~K 2^-24, the
  * fp16 roundings of yo, a and act in the chain may each land one ulp (2^-11
  * relative) from the reference's where the exact value sits near a
@@ -19,14 +19,18 @@
  * bitwise equal, rin must be left untouched, and no grid-wide wait may time
  * out.
  *
+ * rout's bound also has an absolute term, 2^-12 max|yo|: the chain sums
+ * (1024 + q) x per group and takes (1024 + z) X back out in fp32, an error
+ * on the scale of the largest outputs that a column with |yo| near 0
+ * cannot absorb in a relative bound (session 33: one data set — the
+ * Qwen3-8B shape drawn in sequence after the four cases of
+ * matches_reference — put 2 of 4096 values past the relative bound alone,
+ * at 8 and 16 ring stages; an fp32 emulation of that arithmetic on the same
+ * data puts yo's error at 1.2e-5 max|yo|, the decode kernel's second mma
+ * 6.3e-6, exact codes 2.2e-7: docs/PERFORMANCE.md "Session 33" item 8).
+ *
  * Data: each case draws its own, seeded by its shape, so a case does not
- * depend on which ran before it. Open (session 33): one data set — the
- * Qwen3-8B shape drawn in sequence after the four cases of matches_reference
- * — has 2 of its 4096 rout values past the per-element bound, at 16 ring
- * stages as at 8, so a property of the arithmetic on that data (likely the
- * fp32 sum of (1024 + q) x with (1024 + z) X taken back out, an absolute
- * error that a small |yo| cannot absorb) or of the bound, not of the ring;
- * not yet measured (docs/PERFORMANCE.md "Session 33" item 8). */
+ * depend on which ran before it. */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -153,14 +157,16 @@ static void chain_case_s(int KO, int H, int I, int want_stages) {
     ASSERT(fo && fg && fd && xv && yo && gu && y && hv);
     for (int k = 0; k < KO; k++) xv[k] = f_from_h(hx[k]);
     mv(fo, xv, KO, H, yo);
-    double ss = 0;
+    double ss = 0, yomax = 0;
     int rbad = 0;
+    for (int n = 0; n < H; n++) yomax = fmax(yomax, fabs(yo[n]));
     for (int n = 0; n < H; n++) {
         hv[n] = rh(f_from_h(hr[n]) + rh(yo[n]));
         const double got = f_from_h(rout[n]);
         /* fp16(yo) one ulp off (2^-10 |yo|) moves rin + yo by that much, then
-         * the sum rounds (2^-11 |rout|) */
-        if (fabs(got - hv[n]) > (fabs(yo[n]) + fabs(hv[n])) * (1.0 / 1024) + 1e-7) rbad++;
+         * the sum rounds (2^-11 |rout|); yo's own fp32 error is absolute
+         * (the header) */
+        if (fabs(got - hv[n]) > (fabs(yo[n]) + fabs(hv[n])) * (1.0 / 1024) + yomax * (1.0 / 4096) + 1e-7) rbad++;
         ss += hv[n] * hv[n];
     }
     ASSERT_MSG(rbad == 0, "KO=%d H=%d I=%d: %d of rout off by more than a rounding of yo", KO, H, I, rbad);

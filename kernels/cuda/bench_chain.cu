@@ -26,6 +26,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/bench_graph.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/w4a16.h"
 #include "kernels/cuda/w4a16_chain.h"
@@ -68,36 +69,17 @@ static struct w4a16_weight *c_upload(int K, int N, int gate_up, size_t *bytes) {
     return w;
 }
 
-/* median µs per call of `calls` calls captured into one graph */
+/* median µs per call of `calls` calls captured into one graph (7 replays
+ * after a warm-up) */
 template <typename F>
 static double c_graph_us(cudaStream_t s, int calls, F fn) {
     cudaEvent_t a, b;
     CUDA_CHECK_ABORT(cudaEventCreate(&a));
     CUDA_CHECK_ABORT(cudaEventCreate(&b));
-    for (int i = 0; i < calls; i++) fn(i); /* eager once */
-    CUDA_CHECK_ABORT(cudaStreamSynchronize(s));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CUDA_CHECK_ABORT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < calls; i++) fn(i);
-    CUDA_CHECK_ABORT(cudaStreamEndCapture(s, &g));
-    CUDA_CHECK_ABORT(cudaGraphInstantiate(&ge, g, 0));
-    CUDA_CHECK_ABORT(cudaGraphDestroy(g));
-    std::vector<float> v;
-    for (int rep = 0; rep < 8; rep++) {
-        CUDA_CHECK_ABORT(cudaEventRecord(a, s));
-        CUDA_CHECK_ABORT(cudaGraphLaunch(ge, s));
-        CUDA_CHECK_ABORT(cudaEventRecord(b, s));
-        CUDA_CHECK_ABORT(cudaEventSynchronize(b));
-        float ms = 0;
-        CUDA_CHECK_ABORT(cudaEventElapsedTime(&ms, a, b));
-        if (rep) v.push_back(ms * 1000.f / calls);
-    }
-    CUDA_CHECK_ABORT(cudaGraphExecDestroy(ge));
+    const double us = bench_graph_us(a, b, s, calls, 8, fn);
     cudaEventDestroy(a);
     cudaEventDestroy(b);
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
+    return us;
 }
 
 /* the read-only stream ceiling: n uint4 read once (4 loads in flight per

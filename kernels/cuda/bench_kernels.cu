@@ -23,6 +23,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/bench_graph.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/w4a16.h"
 #include "kernels/cuda/w4a16_gemm.h"
@@ -138,33 +139,21 @@ static cudaError_t stream_mlp(const uint4 *p, size_t n, unsigned *sink, int bloc
  * 3.0-4.4 µs issued, 1.6 µs replayed (docs/PERFORMANCE.md "Session 30"). */
 static int g_b2b_graph = 1;
 
-/* Median µs per call of `calls` calls issued back to back on stream s. */
+/* Median µs per call of `calls` calls issued back to back on stream s (in
+ * a graph unless g_b2b_graph is 0). */
 template <typename F>
 static double b2b_us(cudaEvent_t a, cudaEvent_t b, cudaStream_t s, int calls, F fn) {
+    if (g_b2b_graph) return bench_graph_us(a, b, s, calls, 7, fn);
     std::vector<float> v;
-    cudaGraphExec_t ge = NULL;
-    if (g_b2b_graph) {
-        for (int i = 0; i < calls; i++) fn(i); /* eager once: lazy loads and allocations */
-        CUDA_CHECK_ABORT(cudaStreamSynchronize(s));
-        cudaGraph_t g;
-        CUDA_CHECK_ABORT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < calls; i++) fn(i);
-        CUDA_CHECK_ABORT(cudaStreamEndCapture(s, &g));
-        CUDA_CHECK_ABORT(cudaGraphInstantiate(&ge, g, 0));
-        CUDA_CHECK_ABORT(cudaGraphDestroy(g));
-    }
     for (int rep = 0; rep < 7; rep++) {
         CUDA_CHECK_ABORT(cudaEventRecord(a, s));
-        if (ge) CUDA_CHECK_ABORT(cudaGraphLaunch(ge, s));
-        else
-            for (int i = 0; i < calls; i++) fn(i);
+        for (int i = 0; i < calls; i++) fn(i);
         CUDA_CHECK_ABORT(cudaEventRecord(b, s));
         CUDA_CHECK_ABORT(cudaEventSynchronize(b));
         float ms = 0;
         CUDA_CHECK_ABORT(cudaEventElapsedTime(&ms, a, b));
         if (rep) v.push_back(ms * 1000.f / calls); /* the first is warm-up */
     }
-    if (ge) CUDA_CHECK_ABORT(cudaGraphExecDestroy(ge));
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
 }

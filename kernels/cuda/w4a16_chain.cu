@@ -69,6 +69,7 @@
 #include "kernels/cuda/w4a16.h"
 #include "kernels/cuda/w4a16_chain.h"
 #include "kernels/cuda/w4a16_common.cuh"
+#include "kernels/cuda/xchg.cuh" /* xchg_now: the wait timeouts */
 #include "kernels/cuda/stamps.cuh" /* empty unless -DAWQD_STAMPS */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -121,11 +122,6 @@ struct ch_args {
                   * 16 no copies at all (the consumers' pace), 32 no x builds */
 };
 
-static __device__ __forceinline__ unsigned long long ch_now(void) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 
 /* LL words ("low latency", as NCCL's LL protocol): a 32-bit payload and the
  * call's epoch in one aligned 8-byte store, which is single-copy atomic, so
@@ -148,7 +144,7 @@ static __device__ __noinline__ unsigned long long ll_poll_slow(int *errf, int db
     unsigned long long t0 = 0;
     while ((uint32_t)(w >> 32) != ep && !(dbg & 2)) {
         if ((++spins & 255) == 0) {
-            const unsigned long long t = ch_now();
+            const unsigned long long t = xchg_now();
             if (!t0) t0 = t;
             else if (t - t0 > CH_TIMEOUT_NS) {
                 atomicExch(errf, 1);

@@ -437,12 +437,14 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 /* the end of each turn; keeping them beside their chunks was measured       */
 /* slower, docs/KERNELS.md.)                                                 */
 /*                                                                            */
-/* Per chunk and tile: 16 LOP3 (+4 shifts) give the A fragments as           */
-/* {1024 + q} (rows r) and {1024 + 16 q} (rows r + 8) without subtracting   */
-/* the zero point; the zero point enters as a second mma per k16 step with   */
-/* the constant A = {-(1024 + z), -(1024 + 16 z)} on the same x fragment     */
-/* (4 mma instead of 16 HSUB2). Products are exact in fp32; the fp32 sums    */
-/* of the two mma cancel the 1024 offset after every k16 step. One scale     */
+/* Per chunk and tile: 16 LOP3 (+4 shifts) give {1024 + q} (rows r) and     */
+/* {1024 + 16 q} (rows r + 8); 16 HADD2 with the group's half2               */
+/* {-(1024 + z)}, {-(1024 + 16 z)} make them q - z and 16 (q - z), exact in  */
+/* fp16, and one mma per k16 step takes them. (Until session 34 the zero     */
+/* point was a second mma per step with that constant as A, 4 mma instead of */
+/* 16 HADD2; at M = 1 the tensor pipe, ~8 cycles a mma.sync per scheduler,   */
+/* bounded the work after the wait: the HADD2 form is 0.94-0.99x the time at */
+/* M = 1, 0.88x at M = 16 on the H200.) Products exact, fp32 sums; one scale */
 /* multiply-add per group. x (M rows of the warp's K range) goes to shared   */
 /* memory after the wait; lanes of rows >= M read row M - 1 (their mma       */
 /* columns are never stored), so no lane needs a predicate. Every block      */
@@ -567,13 +569,13 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
 #pragma unroll
     for (int gi = 0; gi < NG; gi++) {
         const int refill = XC ? hn && gi < ng : g0 + gi + UG < ng;
-        uint32_t an[TB][4]; /* A = {-(1024 + z), -(1024 + 16 z)} for rows r, r + 8 */
+        uint32_t nzl[TB], nzh[TB]; /* half2 -(1024 + z) (rows r), -(1024 + 16 z) (rows r + 8) */
         float sl[TB], sh[TB];
 #pragma unroll
         for (int tb = 0; tb < TB; tb++) {
             const uint32_t z = s.zq[gi * TB + tb], s2 = s.sr[gi * TB + tb];
-            an[tb][0] = an[tb][2] = ((z & 0x0fu) | 0xe400u) * 0x10001u;
-            an[tb][1] = an[tb][3] = ((z & 0xf0u) | 0xe400u) * 0x10001u;
+            nzl[tb] = ((z & 0x0fu) | 0xe400u) * 0x10001u;
+            nzh[tb] = ((z & 0xf0u) | 0xe400u) * 0x10001u;
             const __half2 h = *reinterpret_cast<const __half2 *>(&s2);
             sl[tb] = __low2float(h);
             sh[tb] = __high2float(h) * 0.0625f;
@@ -596,14 +598,14 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
 #pragma unroll
                 for (int t = 0; t < 4; t++) {
                     const uint32_t w = wv[t], w8 = w >> 8;
-                    const uint32_t a[4] = {lop3_lo(w), lop3_hi(w), lop3_lo(w8), lop3_hi(w8)};
+                    const uint32_t a[4] = {hadd2u(lop3_lo(w), nzl[tb]), hadd2u(lop3_hi(w), nzh[tb]),
+                                           hadd2u(lop3_lo(w8), nzl[tb]), hadd2u(lop3_hi(w8), nzh[tb])};
 #pragma unroll
                     for (int i = 0; i < MT; i++) {
                         const uint32_t *xs = t < 2 ? &xa[i].x : &xb[i].x;
                         const uint32_t b0 = xs[(t & 1) * 2], b1 = xs[(t & 1) * 2 + 1];
                         if (kk == 0 && t == 0) dc_mma<true>(d[tb][i], a, b0, b1);
                         else dc_mma<false>(d[tb][i], a, b0, b1);
-                        dc_mma<false>(d[tb][i], an[tb], b0, b1);
                     }
                 }
                 dc_ld16(s.wr[slot], s.wp + (2 * (gi + AHEAD) + kk) * 256 + tb * 32, refill);

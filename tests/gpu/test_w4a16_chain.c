@@ -27,7 +27,8 @@
  * matches_reference — put 2 of 4096 values past the relative bound alone,
  * at 8 and 16 ring stages; an fp32 emulation of that arithmetic on the same
  * data puts yo's error at 1.2e-5 max|yo|, the decode kernel's second mma
- * 6.3e-6, exact codes 2.2e-7: docs/PERFORMANCE.md "Session 33" item 8).
+ * (its form to session 33) 6.3e-6, exact codes (q - z, its form since)
+ * 2.2e-7: docs/PERFORMANCE.md "Session 33" item 8).
  *
  * Data: each case draws its own, seeded by its shape, so a case does not
  * depend on which ran before it. */

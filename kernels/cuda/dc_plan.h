@@ -21,7 +21,7 @@
 #define DC_MAX_M 16              /* MT = 1 (M <= 8) or 2 (M <= 16) mma column blocks */
 #define DC_SMEM_MAX (200 * 1024) /* x of M x K + the reduction area */
 #define DC_DISPATCH_MAX_M 16     /* the dispatch's last M (session 22; 8 in session 21) */
-#define DC_MT2_MAX_K 4096        /* M = 9..16: the largest K the dispatch takes (session 22) */
+#define DC_MT2_MAX_K 4096        /* M = 9..16: the largest K taken on any grid (session 34) */
 
 /* Shared memory of a decode block: x [m][K + 8] fp16 (the 16-byte pad puts
  * the 8 rows' LDS.128 on distinct banks), then the reduction area
@@ -174,20 +174,26 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
  * blocks: the second wave 21% full, 1.19-1.27x) nor Qwen3-8B down at M = 8
  * (256 blocks of 96 KB, each staging 192 KB of x: 1.13x).
  *
- * M = 9..16 (MT = 2, H200 session 22, 28 shapes at M = 9-16 against the
- * skinny kernel in the same process): only up to K = 4096 (DC_MT2_MAX_K;
- * above it the kernel lost at every M on 14 of the 16 shapes that have a
- * plan there, 4-60%, and won on two: Qwen3-32B q|k|v at M = 9 by 6%, its
- * tp = 4 shard at M = 10-16 by 6-11%), and there
- * where two blocks fit per SM in more than one SM's worth and at most two
- * (Qwen3-8B q|k|v at M = 9-12, 192 blocks: 0.83-0.89x the skinny kernel's
- * time; the o shards of Qwen3-32B / Llama-3-70B at tp = 4, K = 2048:
- * 0.64-0.71x) — two blocks on a grid of at most one per SM lost (Qwen3-8B
- * o at M = 9 and 12, 128 blocks: 1.07-1.11x) and many more blocks too
- * (gate|up, 768: 1.04-1.07x) — or where one fits in a wave of at least 90%
- * of the SMs (Qwen3-8B o at M = 14-16: 0.83-0.84x). Session 21's rule (pl
- * made with DC_PLAN_S21): M <= 8 only, one block per SM in one wave of any
- * size. */
+ * M = 9..16 (MT = 2; H200 session 34, the audit of 28 shapes at M = 9, 10,
+ * 12, 14, 16 against the skinny kernel, back to back, after the zero point
+ * moved into fp16 made the kernel 0.88-0.93x faster at M = 16): never two
+ * blocks per SM on a grid of at most one block per SM (Qwen3-8B o at M =
+ * 9-12, 128 blocks: 0.98-1.07x the skinny kernel's time; the Qwen3-32B tp
+ * = 4 q|k|v shard at M = 9, 80 blocks: 1.21x). Otherwise, up to K = 4096
+ * (DC_MT2_MAX_K) everywhere: Qwen3-8B q|k|v 0.71-0.87x, o at M = 14-16
+ * 0.76-0.79x, gate|up (768 blocks, the persistent grid) 0.75-0.91x, the o
+ * shards 0.63-0.94x; above it only a grid of one wave, or of two waves at
+ * least 90% full: the tp = 4 q|k|v shards (80 blocks) 0.83-0.92x, Qwen3-32B
+ * q|k|v tp = 2 at M = 9 (160, two per SM) 0.83x, Llama-3-70B o (256, one
+ * per SM) 0.88-0.92x, its tp = 4 down 0.88-0.92x — the 160-block grids of
+ * one per SM lost 1.02-1.19x (Qwen3-32B o, the q|k|v tp = 2 shards at M >=
+ * 10, its tp = 4 down), the K = 5120 multi-wave plain grids 1.06-1.41x
+ * (Qwen3-32B gate|up and its shards), and Llama-3-70B gate|up (7-14 waves)
+ * went either way (0.90-1.08x). (Session 22's rule, from the kernel with a
+ * second mma per k16 step: only K <= 4096, two per SM on one to two SMs'
+ * worth of blocks or one per SM in a wave of >= 90% of the SMs.) Session
+ * 21's rule (pl made with DC_PLAN_S21): M <= 8 only, one block per SM in
+ * one wave of any * size. */
 #define DC_ONE_WAVE_WBYTES (256 * 1024)
 #define DC_WAVE_FILL_PCT 80
 DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const struct dc_gpu *g) {
@@ -196,8 +202,10 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
     if (m <= 2) return 1;
     const int two = dc_blocks_per_sm(g, pl->smem) >= 2, wave = 10 * pl->blocks >= 9 * g->sms;
     if (pl->mt == 2) {
-        if (pl->k > DC_MT2_MAX_K) return 0;
-        return two ? pl->blocks > g->sms && pl->blocks <= 2 * g->sms : pl->blocks <= g->sms && wave;
+        if (two && pl->blocks <= g->sms) return 0; /* two per SM on a part of the SMs */
+        if (pl->k <= DC_MT2_MAX_K) return 1;
+        const int slots = (two ? 2 : 1) * g->sms, waves = (pl->blocks + slots - 1) / slots;
+        return waves == 1 || (waves == 2 && 10 * pl->blocks >= 9 * waves * slots);
     }
     if (two) return 1;
     if (pl->blocks > g->sms) { /* one block per SM, several waves */

@@ -170,9 +170,12 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
  * more than the block's weight: the Llama-3-70B gate|up and its tp = 2 / 4
  * shards at
  * M = 7-8 (896 / 448 / 224 blocks of 256 KB, x 112-128 KB) 0.85-0.94x the
- * skinny kernel's time (tp = 2 at M = 8: 1.00x); not its q|k|v (160
+ * skinny kernel's time (tp = 2 at M = 8: 1.00x); then not its q|k|v (160
  * blocks: the second wave 21% full, 1.19-1.27x) nor Qwen3-8B down at M = 8
- * (256 blocks of 96 KB, each staging 192 KB of x: 1.13x).
+ * (256 blocks of 96 KB, each staging 192 KB of x: 1.13x). Since session 34
+ * (the zero point in fp16) any grid of two waves: those two now took
+ * 0.88-0.93x (q|k|v at M = 7-8) and 0.92x (down) the skinny kernel's time
+ * (the audit at M = 3-8: no other point refused where the kernel won).
  *
  * M = 9..16 (MT = 2; H200 session 34, the audit of 28 shapes at M = 9, 10,
  * 12, 14, 16 against the skinny kernel, back to back, after the zero point
@@ -210,7 +213,8 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
     if (two) return 1;
     if (pl->blocks > g->sms) { /* one block per SM, several waves */
         const int waves = (pl->blocks + g->sms - 1) / g->sms;
-        return !s21 && 100 * pl->blocks >= DC_WAVE_FILL_PCT * waves * g->sms && dc_x_bytes(m, pl->k) <= pl->wbytes;
+        return !s21 && (waves == 2 || (100 * pl->blocks >= DC_WAVE_FILL_PCT * waves * g->sms &&
+                                       dc_x_bytes(m, pl->k) <= pl->wbytes));
     }
     return s21 || wave || pl->wbytes <= DC_ONE_WAVE_WBYTES;
 }

@@ -320,3 +320,42 @@ TEST(dc_plan, invariants) {
                     if (test_failed()) return;
                 }
 }
+
+/* The wide block (dc_wide_plan, session 34): 16 warps only at M = 9..16
+ * where x leaves one 8-warp block per SM and every warp gets a group; the
+ * blocks and tiles stay those of the 8-warp plan, the reduction area
+ * doubles, and the persistent grid needs whole turns of 16 warps. */
+TEST(dc_plan, wide_block) {
+    struct dc_plan pl, pl8;
+    /* Qwen3-8B gate|up at M = 16: x 131 KB, one block per SM -> 16 warps, persistent grid of 128 */
+    ASSERT(dc_plan_make(16, 4096, n16_of(24576), 128, &H200, 0, DC_PLAN_HALVE, &pl));
+    pl8 = pl;
+    ASSERT(dc_wide_plan(&pl, &H200));
+    ASSERT_EQ_INT(pl.warps, DC_WARPS_WIDE);
+    ASSERT(pl.blocks == pl8.blocks && pl.tb == pl8.tb && pl.mt == 2);
+    ASSERT(pl.smem == pl8.smem + (size_t)pl.tb * pl.mt * 4 * (DC_WARPS_WIDE - DC_WARPS) * 32 * 4);
+    ASSERT(!dc_wide_plan(&pl, &H200)); /* once */
+    ASSERT_EQ_INT(dc_plan_blocks_per_sm(&H200, &pl), 1);
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 128);
+    ASSERT(dc_dispatch_takes(16, DC_DISPATCH_MAX_M, &pl, &H200) == dc_dispatch_takes(16, DC_DISPATCH_MAX_M, &pl8, &H200));
+    /* K = 5120 (40 groups): wide, but no whole turns of 16 warps x 2 groups: the plain grid */
+    ASSERT(dc_plan_make(12, 5120, n16_of(25600), 128, &H200, 0, DC_PLAN_HALVE, &pl) && dc_wide_plan(&pl, &H200));
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 0);
+    /* two 8-warp blocks per SM (M = 9 at K = 4096), M <= 8, fewer than 16 groups: not wide */
+    ASSERT(dc_plan_make(9, 4096, n16_of(24576), 128, &H200, 0, DC_PLAN_HALVE, &pl) && !dc_wide_plan(&pl, &H200));
+    ASSERT(dc_plan_make(8, 12288, n16_of(4096), 128, &H200, 0, DC_PLAN_HALVE, &pl) && !dc_wide_plan(&pl, &H200));
+    ASSERT(dc_plan_make(16, 1024, n16_of(4096), 128, &H200, 0, DC_PLAN_HALVE, &pl) && !dc_wide_plan(&pl, &H200));
+    ASSERT_EQ_INT(pl.warps, DC_WARPS);
+    /* over many shapes: wide plans fit, have a group per warp and one block per SM */
+    for (int k = 2048; k <= 12288; k += 1024)
+        for (int n16 = 8; n16 <= 4096; n16 = n16 * 3 + 1)
+            for (int m = 1; m <= DC_MAX_M; m++) {
+                if (!dc_plan_make(m, k, n16, 128, &H200, 0, DC_PLAN_HALVE, &pl)) continue;
+                const int one = dc_blocks_per_sm(&H200, pl.smem) == 1;
+                const int wide = dc_wide_plan(&pl, &H200);
+                ASSERT(wide == (m > 8 && one && dc_smem_fits(&H200, dc_smem_bytes_w(m, k, 2, 2, DC_WARPS_WIDE))));
+                if (wide)
+                    ASSERT(pl.smem <= DC_SMEM_MAX && k / 128 >= DC_WARPS_WIDE && dc_plan_blocks_per_sm(&H200, &pl) == 1);
+                if (test_failed()) return;
+            }
+}

@@ -23,16 +23,13 @@
 #define DC_DISPATCH_MAX_M 16     /* the dispatch's last M (session 22; 8 in session 21) */
 #define DC_MT2_MAX_K 4096        /* M = 9..16: the largest K taken on any grid (session 34) */
 
-#define DC_WARPS_WIDE 16 /* the wide block (dc_wide_plan): 16 warps cutting K, one block per SM */
-
 /* Shared memory of a decode block: x [m][K + 8] fp16 (the 16-byte pad puts
  * the 8 rows' LDS.128 on distinct banks), then the reduction area
- * [TB][MT*4][warps][32 lanes] fp32. */
+ * [TB][MT*4][8 warps][32 lanes] fp32. */
 DC_FN size_t dc_x_bytes(int m, int K) { return ((size_t)m * (K + 8) * 2 + 15) / 16 * 16; }
-DC_FN size_t dc_smem_bytes_w(int m, int K, int tb, int mt, int warps) {
-    return dc_x_bytes(m, K) + (size_t)tb * mt * 4 * warps * 32 * 4;
+DC_FN size_t dc_smem_bytes(int m, int K, int tb, int mt) {
+    return dc_x_bytes(m, K) + (size_t)tb * mt * 4 * DC_WARPS * 32 * 4;
 }
-DC_FN size_t dc_smem_bytes(int m, int K, int tb, int mt) { return dc_smem_bytes_w(m, K, tb, mt, DC_WARPS); }
 
 /* What the plan needs to know of the GPU. */
 struct dc_gpu {
@@ -54,7 +51,6 @@ struct dc_plan {
     size_t smem;
     size_t wbytes; /* INT4 weight bytes of one block: TB x 16 columns x K / 2 */
     int flags;     /* those it was made with */
-    int warps;     /* DC_WARPS, or DC_WARPS_WIDE (dc_wide_plan) */
 };
 
 /* Blocks of the decode kernel one SM holds (at most 2: __launch_bounds__)
@@ -66,13 +62,6 @@ DC_FN int dc_blocks_per_sm(const struct dc_gpu *g, size_t smem) {
     if (g->smem_sm <= 0) return 2;
     const int n = (int)((size_t)g->smem_sm / (smem + 1024 + 256));
     return n < 2 ? n : 2;
-}
-
-/* Blocks per SM of a plan: a wide block (16 warps, 128 registers each) fills
- * the register file alone. */
-DC_FN int dc_plan_blocks_per_sm(const struct dc_gpu *g, const struct dc_plan *pl) {
-    const int n = dc_blocks_per_sm(g, pl->smem);
-    return pl->warps == DC_WARPS_WIDE && n > 1 ? 1 : n;
 }
 
 /* Whether a block of smem bytes can launch: within the kernel's own limit
@@ -155,25 +144,6 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
     pl->smem = smem;
     pl->wbytes = (size_t)tb * 8 * K;
     pl->flags = flags;
-    pl->warps = DC_WARPS;
-    return 1;
-}
-
-/* The wide block (session 34): at M = 9..16 where x leaves one block of 8
- * warps per SM (x of 12-16 rows at K = 4096: 98-131 KB), 16 warps cut K
- * instead of 8 — twice the weight loads in flight on each SM, x staged once
- * for all of them. Each warp keeps the 8-warp kernel's registers (TB = 2)
- * over half the groups; the reduction adds 16 partials in warp (= k) order.
- * Needs at least one group per warp. Returns whether it changed pl (smem
- * and warps only: the blocks, the tiles and so the dispatch rule are those
- * of the 8-warp plan, whose blocks per SM it keeps at 1). */
-DC_FN int dc_wide_plan(struct dc_plan *pl, const struct dc_gpu *g) {
-    if (pl->mt != 2 || pl->warps != DC_WARPS || dc_blocks_per_sm(g, pl->smem) != 1 || pl->k / 128 < DC_WARPS_WIDE)
-        return 0;
-    const size_t smem = dc_smem_bytes_w(pl->m, pl->k, pl->tb, pl->mt, DC_WARPS_WIDE);
-    if (!dc_smem_fits(g, smem) || dc_blocks_per_sm(g, smem) < 1) return 0;
-    pl->smem = smem;
-    pl->warps = DC_WARPS_WIDE;
     return 1;
 }
 
@@ -283,15 +253,14 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
  * layers, batch 1 / 4: 484 -> 500, 1823 -> 1852 tok/s. */
 #define DC_PS_FILL_PCT 90
 DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
-    const int sms = g->sms > 0 ? g->sms : 1, kg = pl->k / 128, plan_slots = sms * dc_plan_blocks_per_sm(g, pl);
+    const int sms = g->sms > 0 ? g->sms : 1, kg = pl->k / 128, plan_slots = sms * dc_blocks_per_sm(g, pl->smem);
     if (pl->blocks <= plan_slots) return 0;
     int best_tb = 0, best_fill = 0, best_grid = 0;
     for (int tb = 4; tb >= 1; tb /= 2) {
-        if ((tb_fixed && tb != pl->tb) || (pl->mt == 2 && tb != 2) || kg % (pl->warps * (4 / tb)) != 0) continue;
-        const size_t smem = dc_smem_bytes_w(pl->m, pl->k, tb, pl->mt, pl->warps);
+        if ((tb_fixed && tb != pl->tb) || (pl->mt == 2 && tb != 2) || kg % (DC_WARPS * (4 / tb)) != 0) continue;
+        const size_t smem = dc_smem_bytes(pl->m, pl->k, tb, pl->mt);
         if (!dc_smem_fits(g, smem)) continue;
-        const int bps = dc_blocks_per_sm(g, smem);
-        const int slots = sms * (pl->warps == DC_WARPS_WIDE && bps > 1 ? 1 : bps), blocks = (pl->n16 + tb - 1) / tb;
+        const int slots = sms * dc_blocks_per_sm(g, smem), blocks = (pl->n16 + tb - 1) / tb;
         if (slots < 1 || blocks <= slots) continue;
         const int waves = (blocks + slots - 1) / slots, fill = (int)(100L * blocks / ((long)waves * slots));
         if (fill > best_fill + 2) best_tb = tb, best_fill = fill, best_grid = (blocks + waves - 1) / waves;
@@ -300,12 +269,12 @@ DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
         /* no TB fills the waves: the plan's TB on one block per slot (the
          * first blocks % slots of them take one column more), where its
          * turns are whole; pl untouched */
-        if (kg % (pl->warps * (4 / pl->tb)) != 0) return 0;
+        if (kg % (DC_WARPS * (4 / pl->tb)) != 0) return 0;
         return plan_slots;
     }
     pl->tb = best_tb;
     pl->blocks = (pl->n16 + best_tb - 1) / best_tb;
-    pl->smem = dc_smem_bytes_w(pl->m, pl->k, best_tb, pl->mt, pl->warps);
+    pl->smem = dc_smem_bytes(pl->m, pl->k, best_tb, pl->mt);
     pl->wbytes = (size_t)best_tb * 8 * pl->k;
     pl->pf = dc_pf_rule(pl->mt, g, pl->smem);
     return best_grid;

@@ -771,15 +771,12 @@ static __device__ __forceinline__ void dc_sum_epilogue(const epi_args &ep, const
     w4_epilogue(e, nt, r, 2 * c, acc[0], acc[1], acc[2], acc[3]);
 }
 
-/* NW: the warps cutting K (DC_WARPS; DC_WARPS_WIDE for dc_wide_plan's wide
- * block, MT = 2 only, one block per SM) */
-template <int MT, int TB, bool NORM, bool SUM, bool PS = false, bool PF = false, int NW = DC_WARPS>
-static __global__ void __launch_bounds__(NW * 32, NW == DC_WARPS ? 2 : 1)
+template <int MT, int TB, bool NORM, bool SUM, bool PS = false, bool PF = false>
+static __global__ void __launch_bounds__(DC_WARPS * 32, 2)
 k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
          int flags, epi_args ep, norm_args na, w4a16_sum xsum, int ncols) {
     typedef dc_state<MT, TB> S;
-    static_assert(NW == DC_WARPS || (NW == DC_WARPS_WIDE && !NORM && !SUM), "the wide block: plain and PS only");
     extern __shared__ __align__(16) unsigned char smem[];
     ST_DECL;
     ST_BEGIN(ST_KEY(SUM ? 3 : NORM ? 2 : 1, K, ep.n));
@@ -787,7 +784,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     const int r = lane >> 2, c = lane & 3;
     const int KG = KC >> 1;
     int col = blockIdx.x, t0 = col * TB; /* PS: columns blockIdx.x + j gridDim.x < ncols */
-    const int gw0 = warp * KG / NW, ng = (warp + 1) * KG / NW - gw0;
+    const int gw0 = warp * KG / DC_WARPS, ng = (warp + 1) * KG / DC_WARPS - gw0;
     S s;
     s.gs = (size_t)n16a * 8;
     dc_at_column(s, qw, sc, zr, t0, KC, gw0, lane, r);
@@ -881,24 +878,24 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         }
 
         ST_MARK(3);
-        /* the NW warps' partials, added in warp order */
-        float *red = (float *)(smem + dc_x_bytes(ep.m, K)); /* [TB][MT*4][NW][32] */
+        /* the 8 warps' partials, added in warp order */
+        float *red = (float *)(smem + dc_x_bytes(ep.m, K)); /* [TB][MT*4][8][32] */
 #pragma unroll
         for (int tb = 0; tb < TB; tb++)
 #pragma unroll
             for (int i = 0; i < MT; i++)
 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                    red[((tb * MT * 4 + i * 4 + j) * NW + warp) * 32 + lane] = s.acc[tb][i][j];
+                    red[((tb * MT * 4 + i * 4 + j) * DC_WARPS + warp) * 32 + lane] = s.acc[tb][i][j];
         __syncthreads();
         if (!PS && warp >= TB) return;
         if (warp < TB) {
 #pragma unroll
             for (int i = 0; i < MT; i++) {
                 float v[4] = {0.f, 0.f, 0.f, 0.f};
-                for (int w = 0; w < NW; w++)
+                for (int w = 0; w < DC_WARPS; w++)
 #pragma unroll
-                    for (int j = 0; j < 4; j++) v[j] += red[((warp * MT * 4 + i * 4 + j) * NW + w) * 32 + lane];
+                    for (int j = 0; j < 4; j++) v[j] += red[((warp * MT * 4 + i * 4 + j) * DC_WARPS + w) * 32 + lane];
                 if (SUM) dc_sum_epilogue(ep, xsum, t0 + warp, lane, v); /* MT = 1 (w4a16_linear_sum) */
                 else w4_epilogue(ep, t0 + warp, r, i * 8 + 2 * c, v[0], v[1], v[2], v[3]);
             }
@@ -1757,15 +1754,12 @@ static void dc_pf_env(struct dc_plan *pl) {
  * knobs, read once: AWQD_W4A16_DC_TB=1|2|4 forces the tiles per block,
  * AWQD_W4A16_DC_WAVES=0 keeps the width where the M <= 4 rule would halve
  * it, AWQD_W4A16_DC_PLAN=21 plans as session 21 did, AWQD_W4A16_DC_PF=0..7
- * forces the L2 prefetch distance (the plan's pf), AWQD_W4A16_DC_WIDE=0
- * keeps 8 warps where dc_wide_plan would take 16. */
+ * forces the L2 prefetch distance (the plan's pf). */
 static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
     static const int flags = (dc_env_int("AWQD_W4A16_DC_WAVES", 1, 0, 1) ? DC_PLAN_HALVE : 0) |
                              (dc_env_int("AWQD_W4A16_DC_PLAN", 22, 21, 22) == 21 ? DC_PLAN_S21 : 0);
-    static const int wide = dc_env_int("AWQD_W4A16_DC_WIDE", 1, 0, 1);
     const struct dc_gpu g = dc_gpu_of(w);
     if (!dc_plan_make(m, w->k, w->n16, w->group, &g, dc_tb_env(), flags, pl)) return 0;
-    if (wide) dc_wide_plan(pl, &g);
     dc_pf_env(pl);
     return 1;
 }
@@ -2222,7 +2216,7 @@ static int dc_flags(void) {
 
 /* PS: the persistent grid (dc_ps_plan), each block streaming ncols / grid
  * columns back to back through one register ring (plain and NORM only) */
-template <int MT, int TB, bool PS, bool PF, int NW = DC_WARPS>
+template <int MT, int TB, bool PS, bool PF>
 static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
                            const norm_args *na, const w4a16_sum *xs, const struct dc_plan *pl, int grid,
                            cudaStream_t s, char *err, size_t errlen) {
@@ -2232,8 +2226,6 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
     memset(&nosum, 0, sizeof nosum);
     const int flags = dc_flags() | (pl->pf << DC_F_PF_SHIFT);
     int rc;
-    if (NW != DC_WARPS && (na || xs)) /* decode_plan makes wide blocks at MT = 2 only */
-        return util_err(err, errlen, -EINVAL, "w4a16_linear: the wide decode block has no NORM / SUM variant");
     if (na) {
         rc = cuda_smem_limit_once(&smem_set_n, (const void *)k_decode<MT, TB, true, false, PS, PF>,
                                   DC_SMEM_MAX, err, errlen);
@@ -2256,10 +2248,10 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
                    err, errlen);
         return 0;
     }
-    rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS, PF, NW>, DC_SMEM_MAX,
+    rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS, PF>, DC_SMEM_MAX,
                               err, errlen);
     if (rc) return rc;
-    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false, PS, PF, NW>, dim3(grid), dim3(NW * 32),
+    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false, PS, PF>, dim3(grid), dim3(DC_WARPS * 32),
                           pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, flags, ep,
                           none, nosum, pl->blocks),
                err, errlen);
@@ -2312,7 +2304,7 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
      * measured and tuned there (docs/PERFORMANCE.md "Session 27", item 6). */
     const int pf = !ps && pl.pf > 0 && pl.mt == 1 && !xs;
     const int g = ps ? ps : pl.blocks;
-    switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0) + (pf ? 1000 : 0) + (pl.warps == DC_WARPS_WIDE ? 10000 : 0)) {
+    switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0) + (pf ? 1000 : 0)) {
     case 11: return launch_decode_t<1, 1, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 12: return launch_decode_t<1, 2, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 14: return launch_decode_t<1, 4, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
@@ -2324,8 +2316,6 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     case 112: return launch_decode_t<1, 2, true, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 114: return launch_decode_t<1, 4, true, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 122: return launch_decode_t<2, 2, true, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 10022: return launch_decode_t<2, 2, false, false, DC_WARPS_WIDE>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 10122: return launch_decode_t<2, 2, true, false, DC_WARPS_WIDE>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     }
     return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan mt=%d tb=%d", pl.mt, pl.tb);
 }

@@ -771,8 +771,13 @@ static __device__ __forceinline__ void dc_sum_epilogue(const epi_args &ep, const
     w4_epilogue(e, nt, r, 2 * c, acc[0], acc[1], acc[2], acc[3]);
 }
 
-template <int MT, int TB, bool NORM, bool SUM, bool PS = false, bool PF = false>
-static __global__ void __launch_bounds__(DC_WARPS * 32, 2)
+/* MINB: the blocks per SM the registers must allow (__launch_bounds__): 2
+ * (128 registers) where the plan's shared memory lets two blocks share an
+ * SM, 1 at MT = 2 where it does not (decode_minb) — the MT = 2 persistent
+ * grid spilled 108 bytes at 128 registers (session 34, ncu: 242 K local
+ * requests on Qwen3-8B gate|up at M = 16) */
+template <int MT, int TB, bool NORM, bool SUM, bool PS = false, bool PF = false, int MINB = 2>
+static __global__ void __launch_bounds__(DC_WARPS * 32, MINB)
 k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
          int flags, epi_args ep, norm_args na, w4a16_sum xsum, int ncols) {
@@ -2216,7 +2221,7 @@ static int dc_flags(void) {
 
 /* PS: the persistent grid (dc_ps_plan), each block streaming ncols / grid
  * columns back to back through one register ring (plain and NORM only) */
-template <int MT, int TB, bool PS, bool PF>
+template <int MT, int TB, bool PS, bool PF, int MINB = 2>
 static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
                            const norm_args *na, const w4a16_sum *xs, const struct dc_plan *pl, int grid,
                            cudaStream_t s, char *err, size_t errlen) {
@@ -2226,6 +2231,8 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
     memset(&nosum, 0, sizeof nosum);
     const int flags = dc_flags() | (pl->pf << DC_F_PF_SHIFT);
     int rc;
+    if (MINB != 2 && (na || xs)) /* launch_decode: MT = 2 only, which has neither */
+        return util_err(err, errlen, -EINVAL, "w4a16_linear: no NORM / SUM decode variant at MT = 2");
     if (na) {
         rc = cuda_smem_limit_once(&smem_set_n, (const void *)k_decode<MT, TB, true, false, PS, PF>,
                                   DC_SMEM_MAX, err, errlen);
@@ -2248,10 +2255,10 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
                    err, errlen);
         return 0;
     }
-    rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS, PF>, DC_SMEM_MAX,
+    rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS, PF, MINB>, DC_SMEM_MAX,
                               err, errlen);
     if (rc) return rc;
-    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false, PS, PF>, dim3(grid), dim3(DC_WARPS * 32),
+    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false, PS, PF, MINB>, dim3(grid), dim3(DC_WARPS * 32),
                           pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, flags, ep,
                           none, nosum, pl->blocks),
                err, errlen);
@@ -2304,7 +2311,12 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
      * measured and tuned there (docs/PERFORMANCE.md "Session 27", item 6). */
     const int pf = !ps && pl.pf > 0 && pl.mt == 1 && !xs;
     const int g = ps ? ps : pl.blocks;
-    switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0) + (pf ? 1000 : 0)) {
+    /* MT = 2 where one block fits per SM: no 128-register cap
+     * (AWQD_W4A16_DC_REG_CAP=1 keeps it, for measurements) */
+    static const int reg_cap = dc_env_int("AWQD_W4A16_DC_REG_CAP", 0, 0, 1);
+    const struct dc_gpu gpu = dc_gpu_of(w);
+    const int one = pl.mt == 2 && !reg_cap && dc_blocks_per_sm(&gpu, pl.smem) < 2;
+    switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0) + (pf ? 1000 : 0) + (one ? 10000 : 0)) {
     case 11: return launch_decode_t<1, 1, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 12: return launch_decode_t<1, 2, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 14: return launch_decode_t<1, 4, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
@@ -2316,6 +2328,8 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     case 112: return launch_decode_t<1, 2, true, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 114: return launch_decode_t<1, 4, true, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 122: return launch_decode_t<2, 2, true, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 10022: return launch_decode_t<2, 2, false, false, 1>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 10122: return launch_decode_t<2, 2, true, false, 1>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     }
     return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan mt=%d tb=%d", pl.mt, pl.tb);
 }

@@ -90,16 +90,17 @@ TEST(dc_plan, where_the_kernel_does_not_apply) {
 
 /* The rule on the 28 measured shapes at M = 1..16 (H200, back to back
  * against the skinny kernel: docs/PERFORMANCE.md "Session 21" and
- * "Session 22"; M = 9..16 "Session 34"). M = 9..16 (MT = 2): never two
- * blocks per SM on a grid of at most one per SM; otherwise every grid up to
- * K = 4096 and, above it, one wave or two waves >= 90% full. Four points at M = 6 (Llama-3-70B q|k|v and gate|up
- * at tp = 1 / 2 / 4) moved to the decode kernel with the exact per-block
- * reserve (two blocks of 115 KB fit per SM) and were not measured there;
- * at M = 5, with two blocks per SM as well, it won by 8-38% (session 23's
- * audit: at M = 6 1.02-1.39x). Session 23: one block per SM over several
- * waves where the waves are >= 80% full on average and x is at most the block's
- * weight (the Llama-3-70B gate|up shards at M = 7-8); session 34: any grid of
- * two waves (Llama-3-70B q|k|v at M = 7-8, Qwen3-8B down at M = 8). */
+ * "Session 22"; M = 9..16 "Session 34"). M = 9..16 (MT = 2): never two blocks
+ * per SM on a grid of at most one per SM; otherwise every grid up to K = 4096
+ * and, above it, one wave or two waves >= 90% full. Four points at M = 6
+ * (Llama-3-70B q|k|v and gate|up at tp = 1 / 2 / 4) moved to the decode
+ * kernel with the exact per-block reserve (two blocks of 115 KB fit per SM)
+ * and were not measured there; at M = 5, with two blocks per SM as well, it
+ * won by 8-38% (session 23's audit: at M = 6 1.02-1.39x). Session 23: one
+ * block per SM over several waves where the waves are >= 80% full on average
+ * and x is at most the block's weight (the Llama-3-70B gate|up shards at M =
+ * 7-8); session 34: any grid of two waves (Llama-3-70B q|k|v at M = 7-8,
+ * Qwen3-8B down at M = 8). */
 TEST(dc_plan, dispatch_rule_on_measured_shapes) {
     static const struct { int k, n; const char *what; int dec[16]; } cs[] = {
         /* M = 9-12: 192 blocks, two per SM (0.71-0.78x the skinny kernel's time); 13-16 one per SM, the

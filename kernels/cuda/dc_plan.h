@@ -196,7 +196,7 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
  * second mma per k16 step: only K <= 4096, two per SM on one to two SMs'
  * worth of blocks or one per SM in a wave of >= 90% of the SMs.) Session
  * 21's rule (pl made with DC_PLAN_S21): M <= 8 only, one block per SM in
- * one wave of any * size. */
+ * one wave of any size. */
 #define DC_ONE_WAVE_WBYTES (256 * 1024)
 #define DC_WAVE_FILL_PCT 80
 DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const struct dc_gpu *g) {

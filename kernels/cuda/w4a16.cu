@@ -773,7 +773,7 @@ static __device__ __forceinline__ void dc_sum_epilogue(const epi_args &ep, const
 
 /* MINB: the blocks per SM the registers must allow (__launch_bounds__): 2
  * (128 registers) where the plan's shared memory lets two blocks share an
- * SM, 1 at MT = 2 where it does not (decode_minb) — the MT = 2 persistent
+ * SM, 1 at MT = 2 where it does not (launch_decode) — the MT = 2 persistent
  * grid spilled 108 bytes at 128 registers (session 34, ncu: 242 K local
  * requests on Qwen3-8B gate|up at M = 16) */
 template <int MT, int TB, bool NORM, bool SUM, bool PS = false, bool PF = false, int MINB = 2>

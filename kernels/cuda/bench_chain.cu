@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/bench_graph.cuh"
+#include "kernels/cuda/bench_rng.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/w4a16.h"
 #include "kernels/cuda/w4a16_chain.h"
@@ -36,13 +37,8 @@ extern "C" {
 #include "engine/ckpt.h"
 }
 
-static uint64_t c_rng = 0x9e3779b97f4a7c15ull;
-static uint32_t c_rnd(void) {
-    c_rng ^= c_rng << 13;
-    c_rng ^= c_rng >> 7;
-    c_rng ^= c_rng << 17;
-    return (uint32_t)(c_rng >> 16);
-}
+static bench_rng c_rng = {0x9e3779b97f4a7c15ull};
+static uint32_t c_rnd(void) { return c_rng.next(); }
 static float c_unit(void) { return (float)(c_rnd() & 0xffffff) / 16777216.f; }
 static uint16_t c_h(float f) { return __half_as_ushort(__float2half(f)); }
 static float c_f(uint16_t h) { return __half2float(__ushort_as_half(h)); }

@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/bench_graph.cuh"
+#include "kernels/cuda/bench_rng.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/w4a16.h"
 #include "kernels/cuda/w4a16_gemm.h"
@@ -33,13 +34,8 @@ extern "C" {
 #include "engine/ckpt.h"
 }
 
-static uint64_t b_rng = 0x243f6a8885a308d3ull;
-static uint32_t b_rnd(void) {
-    b_rng ^= b_rng << 13;
-    b_rng ^= b_rng >> 7;
-    b_rng ^= b_rng << 17;
-    return (uint32_t)(b_rng >> 16);
-}
+static bench_rng b_rng = {0x243f6a8885a308d3ull};
+static uint32_t b_rnd(void) { return b_rng.next(); }
 
 static __global__ void k_flush(const uint4 *p, size_t n, unsigned *sink) {
     unsigned acc = 0;

@@ -437,14 +437,16 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 /* the end of each turn; keeping them beside their chunks was measured       */
 /* slower, docs/KERNELS.md.)                                                 */
 /*                                                                            */
-/* Per chunk and tile: 16 LOP3 (+4 shifts) give {1024 + q} (rows r) and     */
-/* {1024 + 16 q} (rows r + 8); 16 HADD2 with the group's half2               */
-/* {-(1024 + z)}, {-(1024 + 16 z)} make them q - z and 16 (q - z), exact in  */
-/* fp16, and one mma per k16 step takes them. (Until session 34 the zero     */
-/* point was a second mma per step with that constant as A, 4 mma instead of */
-/* 16 HADD2; at M = 1 the tensor pipe, ~8 cycles a mma.sync per scheduler,   */
-/* bounded the work after the wait: the HADD2 form is 0.94-0.99x the time at */
-/* M = 1, 0.88x at M = 16 on the H200.) Products exact, fp32 sums; one scale */
+/* Per chunk and tile: deq_raw (w4a16_common.cuh, as the skinny kernel):    */
+/* 16 LOP3 (+4 shifts) give {1024 + q} (rows r) and {1024 + 16 q} (rows      */
+/* r + 8), 16 HSUB2 of the group's half2 {1024 + z}, {1024 + 16 z} make them */
+/* q - z and 16 (q - z), exact in fp16, and one mma per k16 step takes them. */
+/* (Until session 34 the zero point was a second mma per step with A =      */
+/* -(1024 + z), 4 mma instead of 16 HSUB2; at M = 1 the tensor pipe, ~8      */
+/* cycles a mma.sync per scheduler, bounded the work after the wait: one mma */
+/* is 0.94-0.99x the time at M = 1, 0.88x at M = 16 on the H200, measured    */
+/* as HADD2 of the negated constants, bitwise the same values.) Products     */
+/* exact, fp32 sums; one scale                                               */
 /* multiply-add per group. x (M rows of the warp's K range) goes to shared   */
 /* memory after the wait; lanes of rows >= M read row M - 1 (their mma       */
 /* columns are never stored), so no lane needs a predicate. Every block      */
@@ -569,13 +571,13 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
 #pragma unroll
     for (int gi = 0; gi < NG; gi++) {
         const int refill = XC ? hn && gi < ng : g0 + gi + UG < ng;
-        uint32_t nzl[TB], nzh[TB]; /* half2 -(1024 + z) (rows r), -(1024 + 16 z) (rows r + 8) */
+        uint32_t mlo[TB], mhi[TB]; /* deq_raw's subtrahends for rows r, r + 8 */
         float sl[TB], sh[TB];
 #pragma unroll
         for (int tb = 0; tb < TB; tb++) {
             const uint32_t z = s.zq[gi * TB + tb], s2 = s.sr[gi * TB + tb];
-            nzl[tb] = ((z & 0x0fu) | 0xe400u) * 0x10001u;
-            nzh[tb] = ((z & 0xf0u) | 0xe400u) * 0x10001u;
+            mlo[tb] = magic_lo(z & 15u);
+            mhi[tb] = magic_hi(z >> 4);
             const __half2 h = *reinterpret_cast<const __half2 *>(&s2);
             sl[tb] = __low2float(h);
             sh[tb] = __high2float(h) * 0.0625f;
@@ -597,9 +599,8 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
                 const uint32_t *wv = &s.wr[slot].x;
 #pragma unroll
                 for (int t = 0; t < 4; t++) {
-                    const uint32_t w = wv[t], w8 = w >> 8;
-                    const uint32_t a[4] = {hadd2u(lop3_lo(w), nzl[tb]), hadd2u(lop3_hi(w), nzh[tb]),
-                                           hadd2u(lop3_lo(w8), nzl[tb]), hadd2u(lop3_hi(w8), nzh[tb])};
+                    uint32_t a[4];
+                    deq_raw(wv[t], mlo[tb], mhi[tb], a);
 #pragma unroll
                     for (int i = 0; i < MT; i++) {
                         const uint32_t *xs = t < 2 ? &xa[i].x : &xb[i].x;
@@ -639,19 +640,6 @@ static __device__ __forceinline__ void dc_norm_w_prefetch(const norm_args &na, i
         const int p = lane + 32 * j;
         wpre[j] = p < n8 ? __ldg((const uint4 *)(na.w + k0 + p * 8)) : make_uint4(0, 0, 0, 0);
     }
-}
-
-/* x = fp16(w * (v * r)) of one 16-byte piece of sx (in place) */
-static __device__ __forceinline__ void dc_norm_scale(uint16_t *px, const uint4 &g, float r) {
-    uint4 a = *(const uint4 *)px;
-    __half2 *a2 = (__half2 *)&a;
-    const __half2 *g2 = (const __half2 *)&g;
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const float2 fa = __half22float2(a2[u]), fg = __half22float2(g2[u]);
-        a2[u] = __floats2half2_rn(fg.x * (fa.x * r), fg.y * (fa.y * r));
-    }
-    *(uint4 *)px = a;
 }
 
 /* NORM prologue of k_decode: this warp's K range [k0, k0 + 8 n8) of rows
@@ -2231,8 +2219,6 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
     memset(&nosum, 0, sizeof nosum);
     const int flags = dc_flags() | (pl->pf << DC_F_PF_SHIFT);
     int rc;
-    if (MINB != 2 && (na || xs)) /* launch_decode: MT = 2 only, which has neither */
-        return util_err(err, errlen, -EINVAL, "w4a16_linear: no NORM / SUM decode variant at MT = 2");
     if (na) {
         rc = cuda_smem_limit_once(&smem_set_n, (const void *)k_decode<MT, TB, true, false, PS, PF>,
                                   DC_SMEM_MAX, err, errlen);

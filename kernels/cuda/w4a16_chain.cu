@@ -388,18 +388,8 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
             const float rr = rsqrtf(tot / (float)ph.k + a.eps);
             __syncthreads();
 #pragma unroll 4
-            for (int i = tid; i < ph.k / 8; i += CH_CONSUMERS * 32) {
-                uint4 v = ((const uint4 *)sx)[i];
-                const uint4 w = ((const uint4 *)snw)[i];
-                __half2 *v2 = (__half2 *)&v;
-                const __half2 *w2 = (const __half2 *)&w;
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const float2 fv = __half22float2(v2[u]), fw = __half22float2(w2[u]);
-                    v2[u] = __floats2half2_rn(fw.x * (fv.x * rr), fw.y * (fv.y * rr));
-                }
-                ((uint4 *)sx)[i] = v;
-            }
+            for (int i = tid; i < ph.k / 8; i += CH_CONSUMERS * 32)
+                dc_norm_scale(sx + i * 8, ((const uint4 *)snw)[i], rr);
         } else {
             pdl_launch();
             ll_fetch(a, a.all, ph.k / 2, ep, (uint32_t *)sx, tid); /* act */

@@ -28,6 +28,9 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/w4a16.h"
 #include "kernels/cuda/w4a16_gemm.h"
+#ifdef AWQD_STAMPS
+extern "C" void w4a16_stamps_dump(void); /* w4a16.cu */
+#endif
 
 extern "C" {
 #include "engine/bench.h"
@@ -768,5 +771,8 @@ extern "C" int bench_kernels(int argc, char **argv) {
     if (audit)
         printf("audit: %d points with two kernels to choose from, %d with the pick > 3%% slower than the other; "
                "worst %.3f (%s M=%d)\n", audit_n, audit_slow, audit_worst, audit_ws, audit_wm);
+#ifdef AWQD_STAMPS
+    w4a16_stamps_dump(); /* the last launch of each shape and kernel kind, -DAWQD_STAMPS builds only */
+#endif
     return 0;
 }

@@ -236,6 +236,8 @@ static __device__ __forceinline__ int cluster_reduce(float *acc, float *red, int
 /* many loads are in flight without holding registers.                       */
 /* ------------------------------------------------------------------------ */
 
+#include "kernels/cuda/stamps.cuh" /* empty unless -DAWQD_STAMPS */
+
 #define SK_WARPS 8
 #define SK_STAGES 8 /* ring depth (16 and 24 measured slower on H200: fewer resident blocks) */
 #define SK_X_BYTES_MAX (48 * 1024) /* x slice limit -> K range per split */
@@ -265,6 +267,8 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          int KC, int G, int cps, int ksplit, epi_args ep, float *__restrict__ part,
          int *__restrict__ cnt, int xcg) {
     extern __shared__ __align__(16) unsigned char smem[];
+    ST_DECL;
+    ST_BEGIN(ST_KEY(5, K, ep.n));
     const int nb = blockIdx.x, split = blockIdx.y;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, c = lane & 3;
@@ -299,6 +303,7 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         cp_async_commit();
     }
     pdl_wait();
+    ST_MARK(1);
     {   /* x rows [0, M) x K range, through L1: the column blocks of one
          * split on an SM read the same x (xcg: L2 only, as before session 21) */
         const int cpr = n * 8; /* 16-byte chunks per row */
@@ -313,6 +318,7 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     }
     cp_async_wait<0>(); /* scales, zeros, x and the first ring stages */
     __syncthreads();
+    ST_MARK(2);
 
     float acc[MT][4];
 #pragma unroll
@@ -399,6 +405,7 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         }
     }
     cp_async_wait<0>();
+    ST_MARK(3);
     pdl_launch(); /* after the main loop: measured (H200, session 3) faster for this kernel than
                    * before the wait (q|k|v M = 1 back to back 9.9 -> 11.7 us when moved) */
 
@@ -409,9 +416,11 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
                !splitk_reduce<MT * 4, SK_WARPS * 32>(&acc[0][0], part, cnt, nb, split, ksplit, tid, true)) {
         return;
     }
+    ST_MARK(4);
 #pragma unroll
     for (int i = 0; i < MT; i++)
         w4_epilogue(ep, nt, r, i * 8 + 2 * c, acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    ST_MARK(5);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -456,8 +465,6 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 /* 7.2 / 8.8 / 9.9 us at M = 1 / 2 / 4 / 8 back to back, through L1 6.0 /    */
 /* 6.1 / 6.4 / 8.0 (H200, session 21; AWQD_W4A16_XCG=1 goes back).           */
 /* ------------------------------------------------------------------------ */
-
-#include "kernels/cuda/stamps.cuh" /* empty unless -DAWQD_STAMPS */
 
 /* DC_WARPS, DC_MAX_M, DC_SMEM_MAX, the shared memory layout and the launch
  * plan: kernels/cuda/dc_plan.h (plain C, also checked by a CPU test) */
@@ -929,6 +936,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 /* ------------------------------------------------------------------------ */
 
 #define TC_XS 72 /* x row stride in halves (64 + 8 padding: conflict-free LDS.128) */
+#define TC_CLUSTER_MAX 8 /* largest split the GEMM reduces inside a cluster */
 
 template <int WN, int WM, int MW, int STAGES>
 struct tc_cfg {
@@ -963,6 +971,8 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     static_assert(C::SZ_THREADS <= C::NT, "scale/zero copies");
     static_assert(!CL || C::RED_BYTES <= C::SMEM, "cluster reduction area");
     extern __shared__ __align__(16) unsigned char smem[];
+    ST_DECL;
+    ST_BEGIN(ST_KEY(4, K, ep.n));
     const int nb = blockIdx.x, mb = blockIdx.y, split = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wn = warp % WN, wm = warp / WN;
@@ -1005,22 +1015,24 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     }
     int koff = 0; /* halves of x consumed so far */
 
-    pdl_wait(); /* every stage carries x: nothing to prefetch before the wait */
-
-    auto load_stage = [&](int slot) {
+    /* a stage: its weights, scales and zeros (constant), then its x */
+    auto load_w = [&](int slot) {
         const uint32_t so = (uint32_t)slot * C::STAGE;
-#pragma unroll
-        for (int i = 0; i < C::XPT; i++)
-            cp_async16_u(xdst + so + i * (C::NT / 8) * TC_XS * 2, xsrc[i] + koff, xbytes[i]);
 #pragma unroll
         for (int i = 0; i < C::WPT; i++) cp_async16_u(wdst + so + i * C::NT * 16, wsrc + i * C::NT, 16);
         if (is_s || is_z) cp_async16_u(szdst + so, szsrc, 16);
-        koff += 64;
         wsrc += 256;
         if (++gc == cpg) {
             gc = 0;
             szsrc += szstride;
         }
+    };
+    auto load_x = [&](int slot) {
+        const uint32_t so = (uint32_t)slot * C::STAGE;
+#pragma unroll
+        for (int i = 0; i < C::XPT; i++)
+            cp_async16_u(xdst + so + i * (C::NT / 8) * TC_XS * 2, xsrc[i] + koff, xbytes[i]);
+        koff += 64;
     };
 
     float acc[2][MW][4];
@@ -1029,9 +1041,19 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 #pragma unroll
         for (int i = 0; i < MW; i++) acc[j][i][0] = acc[j][i][1] = acc[j][i][2] = acc[j][i][3] = 0.f;
 
+    /* the first stages' weights, scales and zeros (constant) before the
+     * programmatic-launch wait, their x after it: commit group 0 holds the
+     * early weights and stage 0's x (H200, session 35, back to back against
+     * everything after the wait: 21 of 24 Qwen3-8B points at M = 32 / 64
+     * 1-3% faster) */
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++)
+        if (s < nk) load_w(s);
+    pdl_wait();
+    ST_MARK(1);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < nk) load_stage(s);
+        if (s < nk) load_x(s);
         cp_async_commit();
     }
 
@@ -1040,7 +1062,11 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         const int st = it % STAGES;
         cp_async_wait<STAGES - 2>();
         __syncthreads();
-        if (it + STAGES - 1 < nk) load_stage((it + STAGES - 1) % STAGES);
+        if (it == 0) ST_MARK(2);
+        if (it + STAGES - 1 < nk) {
+            load_w((it + STAGES - 1) % STAGES);
+            load_x((it + STAGES - 1) % STAGES);
+        }
         cp_async_commit();
 
         const unsigned char *stp = smem + st * C::STAGE;
@@ -1077,6 +1103,7 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         }
     }
     cp_async_wait<0>();
+    ST_MARK(3);
     pdl_launch();
 
     /* pairs (j, i), bit j * MW + i: the ones this block stores */
@@ -1098,23 +1125,34 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
             mine = 0;
             for (int q = (int)rank; q < 2 * MW; q += ksplit) mine |= 1u << q;
             const uint32_t base = smem_u32(red) + (uint32_t)tid * 4;
+            uint32_t rb[TC_CLUSTER_MAX]; /* each rank's area (this thread's word) */
+#pragma unroll
+            for (int sp = 0; sp < TC_CLUSTER_MAX; sp++)
+                if (sp < ksplit) asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb[sp]) : "r"(base), "r"(sp));
 #pragma unroll
             for (int j = 0; j < 2; j++)
 #pragma unroll
                 for (int i = 0; i < MW; i++) {
                     if (!((mine >> (j * MW + i)) & 1)) continue;
-                    float v[4] = {0.f, 0.f, 0.f, 0.f};
-                    for (int sp = 0; sp < ksplit; sp++) {
-                        uint32_t rb;
-                        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(base), "r"(sp));
+                    /* every rank's 4 values requested at once, added in rank order
+                     * (one after the other: H200, session 35, the Qwen3-8B gate|up
+                     * points at M = 32-64 2.8% slower back to back) */
+                    float t[TC_CLUSTER_MAX][4];
 #pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            float t;
-                            asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(t)
-                                         : "r"(rb + (uint32_t)(((j * MW + i) * 4 + e) * C::NT * 4)) : "memory");
-                            v[e] += t;
+                    for (int sp = 0; sp < TC_CLUSTER_MAX; sp++)
+                        if (sp < ksplit) {
+#pragma unroll
+                            for (int e = 0; e < 4; e++)
+                                asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(t[sp][e])
+                                             : "r"(rb[sp] + (uint32_t)(((j * MW + i) * 4 + e) * C::NT * 4)) : "memory");
                         }
-                    }
+                    float v[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                    for (int sp = 0; sp < TC_CLUSTER_MAX; sp++)
+                        if (sp < ksplit) {
+#pragma unroll
+                            for (int e = 0; e < 4; e++) v[e] += t[sp][e];
+                        }
 #pragma unroll
                     for (int e = 0; e < 4; e++) acc[j][i][e] = v[e];
                 }
@@ -1129,6 +1167,7 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
                 return;
         }
     }
+    ST_MARK(4);
 #pragma unroll
     for (int j = 0; j < 2; j++)
 #pragma unroll
@@ -1136,12 +1175,12 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
             if ((mine >> (j * MW + i)) & 1)
                 w4_epilogue(ep, nt0 + wn * 2 + j, r, m0 + wm * MW * 8 + i * 8 + 2 * c, acc[j][i][0],
                             acc[j][i][1], acc[j][i][2], acc[j][i][3]);
+    ST_MARK(5);
 }
 
 /* The two GEMM configurations. */
 #define TC64_ARGS 4, 1, 8, 4, 1   /* 128 n x 64 m, 4 warps */
 #define TC128_ARGS 4, 2, 8, 4, 1  /* 128 n x 128 m, 8 warps */
-#define TC_CLUSTER_MAX 8          /* largest split the GEMM reduces inside a cluster */
 
 /* ------------------------------------------------------------------------ */
 /* Large M: dequantize to a transient fp16 W^T in the caller's workspace and */
@@ -1382,9 +1421,9 @@ done:
 
 #ifdef AWQD_STAMPS
 extern "C" void w4a16_stamps_dump(void) {
-    static const char *const kinds[16] = {"?", "decode", "decode+norm", "decode+sum", "?", "?", "?", "?",
+    static const char *const kinds[16] = {"?", "decode", "decode+norm", "decode+sum", "tc", "skinny", "?", "?",
                                           "?", "?", "?", "?", "?", "?", "?", "?"};
-    st_dump("w4a16 (K x N)", kinds, "0 entry, 1 after the PDL wait, 2 x / norm staged, 3 main loop done, 4 stored, 5 norm: first pieces in, 6 norm: warp 0's pieces summed");
+    st_dump("w4a16 (K x N)", kinds, "0 entry, 1 after the PDL wait, 2 x / norm staged (tc: the first chunk in), 3 main loop done, 4 stored (tc, skinny: split-K reduced), 5 norm: first pieces in (tc, skinny: stored), 6 norm: warp 0's pieces summed");
 }
 #endif
 

@@ -75,7 +75,11 @@ TEST(dc_plan, tiles_per_block_on_real_shapes) {
 TEST(dc_plan, where_the_kernel_does_not_apply) {
     struct dc_plan pl;
     ASSERT(!dc_plan_make(0, 4096, 256, 128, &H200, 0, 1, &pl));
-    ASSERT(!dc_plan_make(17, 4096, 256, 128, &H200, 0, 1, &pl));
+    ASSERT(!dc_plan_make(25, 4096, 256, 128, &H200, 0, 1, &pl));
+    /* MT = 3 (M = 17..24): x of 24 rows at K = 4096 + the reduction area of 2 tiles (221 KB) within
+     * DC_SMEM_MAX_MT3, at K = 4608 not */
+    ASSERT(dc_plan_make(24, 4096, 256, 128, &H200, 0, 1, &pl) && pl.mt == 3 && pl.tb == 2);
+    ASSERT(!dc_plan_make(24, 4608, 256, 128, &H200, 0, 1, &pl));
     ASSERT(!dc_plan_make(1, 4096, 256, 64, &H200, 0, 1, &pl)); /* group 128 only */
     /* x of 8 rows at K = 12800 alone: 205 KB > 200 KB; at K = 12288 x + the
      * reduction area of 1 tile fit (200.8 KB), of 2 tiles not */
@@ -88,9 +92,11 @@ TEST(dc_plan, where_the_kernel_does_not_apply) {
     ASSERT(!dc_plan_make(7, 12288, 256, 128, &a100, 0, 1, &pl));
 }
 
-/* The rule on the 28 measured shapes at M = 1..16 (H200, back to back
+/* The rule on the 28 measured shapes at M = 1..24 (H200, back to back
  * against the skinny kernel: docs/PERFORMANCE.md "Session 21" and
- * "Session 22"; M = 9..16 "Session 34"). M = 9..16 (MT = 2): never two blocks
+ * "Session 22"; M = 9..16 "Session 34"; M = 17..24 "Session 35": every
+ * shape with K <= 4096, and at K = 5120 (a plan to M = 19 only) the one-wave
+ * tp = 4 q|k|v shard). M = 9..16 (MT = 2): never two blocks
  * per SM on a grid of at most one per SM; otherwise every grid up to K = 4096
  * and, above it, one wave or two waves >= 90% full. Four points at M = 6
  * (Llama-3-70B q|k|v and gate|up at tp = 1 / 2 / 4) moved to the decode
@@ -102,66 +108,66 @@ TEST(dc_plan, where_the_kernel_does_not_apply) {
  * 7-8); session 34: any grid of two waves (Llama-3-70B q|k|v at M = 7-8,
  * Qwen3-8B down at M = 8). */
 TEST(dc_plan, dispatch_rule_on_measured_shapes) {
-    static const struct { int k, n; const char *what; int dec[16]; } cs[] = {
+    static const struct { int k, n; const char *what; int dec[24]; } cs[] = {
         /* M = 9-12: 192 blocks, two per SM (0.71-0.78x the skinny kernel's time); 13-16 one per SM, the
          * persistent grid (0.85-0.87x) */
-        {4096, 6144, "Qwen3-8B q|k|v", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+        {4096, 6144, "Qwen3-8B q|k|v", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
         /* M = 9-12: two per SM on 128 blocks lost (0.98-1.07x); 13-16: one per SM, one wave (0.76-0.79x) */
-        {4096, 4096, "Qwen3-8B o", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1}},
+        {4096, 4096, "Qwen3-8B o", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
         /* M = 9-16: 768 blocks on the persistent grid (0.75-0.91x; 1.04-1.46x with session 22's kernel) */
-        {4096, 24576, "Qwen3-8B gate|up", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+        {4096, 24576, "Qwen3-8B gate|up", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
         /* 128 blocks: one wave at one block per SM (M = 5-7); M = 8: 2 waves of 1 tile, each
          * block staging 192 KB of x for 96 KB of weight (16.6 us against skinny 14.7, session 23;
          * 12.9 against 14.0 with session 34's fp16 zero point) */
-        {12288, 4096, "Qwen3-8B down", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
-        {5120, 10240, "Qwen3-32B q|k|v", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {12288, 4096, "Qwen3-8B down", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {5120, 10240, "Qwen3-32B q|k|v", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* M = 7-8: widened to 80 blocks of 256 KB (12.2-12.5 us vs skinny 12.5-13.1) */
-        {8192, 5120, "Qwen3-32B o", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
-        {5120, 51200, "Qwen3-32B gate|up", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {8192, 5120, "Qwen3-32B o", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {5120, 51200, "Qwen3-32B gate|up", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* one block per SM from M = 3, 80 blocks of 800 KB (30.7 vs 26.3 us), no plan from M = 4 */
-        {25600, 5120, "Qwen3-32B down", {1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {25600, 5120, "Qwen3-32B down", {1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* M = 9: 160 blocks, two per SM, one wave (0.83x); from 10 one per SM, 2 waves 61% full (1.02-1.09x) */
-        {5120, 5120, "Qwen3-32B q|k|v tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0}},
+        {5120, 5120, "Qwen3-32B q|k|v tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* M = 13-16: one per SM, the persistent grid (0.92-0.94x) */
-        {4096, 5120, "Qwen3-32B o tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
-        {5120, 25600, "Qwen3-32B gate|up tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {4096, 5120, "Qwen3-32B o tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+        {5120, 25600, "Qwen3-32B gate|up tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* one block per SM from M = 5: 80 blocks of 400 KB (M = 6: 17.6 vs 16.5 us) */
-        {12800, 5120, "Qwen3-32B down tp=2", {1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {12800, 5120, "Qwen3-32B down tp=2", {1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* M = 9: 80 blocks two per SM (1.21x); from 10 one per SM, one wave (0.83-0.92x) */
-        {5120, 2560, "Qwen3-32B q|k|v tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1}},
+        {5120, 2560, "Qwen3-32B q|k|v tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0}},
         /* K = 2048: two blocks per SM to M = 16 (0.67-0.71x) */
-        {2048, 5120, "Qwen3-32B o tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
-        {5120, 12800, "Qwen3-32B gate|up tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
-        {6400, 5120, "Qwen3-32B down tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {2048, 5120, "Qwen3-32B o tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+        {5120, 12800, "Qwen3-32B gate|up tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {6400, 5120, "Qwen3-32B down tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* 160 blocks of 4 tiles: two per SM to M = 6 (115 KB each), one from M = 7 (a second wave
          * 21% full: 23.7-24.0 us against skinny 18.6-20.1, session 23; 17.5 against 18.7-19.9
          * with session 34's fp16 zero point) */
-        {8192, 10240, "Llama-3-70B q|k|v", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {8192, 10240, "Llama-3-70B q|k|v", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* widened to 128 blocks at M = 7-8; M = 9-10 256 blocks, 2 waves (0.88-0.92x); no plan from 12 */
-        {8192, 8192, "Llama-3-70B o", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0}},
+        {8192, 8192, "Llama-3-70B o", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* M = 7-8: one block per SM, 896 blocks (7 waves, 97% full on average), x 112-128 KB of 256 KB */
-        {8192, 57344, "Llama-3-70B gate|up", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {8192, 57344, "Llama-3-70B gate|up", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* widened to 128 blocks at M = 2-3 (M = 3: 37.1 vs skinny 40.7 us), no plan from M = 4 */
-        {28672, 8192, "Llama-3-70B down", {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {28672, 8192, "Llama-3-70B down", {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* M = 7-8: 80 blocks of 256 KB */
-        {8192, 5120, "Llama-3-70B q|k|v tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {8192, 5120, "Llama-3-70B q|k|v tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* M = 13-16: one per SM, the persistent grid (0.77-0.78x) */
-        {4096, 8192, "Llama-3-70B o tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+        {4096, 8192, "Llama-3-70B o tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
         /* M = 7-8: 448 blocks, one per SM (4 waves, 85% full) */
-        {8192, 28672, "Llama-3-70B gate|up tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {8192, 28672, "Llama-3-70B gate|up tp=2", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* widened to 128 blocks at M = 4-6 (20.1-21.0 vs skinny 22.1-27.5 us) */
-        {14336, 8192, "Llama-3-70B down tp=2", {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {14336, 8192, "Llama-3-70B down tp=2", {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* M = 7-8: 80 blocks of 128 KB (8.4-8.6 vs skinny 9.1-9.6 us); 9-10 the same (0.87-0.89x); no
          * plan from 12 */
-        {8192, 2560, "Llama-3-70B q|k|v tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0}},
-        {2048, 8192, "Llama-3-70B o tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+        {8192, 2560, "Llama-3-70B q|k|v tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {2048, 8192, "Llama-3-70B o tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
         /* M = 7-8: 224 blocks, one per SM (2 waves, 85% full) */
-        {8192, 14336, "Llama-3-70B gate|up tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {8192, 14336, "Llama-3-70B gate|up tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
         /* M = 9-12: 256 blocks, 2 waves (0.88-0.92x); no plan from 14 */
-        {7168, 8192, "Llama-3-70B down tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0}},
+        {7168, 8192, "Llama-3-70B down tp=4", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     };
     for (int i = 0; i < (int)(sizeof cs / sizeof cs[0]); i++)
-        for (int m = 1; m <= 16; m++) {
+        for (int m = 1; m <= 24; m++) {
             struct dc_plan pl;
             const int has = dc_plan_make(m, cs[i].k, n16_of(cs[i].n), 128, &H200, 0, DC_PLAN_HALVE, &pl);
             const int takes = dc_dispatch_takes(m, DC_DISPATCH_MAX_M, has ? &pl : 0, &H200);
@@ -254,7 +260,7 @@ TEST(dc_plan, persistent_grid) {
     ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 1), 0);
     for (int k = 1024; k <= 32768; k += 1024)
         for (int n16 = 8; n16 <= 4096; n16 += 56)
-            for (int m = 1; m <= 16; m++) {
+            for (int m = 1; m <= DC_MAX_M; m++) {
                 if (!dc_plan_make(m, k, n16, 128, &H200, 0, DC_PLAN_HALVE, &pl)) continue;
                 const struct dc_plan pl0 = pl;
                 const int g = dc_ps_plan(&pl, &H200, 0);
@@ -262,10 +268,10 @@ TEST(dc_plan, persistent_grid) {
                     ASSERT(memcmp(&pl, &pl0, sizeof pl) == 0);
                     continue;
                 }
-                const int slots = H200.sms * dc_blocks_per_sm(&H200, pl.smem), waves = (pl.blocks + slots - 1) / slots;
-                ASSERT(pl0.blocks > H200.sms * dc_blocks_per_sm(&H200, pl0.smem));
+                const int slots = H200.sms * dc_slots_per_sm(&H200, pl.smem, pl.mt), waves = (pl.blocks + slots - 1) / slots;
+                ASSERT(pl0.blocks > H200.sms * dc_slots_per_sm(&H200, pl0.smem, pl0.mt));
                 ASSERT((k / 128) % (DC_WARPS * (4 / pl.tb)) == 0 && pl.mt == pl0.mt && (pl.mt == 1 || pl.tb == 2));
-                ASSERT(pl.blocks == (n16 + pl.tb - 1) / pl.tb && pl.smem <= DC_SMEM_MAX);
+                ASSERT(pl.blocks == (n16 + pl.tb - 1) / pl.tb && pl.smem <= dc_smem_max(pl.mt));
                 ASSERT(pl.blocks > slots && g <= slots);
                 if (100L * pl.blocks >= (long)DC_PS_FILL_PCT * waves * slots) { /* full waves */
                     ASSERT((long)g * waves >= pl.blocks && (long)g * (waves - 1) < pl.blocks);
@@ -281,8 +287,8 @@ TEST(dc_plan, persistent_grid) {
  * block per SM, never on a short wave of large blocks nor (M <= 8) on more
  * than two waves under 80% full on average or whose blocks stage more x
  * than weight;
- * at M = 9..16 never two blocks per SM on a part of the SMs, and above
- * DC_MT2_MAX_K on no more than two waves. */
+ * at M = 9..24 never two blocks per SM on a part of the SMs, and above
+ * DC_MT2_MAX_K on no more than two waves; MT = 3 one block per SM. */
 TEST(dc_plan, invariants) {
     static const struct dc_gpu gpus[] = {{132, 228 * 1024, 227 * 1024}, {108, 164 * 1024, 163 * 1024},
                                          {114, 228 * 1024, 227 * 1024}, {1, 0, 0}};
@@ -297,9 +303,11 @@ TEST(dc_plan, invariants) {
                     }
                     ASSERT(pl.tb == 1 || pl.tb == 2 || pl.tb == 4);
                     ASSERT((long)pl.blocks * pl.tb >= n16 && (long)(pl.blocks - 1) * pl.tb < n16);
-                    ASSERT(pl.smem == dc_smem_bytes(m, k, pl.tb, pl.mt) && pl.smem <= DC_SMEM_MAX);
+                    ASSERT(pl.smem == dc_smem_bytes(m, k, pl.tb, pl.mt) && pl.smem <= dc_smem_max(pl.mt));
+                    ASSERT(pl.mt == (m + 7) / 8 && (pl.mt == 1 || pl.tb == 2));
                     ASSERT(gpus[gi].smem_optin == 0 || pl.smem <= (size_t)gpus[gi].smem_optin);
-                    const int one = dc_blocks_per_sm(&gpus[gi], pl.smem) < 2;
+                    const int one = dc_slots_per_sm(&gpus[gi], pl.smem, pl.mt) < 2;
+                    ASSERT(pl.mt < 3 || one); /* MT = 3: one block per SM, whatever its shared memory */
                     ASSERT(pl.pf == (pl.mt == 1 && one ? DC_PF_ONE_BLOCK : 0));
                     /* one block per SM and a second wave only where no wider block fits */
                     if (pl.mt == 1 && one && pl.blocks > gpus[gi].sms)
@@ -312,7 +320,7 @@ TEST(dc_plan, invariants) {
                         ASSERT(10 * pl.blocks >= 9 * sms || pl.wbytes <= DC_ONE_WAVE_WBYTES);
                     if (takes && pl.mt == 1 && m >= 3 && one && waves > 2) /* > 2 waves: >= 80% full */
                         ASSERT(5 * pl.blocks >= 4 * waves * sms && dc_x_bytes(m, k) <= pl.wbytes);
-                    if (takes && pl.mt == 2) { /* never two per SM on a part of the SMs; above
+                    if (takes && pl.mt >= 2) { /* never two per SM on a part of the SMs; above
                                                   DC_MT2_MAX_K at most two waves, >= 90% full */
                         const int slots = (one ? 1 : 2) * sms, w2 = (pl.blocks + slots - 1) / slots;
                         ASSERT(one || pl.blocks > sms);

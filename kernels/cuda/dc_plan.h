@@ -18,10 +18,11 @@
 #endif
 
 #define DC_WARPS 8
-#define DC_MAX_M 16              /* MT = 1 (M <= 8) or 2 (M <= 16) mma column blocks */
-#define DC_SMEM_MAX (200 * 1024) /* x of M x K + the reduction area */
-#define DC_DISPATCH_MAX_M 16     /* the dispatch's last M (session 22; 8 in session 21) */
-#define DC_MT2_MAX_K 4096        /* M = 9..16: the largest K taken on any grid (session 34) */
+#define DC_MAX_M 24              /* MT = 1 (M <= 8), 2 (M <= 16) or 3 (M <= 24) mma column blocks */
+#define DC_SMEM_MAX (200 * 1024) /* x of M x K + the reduction area (MT = 1, 2) */
+#define DC_SMEM_MAX_MT3 (224 * 1024) /* MT = 3: one block per SM anyway (x of 24 rows at K = 4096) */
+#define DC_DISPATCH_MAX_M 24     /* the dispatch's last M (session 35; 16 in session 22, 8 in session 21) */
+#define DC_MT2_MAX_K 4096        /* M = 9..24: the largest K taken on any grid (sessions 34, 35) */
 
 /* Shared memory of a decode block: x [m][K + 8] fp16 (the 16-byte pad puts
  * the 8 rows' LDS.128 on distinct banks), then the reduction area
@@ -64,10 +65,23 @@ DC_FN int dc_blocks_per_sm(const struct dc_gpu *g, size_t smem) {
     return n < 2 ? n : 2;
 }
 
+/* The kernel's own shared memory limit at MT mma column blocks */
+DC_FN size_t dc_smem_max(int mt) { return mt >= 3 ? DC_SMEM_MAX_MT3 : DC_SMEM_MAX; }
+
+/* Blocks per SM at MT mma column blocks: MT = 3 is compiled for one block
+ * per SM (__launch_bounds__(256, 1), 221-240 registers), whatever its shared
+ * memory would allow (K <= 2048 at M = 17-20; session 35: the Qwen3-32B tp =
+ * 4 o shard at M = 17, 160 blocks planned as one wave of two per SM, ran as
+ * two waves: 8.1 us against 6.8 at M = 24 on the persistent grid) */
+DC_FN int dc_slots_per_sm(const struct dc_gpu *g, size_t smem, int mt) {
+    const int n = dc_blocks_per_sm(g, smem);
+    return mt >= 3 && n > 1 ? 1 : n;
+}
+
 /* Whether a block of smem bytes can launch: within the kernel's own limit
  * and the device's opt-in maximum (where known). */
-DC_FN int dc_smem_fits(const struct dc_gpu *g, size_t smem) {
-    return smem <= DC_SMEM_MAX && (g->smem_optin <= 0 || smem <= (size_t)g->smem_optin);
+DC_FN int dc_smem_fits(const struct dc_gpu *g, size_t smem, int mt) {
+    return smem <= dc_smem_max(mt) && (g->smem_optin <= 0 || smem <= (size_t)g->smem_optin);
 }
 
 /* The L2 prefetch (pf, k_decode at MT = 1, not the SUM variant): each warp
@@ -105,7 +119,8 @@ DC_FN int dc_pf_rule(int mt, const struct dc_gpu *g, size_t smem) {
  * wide blocks beats two of narrow ones (H200 session 22, back to back:
  * Qwen3-8B down M = 6 15.1 -> 12.2 us, Qwen3-32B o M = 8 15.7 -> 12.4,
  * its down M = 3 36.1 -> 30.7, the tp = 2 down M = 6 22.3 -> 17.6).
- * MT = 2 (M = 9..16) uses TB = 2 (TB = 1 spills at 128 registers).
+ * MT = 2 (M = 9..16) and 3 (M = 17..24) use TB = 2 (TB = 1 spills at 128
+ * registers at MT = 2).
  *
  * Session 21's rules (DC_PLAN_S21): the halving at M <= 2 only, at least 2
  * tiles per block from M = 3 (from session 4, when x went through L2 only:
@@ -116,7 +131,7 @@ DC_FN int dc_pf_rule(int mt, const struct dc_gpu *g, size_t smem) {
 DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g, int tb_force, int flags,
                        struct dc_plan *pl) {
     if (m < 1 || m > DC_MAX_M || group != 128 || n16 < 1) return 0;
-    const int mt = m > 8 ? 2 : 1, sms = g->sms > 0 ? g->sms : 1, s21 = flags & DC_PLAN_S21;
+    const int mt = (m + 7) / 8, sms = g->sms > 0 ? g->sms : 1, s21 = flags & DC_PLAN_S21;
     int tb = tb_force;
     if (tb != 1 && tb != 2 && tb != 4) {
         const int want = sms + sms / 5;
@@ -131,9 +146,9 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
                    dc_smem_bytes(m, K, 2 * tb, mt) <= DC_SMEM_MAX)
                 tb *= 2;
     }
-    if (mt == 2) tb = 2;
+    if (mt >= 2) tb = 2;
     const size_t smem = dc_smem_bytes(m, K, tb, mt);
-    if (!dc_smem_fits(g, smem)) return 0;
+    if (!dc_smem_fits(g, smem, mt)) return 0;
     pl->mt = mt;
     pl->tb = tb;
     pl->pf = dc_pf_rule(mt, g, smem);
@@ -196,15 +211,25 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
  * second mma per k16 step: only K <= 4096, two per SM on one to two SMs'
  * worth of blocks or one per SM in a wave of >= 90% of the SMs.) Session
  * 21's rule (pl made with DC_PLAN_S21): M <= 8 only, one block per SM in
- * one wave of any size. */
+ * one wave of any size.
+ *
+ * M = 17..24 (MT = 3, one block per SM; H200 session 35, the audit of 28
+ * shapes at M = 17, 18, 20, 22, 24 against the skinny kernel, back to back):
+ * the M = 9..16 rule. Up to K = 4096 every point won: Qwen3-8B q|k|v
+ * 0.75-0.80x, o 0.66-0.75x, gate|up (the persistent grid) 0.71-0.74x, the
+ * Qwen3-32B / Llama-3-70B o shards 0.70-0.92x. Above, x fits only at K =
+ * 5120 and M <= 19: the tp = 4 q|k|v shard (80 blocks, one wave) 0.77x
+ * taken; not taken: Qwen3-32B q|k|v (320 blocks, 3 waves; it won there,
+ * 0.83x), its tp = 2 shard (1.00-1.01x), gate|up and its shards (4-13 waves:
+ * 1.03-1.11x). */
 #define DC_ONE_WAVE_WBYTES (256 * 1024)
 #define DC_WAVE_FILL_PCT 80
 DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const struct dc_gpu *g) {
     const int s21 = pl && (pl->flags & DC_PLAN_S21);
     if (!pl || m > max_m || (s21 && m > 8)) return 0;
     if (m <= 2) return 1;
-    const int two = dc_blocks_per_sm(g, pl->smem) >= 2, wave = 10 * pl->blocks >= 9 * g->sms;
-    if (pl->mt == 2) {
+    const int two = dc_slots_per_sm(g, pl->smem, pl->mt) >= 2, wave = 10 * pl->blocks >= 9 * g->sms;
+    if (pl->mt >= 2) {
         if (two && pl->blocks <= g->sms) return 0; /* two per SM on a part of the SMs */
         if (pl->k <= DC_MT2_MAX_K) return 1;
         const int slots = (two ? 2 : 1) * g->sms, waves = (pl->blocks + slots - 1) / slots;
@@ -253,14 +278,15 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
  * layers, batch 1 / 4: 484 -> 500, 1823 -> 1852 tok/s. */
 #define DC_PS_FILL_PCT 90
 DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
-    const int sms = g->sms > 0 ? g->sms : 1, kg = pl->k / 128, plan_slots = sms * dc_blocks_per_sm(g, pl->smem);
+    const int sms = g->sms > 0 ? g->sms : 1, kg = pl->k / 128,
+              plan_slots = sms * dc_slots_per_sm(g, pl->smem, pl->mt);
     if (pl->blocks <= plan_slots) return 0;
     int best_tb = 0, best_fill = 0, best_grid = 0;
     for (int tb = 4; tb >= 1; tb /= 2) {
-        if ((tb_fixed && tb != pl->tb) || (pl->mt == 2 && tb != 2) || kg % (DC_WARPS * (4 / tb)) != 0) continue;
+        if ((tb_fixed && tb != pl->tb) || (pl->mt >= 2 && tb != 2) || kg % (DC_WARPS * (4 / tb)) != 0) continue;
         const size_t smem = dc_smem_bytes(pl->m, pl->k, tb, pl->mt);
-        if (!dc_smem_fits(g, smem)) continue;
-        const int slots = sms * dc_blocks_per_sm(g, smem), blocks = (pl->n16 + tb - 1) / tb;
+        if (!dc_smem_fits(g, smem, pl->mt)) continue;
+        const int slots = sms * dc_slots_per_sm(g, smem, pl->mt), blocks = (pl->n16 + tb - 1) / tb;
         if (slots < 1 || blocks <= slots) continue;
         const int waves = (blocks + slots - 1) / slots, fill = (int)(100L * blocks / ((long)waves * slots));
         if (fill > best_fill + 2) best_tb = tb, best_fill = fill, best_grid = (blocks + waves - 1) / waves;

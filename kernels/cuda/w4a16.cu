@@ -424,7 +424,7 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 }
 
 /* ------------------------------------------------------------------------ */
-/* Decode kernel (M <= 16, G = 128): whole columns per block, no split-K    */
+/* Decode kernel (M <= 24, G = 128): whole columns per block, no split-K    */
 /* across blocks, every weight read once with a register ring.               */
 /*                                                                            */
 /* Decomposition. Block b owns TB consecutive n16 tiles (16*TB physical      */
@@ -2258,9 +2258,11 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
     memset(&nosum, 0, sizeof nosum);
     const int flags = dc_flags() | (pl->pf << DC_F_PF_SHIFT);
     int rc;
-    if (na) {
+    if (na && MT != 1) /* launch_decode gives NORM only MT = 1 (its row sums hold 8 rows) */
+        return util_err(err, errlen, -EINVAL, "w4a16_linear_norm: m=%d > 8", ep.m);
+    if constexpr (MT == 1) if (na) {
         rc = cuda_smem_limit_once(&smem_set_n, (const void *)k_decode<MT, TB, true, false, PS, PF>,
-                                  DC_SMEM_MAX, err, errlen);
+                                  dc_smem_max(MT), err, errlen);
         if (rc) return rc;
         CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, true, false, PS, PF>, dim3(grid),
                               dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
@@ -2272,7 +2274,7 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
         if (MT != 1 || PS || PF) /* launch_decode gives SUM only the plain grid without prefetch */
             return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: m=%d > 8 or not the plain grid", ep.m);
         rc = cuda_smem_limit_once(&smem_set_s, (const void *)k_decode<1, TB, false, true>,
-                                  DC_SMEM_MAX, err, errlen);
+                                  dc_smem_max(MT), err, errlen);
         if (rc) return rc;
         CUDA_CHECK(launch_pdl(w, k_decode<1, TB, false, true>, dim3(pl->blocks),
                               dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
@@ -2280,8 +2282,8 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
                    err, errlen);
         return 0;
     }
-    rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS, PF, MINB>, DC_SMEM_MAX,
-                              err, errlen);
+    rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS, PF, MINB>,
+                              dc_smem_max(MT), err, errlen);
     if (rc) return rc;
     CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false, PS, PF, MINB>, dim3(grid), dim3(DC_WARPS * 32),
                           pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, flags, ep,
@@ -2337,10 +2339,10 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     const int pf = !ps && pl.pf > 0 && pl.mt == 1 && !xs;
     const int g = ps ? ps : pl.blocks;
     /* MT = 2 where one block fits per SM: no 128-register cap
-     * (AWQD_W4A16_DC_REG_CAP=1 keeps it, for measurements) */
+     * (AWQD_W4A16_DC_REG_CAP=1 keeps it, for measurements); MT = 3 never */
     static const int reg_cap = dc_env_int("AWQD_W4A16_DC_REG_CAP", 0, 0, 1);
     const struct dc_gpu gpu = dc_gpu_of(w);
-    const int one = pl.mt == 2 && !reg_cap && dc_blocks_per_sm(&gpu, pl.smem) < 2;
+    const int one = pl.mt == 3 || (pl.mt == 2 && !reg_cap && dc_blocks_per_sm(&gpu, pl.smem) < 2);
     switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0) + (pf ? 1000 : 0) + (one ? 10000 : 0)) {
     case 11: return launch_decode_t<1, 1, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 12: return launch_decode_t<1, 2, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
@@ -2355,6 +2357,8 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     case 122: return launch_decode_t<2, 2, true, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 10022: return launch_decode_t<2, 2, false, false, 1>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 10122: return launch_decode_t<2, 2, true, false, 1>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 10032: return launch_decode_t<3, 2, false, false, 1>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 10132: return launch_decode_t<3, 2, true, false, 1>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     }
     return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan mt=%d tb=%d", pl.mt, pl.tb);
 }

@@ -275,7 +275,7 @@ TEST(w4a16, forced_kernels_and_splits) {
         for (int i = 0; i < NM(ms); i++) {
             const int kern = kerns[ki];
             if (kern == W4A16_KERNEL_SKINNY && ms[i] > 64) continue;
-            if (kern == W4A16_KERNEL_DECODE && ms[i] > 16) continue;
+            if (kern == W4A16_KERNEL_DECODE && ms[i] > 24) continue;
             for (int s = 0; s < NM(splits); s++) {
                 if ((kern == W4A16_KERNEL_CUBLAS || kern == W4A16_KERNEL_DECODE) && s > 0)
                     break; /* no split */
@@ -312,7 +312,7 @@ TEST(w4a16, decode_kernel_shapes) {
         {2048, 33792, 128, 0, 0}, {24576, 256, 128, 0, 0}, {4096, 24576, 128, 1, 0},
         {2048, 1024, 128, 0, 0}, {3072, 1040, 128, 0, 1}, {3072, 12288, 128, 0, 0},
     };
-    static const int ms[] = {1, 2, 3, 5, 8, 9, 13, 16};
+    static const int ms[] = {1, 2, 3, 5, 8, 9, 13, 16, 17, 20, 24};
     for (int si = 0; si < NM(shp); si++) {
         struct ref_layer h;
         layer_make(&h, shp[si].k, shp[si].n, shp[si].g, shp[si].bias);
@@ -327,7 +327,7 @@ TEST(w4a16, decode_kernel_shapes) {
                  shp[si].gate_up ? " gate_up" : "");
         for (int i = 0; i < NM(ms); i++) {
             if (shp[si].k * (size_t)shp[si].n > (size_t)64 << 20 && ms[i] != 1 && ms[i] != 8 &&
-                ms[i] != 16)
+                ms[i] != 16 && ms[i] != 24)
                 continue; /* big shapes: the CPU reference is slow */
             enum w4a16_kernel k;
             int ks;

@@ -238,27 +238,10 @@ static __device__ __forceinline__ int cluster_reduce(float *acc, float *red, int
 
 #include "kernels/cuda/stamps.cuh" /* empty unless -DAWQD_STAMPS */
 
-#define SK_WARPS 8
-#define SK_STAGES 8 /* ring depth (16 and 24 measured slower on H200: fewer resident blocks) */
-#define SK_X_BYTES_MAX (48 * 1024) /* x slice limit -> K range per split */
-
-struct sk_smem {
-    int krange, ngroups, xstride; /* halves per x row */
-    size_t x_off, w_off, s_off, z_off, total;
-};
-
-static __host__ __device__ sk_smem sk_layout(int m, int cps, int G, int st) {
-    sk_smem L;
-    L.krange = cps * 64;
-    L.ngroups = (L.krange + G - 1) / G + 1;
-    L.xstride = L.krange + 8;
-    L.x_off = 0;
-    L.w_off = ((size_t)m * L.xstride * 2 + 15) / 16 * 16;
-    L.s_off = L.w_off + (size_t)SK_WARPS * st * 512;
-    L.z_off = L.s_off + (size_t)L.ngroups * 256;
-    L.total = L.z_off + (size_t)L.ngroups * 64;
-    return L;
-}
+/* SK_WARPS, SK_STAGES, the x slice limits, the shared memory layout and
+ * the split at M = 17..32: kernels/cuda/sk_plan.h (plain C, also checked by
+ * a CPU test) */
+#include "kernels/cuda/sk_plan.h"
 
 template <int MT, int ST, bool CL>
 static __global__ void __launch_bounds__(SK_WARPS * 32)
@@ -1498,7 +1481,6 @@ fail:
 /* ------------------------------------------------------------------------ */
 
 #define CLUSTER_MAX 4  /* largest split reduced inside a cluster (8 measured slower: down) */
-#define SK_SPLIT_CAP 8 /* skinny splits when the grid is large enough anyway */
 
 /* Crossovers measured on an H100 (docs/PERFORMANCE.md). */
 /* The decode kernel: M <= 2 everywhere, M = 3..16 by dc_dispatch_takes
@@ -1553,11 +1535,10 @@ static int kernel_occupancy(enum w4a16_kernel k, int m) {
     return n;
 }
 
-/* Skinny: the block's x slice (m rows x K range) must fit SK_X_BYTES_MAX. */
-static int sk_max_cps(int m) {
-    int c = SK_X_BYTES_MAX / (m * 128);
-    return c < 1 ? 1 : c;
-}
+/* Skinny: the block's x slice (m rows x K range) must fit sk_x_limit(m)
+ * (sk_plan.h: 96 KB at M = 17..32, where the split rule picks among 48, 64
+ * and 96 KB slices; 48 KB elsewhere). */
+static int sk_max_cps(int m) { return sk_cps_limit(m, sk_x_limit(m)); }
 static int sk_min_split(const struct w4a16_weight *w, int m) {
     return ceil_div(w->kc, sk_max_cps(m));
 }
@@ -1879,15 +1860,16 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
          * most splits that still fit one wave of resident blocks. */
         int slots = kernel_occupancy(k, m) * w->sms;
         if (k == W4A16_KERNEL_SKINNY) {
-            ks = ceil_div(w->kc, 16);
-            /* measured (H200 sweep): 8 splits beat 12 on down (K 12288, 32
-             * column blocks) with or without the cluster reduction */
-            if (ks > SK_SPLIT_CAP && nb * SK_SPLIT_CAP >= w->sms) ks = SK_SPLIT_CAP;
-            /* one wave of resident blocks for M <= 8 (gate|up M = 1: 2 splits
-             * 21.9 us, 4 splits 24.6); above, two waves won (M = 16: 4 splits
-             * 33.5 us, 3 (one wave) 36.8) */
-            const int waves = m <= 8 ? 1 : 2;
-            if (ks > waves * slots / nb) ks = waves * slots / nb;
+            ks = sk_split_rule(m, w->kc, nb, w->sms, kernel_occupancy(k, m));
+            /* M = 17..32: the split among the 48 / 64 / 96 KB x slices that
+             * loads the busiest SM least (sk_plan.h, session 35);
+             * AWQD_W4A16_SK_MID=0: the 48 KB slice as before */
+            if (m >= 17 && m <= 32) {
+                static env_switch sk_mid = {{-1}, "AWQD_W4A16_SK_MID"};
+                const int cps48 = sk_cps_limit(m, SK_X_BYTES_MAX);
+                ks = switch_get(&sk_mid) ? sk_split_mid(m, w->kc, nb, w->group, ks, w->sms, dc_gpu_of(w).smem_sm)
+                                         : std::max(ks, ceil_div(w->kc, cps48));
+            }
         } else {
             ks = slots / (nb * mbk);
             if (mbk == 1 && tc_use_cluster(w, 1, 2)) {

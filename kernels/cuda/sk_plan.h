@@ -1,0 +1,117 @@
+/* sk_plan.h — the W4A16 skinny kernel's shared memory layout and, at M =
+ * 17..32, its split-K rule (kernels/cuda/w4a16.cu, k_skinny). Plain integer
+ * arithmetic, shared by the CUDA backend (host and device code) and a CPU
+ * test (tests/test_sk_plan.c), so that the rule measured on the GPU is
+ * checked in CI, where no GPU runs. Measurements: docs/PERFORMANCE.md
+ * "Session 35" item 6. */
+#ifndef AWQD_SK_PLAN_H
+#define AWQD_SK_PLAN_H
+
+#include <stddef.h>
+
+#ifdef __CUDACC__
+#define SK_FN static __host__ __device__ __forceinline__
+#else
+#define SK_FN static inline
+#endif
+
+#define SK_WARPS 8
+#define SK_STAGES 8 /* ring depth (16 and 24 measured slower on H200: fewer resident blocks) */
+#define SK_X_BYTES_MAX (48 * 1024) /* x slice limit -> K range per split (M <= 16, M > 32) */
+#define SK_X_BYTES_MAX_MID (96 * 1024) /* M = 17..32: the largest slice the split rule may pick */
+
+/* A block's shared memory: x [m][krange + 8] fp16 (its rows of the split's
+ * K range), then SK_WARPS rings of st 512-byte weight chunks, the scales
+ * (256 bytes) and zeros (64 bytes) of every group the range touches. */
+struct sk_smem {
+    int krange, ngroups, xstride; /* halves per x row */
+    size_t x_off, w_off, s_off, z_off, total;
+};
+
+SK_FN struct sk_smem sk_layout(int m, int cps, int G, int st) {
+    struct sk_smem L;
+    L.krange = cps * 64;
+    L.ngroups = (L.krange + G - 1) / G + 1;
+    L.xstride = L.krange + 8;
+    L.x_off = 0;
+    L.w_off = ((size_t)m * L.xstride * 2 + 15) / 16 * 16;
+    L.s_off = L.w_off + (size_t)SK_WARPS * st * 512;
+    L.z_off = L.s_off + (size_t)L.ngroups * 256;
+    L.total = L.z_off + (size_t)L.ngroups * 64;
+    return L;
+}
+
+/* The largest x slice at m rows (bytes) and the chunks per split it allows */
+SK_FN int sk_x_limit(int m) { return m >= 17 && m <= 32 ? SK_X_BYTES_MAX_MID : SK_X_BYTES_MAX; }
+SK_FN int sk_cps_limit(int m, int xbytes) {
+    const int c = xbytes / (m * 128);
+    return c < 1 ? 1 : c;
+}
+
+/* The general split rule (before the x slice's minimum), with the
+ * kernel's blocks per SM bps (the occupancy query). Measured on H100 (bench
+ * --sweep): the skinny kernel is best with ~16 chunks per warp as long as
+ * the grid stays one wave; 8 splits beat 12 on down (K 12288, 32 column
+ * blocks) with or without the cluster reduction (H200 sweep), hence the cap
+ * where the grid is large enough anyway. One wave of resident blocks for M
+ * <= 8 (gate|up M = 1: 2 splits 21.9 us, 4 splits 24.6); above, two waves
+ * won (M = 16: 4 splits 33.5 us, 3 (one wave) 36.8). */
+#define SK_SPLIT_CAP 8
+SK_FN int sk_split_rule(int m, int kc, int nb, int sms, int bps) {
+    int ks = (kc + 15) / 16;
+    if (ks > SK_SPLIT_CAP && nb * SK_SPLIT_CAP >= sms) ks = SK_SPLIT_CAP;
+    const int waves = m <= 8 ? 1 : 2, slots = bps * sms;
+    if (nb > 0 && ks > waves * slots / nb) ks = waves * slots / nb;
+    return ks < 1 ? 1 : ks;
+}
+
+/* The split that ks asks for, as the kernel runs it: at most cps_max chunks
+ * per split, then as few splits as those chunks need (the launch's own
+ * normalization). */
+SK_FN int sk_split_norm(int kc, int ks, int cps_max) {
+    if (ks < 1) ks = 1;
+    if (ks > kc) ks = kc;
+    int cps = (kc + ks - 1) / ks;
+    if (cps > cps_max) cps = cps_max;
+    return (kc + cps - 1) / cps;
+}
+
+/* The split at m = 17..32 rows (MT = 4; 99 registers: two blocks per SM by
+ * registers), given ks0, sk_split_rule's split. Candidates: the splits that
+ * x-slice limits of 48 (the rule before session 35), 64 and 96 KB give.
+ * Among those whose block leaves room for two per SM (shared memory per SM
+ * smem_sm; 0: unknown, taken as fitting), the one whose busiest SM streams
+ * the fewest chunks: ceil(blocks / SMs) x (chunks per split + 4), the 4 a
+ * block's fixed cost; ties to the larger slice (fewer splits). H200,
+ * session 35, back to back, 110 skinny points of the 28 shapes at M = 17,
+ * 20, 24, 28, 32: the rule's pick within 3% of the best of the three at
+ * 107, at worst 1.056x; against the 48 KB rule 0.948x the time (geometric
+ * mean), at worst 1.008x (Qwen3-8B down M = 17 / 20 25.8 / 24.8 -> 19.0 /
+ * 20.0 us, o M = 28 / 32 13.3 / 12.6 -> 10.6 / 10.5). A slice of 96 KB
+ * alone was 1.0x on average (0.74-1.26x: one block per SM where x grew),
+ * 64 KB 0.961x (0.73-1.15x). */
+#define SK_MID_FIXED_CHUNKS 4
+SK_FN int sk_split_mid(int m, int kc, int nb, int group, int ks0, int sms, int smem_sm) {
+    static const int lim_kb[3] = {48, 64, 96};
+    int best = 0, best_two = 0;
+    long best_load = 0;
+    if (sms < 1) sms = 1;
+    for (int i = 0; i < 3; i++) {
+        const int cps_max = sk_cps_limit(m, lim_kb[i] * 1024);
+        int ks = ks0, mins = (kc + cps_max - 1) / cps_max;
+        if (ks < mins) ks = mins;
+        ks = sk_split_norm(kc, ks, cps_max);
+        const int cps = (kc + ks - 1) / ks;
+        const size_t smem = sk_layout(m, cps, group, SK_STAGES).total;
+        const int two = smem_sm <= 0 || 2 * (smem + 1024) <= (size_t)smem_sm;
+        const long blocks = (long)nb * ks, load = (blocks + sms - 1) / sms * (long)(cps + SK_MID_FIXED_CHUNKS);
+        if (!best || (two && !best_two) || (two == best_two && load <= best_load)) {
+            best = ks;
+            best_two = two;
+            best_load = load;
+        }
+    }
+    return best;
+}
+
+#endif

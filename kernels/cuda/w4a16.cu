@@ -2240,17 +2240,21 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
     memset(&nosum, 0, sizeof nosum);
     const int flags = dc_flags() | (pl->pf << DC_F_PF_SHIFT);
     int rc;
-    if (na && MT != 1) /* launch_decode gives NORM only MT = 1 (its row sums hold 8 rows) */
-        return util_err(err, errlen, -EINVAL, "w4a16_linear_norm: m=%d > 8", ep.m);
-    if constexpr (MT == 1) if (na) {
-        rc = cuda_smem_limit_once(&smem_set_n, (const void *)k_decode<MT, TB, true, false, PS, PF>,
-                                  dc_smem_max(MT), err, errlen);
-        if (rc) return rc;
-        CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, true, false, PS, PF>, dim3(grid),
-                              dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
-                              w->n16a, w->kc, flags, ep, *na, nosum, pl->blocks),
-                   err, errlen);
-        return 0;
+    if (na) {
+        /* the NORM variant is compiled for MT = 1 only (launch_decode gives
+         * it no other: the prologue's row sums hold 8 rows) */
+        if constexpr (MT == 1) {
+            rc = cuda_smem_limit_once(&smem_set_n, (const void *)k_decode<MT, TB, true, false, PS, PF>,
+                                      dc_smem_max(MT), err, errlen);
+            if (rc) return rc;
+            CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, true, false, PS, PF>, dim3(grid),
+                                  dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
+                                  w->n16a, w->kc, flags, ep, *na, nosum, pl->blocks),
+                       err, errlen);
+            return 0;
+        } else {
+            return util_err(err, errlen, -EINVAL, "w4a16_linear_norm: m=%d > 8", ep.m);
+        }
     }
     if (xs) {
         if (MT != 1 || PS || PF) /* launch_decode gives SUM only the plain grid without prefetch */

@@ -392,7 +392,7 @@ TEST(w4a16, decode_persistent_grid) {
         {4096, 24576, 1, 0}, {8192, 14336, 1, 0}, {4096, 22800, 0, 1},
         {2048, 32040, 0, 0}, {1024, 33680, 0, 1}, {2048, 38000, 0, 0}, {5120, 17600, 0, 0},
     };
-    static const int ms[] = {1, 3, 8};
+    static const int ms[] = {1, 3, 8, 20}; /* 20: MT = 3 (session 35), where x fits */
     const int ps0 = w4a16_decode_persistent(1);
     int applied = 0, same_tb = 0;
     for (int si = 0; si < NM(shp); si++) {

@@ -29,7 +29,8 @@
 #include "kernels/cuda/w4a16.h"
 #include "kernels/cuda/w4a16_gemm.h"
 #ifdef AWQD_STAMPS
-extern "C" void w4a16_stamps_dump(void); /* w4a16.cu */
+extern "C" void w4a16_stamps_dump(void);      /* w4a16.cu */
+extern "C" void w4a16_gemm_stamps_dump(void); /* w4a16_gemm.cu */
 #endif
 
 extern "C" {
@@ -773,6 +774,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
                "worst %.3f (%s M=%d)\n", audit_n, audit_slow, audit_worst, audit_ws, audit_wm);
 #ifdef AWQD_STAMPS
     w4a16_stamps_dump(); /* the last launch of each shape and kernel kind, -DAWQD_STAMPS builds only */
+    w4a16_gemm_stamps_dump();
 #endif
     return 0;
 }

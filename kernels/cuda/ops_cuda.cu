@@ -1297,6 +1297,7 @@ static void cu_destroy(struct ops *ops) {
                  c->gather_elems * 2 / 1e6);
 #ifdef AWQD_STAMPS
         w4a16_stamps_dump();
+        w4a16_gemm_stamps_dump();
         attn_decode_stamps_dump();
         ops_stamps_dump();
 #endif

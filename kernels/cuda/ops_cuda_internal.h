@@ -44,6 +44,7 @@ struct cuda_attn {
 
 #ifdef AWQD_STAMPS /* kernels/cuda/stamps.cuh: each unit's table, printed at teardown */
 extern "C" void w4a16_stamps_dump(void);
+extern "C" void w4a16_gemm_stamps_dump(void);
 extern "C" void attn_decode_stamps_dump(void);
 #endif
 

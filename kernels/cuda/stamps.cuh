@@ -1,4 +1,5 @@
-/* stamps.cuh — per-block phase timestamps inside the decode kernels, for
+/* stamps.cuh — per-block phase timestamps inside the W4A16 kernels (decode,
+ * skinny, tc64, the wgmma GEMM's modes 3 / 4) and the decode attention, for
  * finding where a kernel's microseconds go (CUPTI gives a kernel's start and
  * end only). Compiled in only with -DAWQD_STAMPS:
  *

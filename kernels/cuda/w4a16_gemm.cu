@@ -63,6 +63,7 @@
 #include "kernels/cuda/w4a16_common.cuh"
 #include "kernels/cuda/w4a16_gemm.h"
 #include "kernels/cuda/gemm_sk.h"
+#include "kernels/cuda/stamps.cuh" /* empty unless -DAWQD_STAMPS */
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_ENABLED 1
@@ -980,6 +981,12 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
             mbar_init(empty0 + 8 * s, 8);
         }
     }
+    /* stamps (thread 0: consumer warpgroup 0): 1 its first stage full, 2
+     * the first tile's MMA done, 3 ready to store (stream-K: its pieces
+     * gathered), 4 stored (split in a cluster: reduced and stored), 5 the
+     * last tile's MMA done, 6 the end */
+    ST_DECL;
+    ST_BEGIN(ST_KEY(NAT ? 4 : 3, a.K, a.n));
     __syncthreads();
 
     if (warp >= 8) {
@@ -1121,6 +1128,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         constexpr int B = decltype(bufc)::value < NB ? decltype(bufc)::value : 0;
         const int slot = it % ST;
         mbar_wait(full0 + 8 * slot, (it / ST) & 1);
+        if (it == 0) ST_MARK(1);
         g_fence_async(); /* the copies (generic proxy) -> wgmma's reads (async proxy) */
         const unsigned char *stp = smem + slot * C::STAGE;
         const uint4 *sw = (const uint4 *)(stp + C::X_BYTES);
@@ -1182,6 +1190,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         }
         return;
     }
+    int tiles_done = 0;
     while (ws_work_next(w, a, nk)) {
         const int tile = w.tile;
         const int nb = tile % a.ntn, mb = tile / a.ntn;
@@ -1197,6 +1206,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         }
         if (kk < w.ke) chunk(std::integral_constant<int, 0>(), kk);
         wg_wait<0>();
+        ST_MARK(tiles_done == 0 ? 2 : 5);
 #if !WG_ENABLED
         __trap(); /* never launched: w4a16_gemm_available() is 0 without sm_90a code */
 #endif
@@ -1206,6 +1216,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
             continue;
         }
         if (!CL && w.ke < nk) ws_sk_gather<MT, BN>(a, acc, tile, nk, tid); /* stream-K: the head of a cut tile */
+        if (tiles_done == 0) ST_MARK(3);
         if (CL) {
             /* the producer takes part in both cluster barriers */
             asm volatile("bar.sync 1, 256;" ::: "memory"); /* every consumer is done with the ring */
@@ -1219,8 +1230,10 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
             else
                 gk_store<MT, BN>(a, acc, nt0, tok0, wg, wq, r, c);
         }
+        if (tiles_done++ == 0) ST_MARK(4);
     }
     if (TS && lane == 0) bulk_wait0<false>(); /* the last tile's boxes are written */
+    ST_MARK(6);
     pdl_launch();
 }
 
@@ -1850,6 +1863,14 @@ static __global__ void k_w4gemm_probe(int *out) {
     __syncthreads();
     if (out) *out = buf[0];
 }
+
+#ifdef AWQD_STAMPS
+extern "C" void w4a16_gemm_stamps_dump(void) {
+    static const char *const kinds[16] = {"?", "?", "?", "ws (mode 3)", "ws (mode 4)", "?", "?", "?",
+                                          "?", "?", "?", "?", "?", "?", "?", "?"};
+    st_dump("w4a16_gemm (K x N)", kinds, "0 entry, 1 the first stage full (consumer warpgroup 0), 2 the first tile's MMA done, 3 ready to store (stream-K: gathered), 4 stored (cluster split: reduced and stored), 5 the last tile's MMA done, 6 the end");
+}
+#endif
 
 extern "C" int w4a16_gemm_available(void) {
     static std::atomic<int> avail{-1};

@@ -86,18 +86,17 @@ SK_FN int sk_split_norm(int kc, int ks, int cps_max) {
  * session 35, back to back, 110 skinny points of the 28 shapes at M = 17,
  * 20, 24, 28, 32: the rule's pick within 3% of the best of the three at
  * 107, at worst 1.056x; against the 48 KB rule 0.948x the time (geometric
- * mean), at worst 1.008x (Qwen3-8B down M = 17 / 20 25.8 / 24.8 -> 19.0 /
- * 20.0 us, o M = 28 / 32 13.3 / 12.6 -> 10.6 / 10.5). A slice of 96 KB
+ * mean), at worst 1.008x (Qwen3-8B down M = 17 / 20 25.8 / 24.8 -> 19.1 /
+ * 20.1 us, o M = 28 / 32 13.3 / 12.6 -> 10.6 / 10.5). A slice of 96 KB
  * alone was 1.0x on average (0.74-1.26x: one block per SM where x grew),
  * 64 KB 0.961x (0.73-1.15x). */
 #define SK_MID_FIXED_CHUNKS 4
 SK_FN int sk_split_mid(int m, int kc, int nb, int group, int ks0, int sms, int smem_sm) {
-    static const int lim_kb[3] = {48, 64, 96};
     int best = 0, best_two = 0;
     long best_load = 0;
     if (sms < 1) sms = 1;
     for (int i = 0; i < 3; i++) {
-        const int cps_max = sk_cps_limit(m, lim_kb[i] * 1024);
+        const int cps_max = sk_cps_limit(m, (i == 0 ? 48 : i == 1 ? 64 : 96) * 1024);
         int ks = ks0, mins = (kc + cps_max - 1) / cps_max;
         if (ks < mins) ks = mins;
         ks = sk_split_norm(kc, ks, cps_max);

@@ -137,9 +137,7 @@ TEST(sk_plan, mid_rule_on_measured_points) {
         ASSERT_MSG(ks == pts[i].ks, "%s (K %d, N %d) M=%d: split %d, want %d", pts[i].what, pts[i].k, pts[i].n,
                    pts[i].m, ks, pts[i].ks);
         /* the 48 KB rule as the dispatch ran it before (AWQD_W4A16_SK_MID=0) */
-        const int cps48 = sk_cps_limit(pts[i].m, SK_X_BYTES_MAX);
-        int old = ks0 > (kc + cps48 - 1) / cps48 ? ks0 : (kc + cps48 - 1) / cps48;
-        old = sk_split_norm(kc, old, cps48);
+        const int old = sk_split_limited(kc, ks0, sk_cps_limit(pts[i].m, SK_X_BYTES_MAX));
         ASSERT_MSG(old == pts[i].ks48, "%s M=%d: 48 KB split %d, want %d", pts[i].what, pts[i].m, old, pts[i].ks48);
         /* measured: never more than 1% slower than the 48 KB rule */
         ASSERT_MSG(pts[i].us <= pts[i].us48 * 1.01, "%s M=%d: %.1f vs %.1f us", pts[i].what, pts[i].m, pts[i].us,
@@ -165,9 +163,8 @@ TEST(sk_plan, invariants) {
                     ASSERT(sk_split_norm(kc, ks, sk_cps_limit(m, sk_x_limit(m))) == ks);
                     ASSERT(sk_layout(m, cps, 128, SK_STAGES).total <= 200 * 1024);
                     /* between the 96 KB and the 48 KB slice's splits */
-                    const int c48 = sk_cps_limit(m, SK_X_BYTES_MAX), c96 = sk_cps_limit(m, SK_X_BYTES_MAX_MID);
-                    const int s48 = sk_split_norm(kc, ks0 > (kc + c48 - 1) / c48 ? ks0 : (kc + c48 - 1) / c48, c48);
-                    const int s96 = sk_split_norm(kc, ks0 > (kc + c96 - 1) / c96 ? ks0 : (kc + c96 - 1) / c96, c96);
+                    const int s48 = sk_split_limited(kc, ks0, sk_cps_limit(m, SK_X_BYTES_MAX));
+                    const int s96 = sk_split_limited(kc, ks0, sk_cps_limit(m, SK_X_BYTES_MAX_MID));
                     ASSERT(ks <= s48 && ks >= s96);
                     if (test_failed()) return;
                 }

@@ -76,6 +76,13 @@ SK_FN int sk_split_norm(int kc, int ks, int cps_max) {
     return (kc + cps - 1) / cps;
 }
 
+/* ks0 raised to the fewest splits whose x slices stay within cps_max
+ * chunks, as the kernel runs it */
+SK_FN int sk_split_limited(int kc, int ks0, int cps_max) {
+    const int mins = (kc + cps_max - 1) / cps_max;
+    return sk_split_norm(kc, ks0 > mins ? ks0 : mins, cps_max);
+}
+
 /* The split at m = 17..32 rows (MT = 4; 99 registers: two blocks per SM by
  * registers), given ks0, sk_split_rule's split. Candidates: the splits that
  * x-slice limits of 48 (the rule before session 35), 64 and 96 KB give.
@@ -96,10 +103,7 @@ SK_FN int sk_split_mid(int m, int kc, int nb, int group, int ks0, int sms, int s
     long best_load = 0;
     if (sms < 1) sms = 1;
     for (int i = 0; i < 3; i++) {
-        const int cps_max = sk_cps_limit(m, (i == 0 ? 48 : i == 1 ? 64 : 96) * 1024);
-        int ks = ks0, mins = (kc + cps_max - 1) / cps_max;
-        if (ks < mins) ks = mins;
-        ks = sk_split_norm(kc, ks, cps_max);
+        const int ks = sk_split_limited(kc, ks0, sk_cps_limit(m, (i == 0 ? 48 : i == 1 ? 64 : 96) * 1024));
         const int cps = (kc + ks - 1) / ks;
         const size_t smem = sk_layout(m, cps, group, SK_STAGES).total;
         const int two = smem_sm <= 0 || 2 * (smem + 1024) <= (size_t)smem_sm;

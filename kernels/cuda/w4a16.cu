@@ -1858,16 +1858,16 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
         /* Measured on H100 (bench --sweep): the skinny kernel is best with ~16
          * chunks per warp as long as the grid stays one wave; the GEMM with the
          * most splits that still fit one wave of resident blocks. */
-        int slots = kernel_occupancy(k, m) * w->sms;
+        const int occ = kernel_occupancy(k, m), slots = occ * w->sms;
         if (k == W4A16_KERNEL_SKINNY) {
-            ks = sk_split_rule(m, w->kc, nb, w->sms, kernel_occupancy(k, m));
+            ks = sk_split_rule(m, w->kc, nb, w->sms, occ);
             /* M = 17..32: the split among the 48 / 64 / 96 KB x slices that
              * loads the busiest SM least (sk_plan.h, session 35);
              * AWQD_W4A16_SK_MID=0: the 48 KB slice as before */
             if (m >= 17 && m <= 32) {
                 static env_switch sk_mid = {{-1}, "AWQD_W4A16_SK_MID"};
                 const int cps48 = sk_cps_limit(m, SK_X_BYTES_MAX);
-                ks = switch_get(&sk_mid) ? sk_split_mid(m, w->kc, nb, w->group, ks, w->sms, dc_gpu_of(w).smem_sm)
+                ks = switch_get(&sk_mid) ? sk_split_mid(m, w->kc, nb, w->group, ks, w->sms, w->smem_sm)
                                          : std::max(ks, ceil_div(w->kc, cps48));
             }
         } else {

@@ -959,7 +959,7 @@ static __device__ __forceinline__ void ws_setmaxnreg(void) {
 #endif
 }
 
-template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false>
+template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false, bool PIPE = false>
 static __global__ void __launch_bounds__(WS_THREADS, 1)
 k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmy) {
     typedef gk_cfg<MT, BN, ST> C;
@@ -1190,6 +1190,60 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         }
         return;
     }
+    /* PIPE (mode 4 at M <= 64, session 36): a warp issues nothing past its
+     * own in-flight register-A wgmma group until the group has read its A
+     * registers (measured on the H200 with .device/wgbench.cu: work placed
+     * after a group never overlaps it, at any wait depth; only the other
+     * warpgroup's MMA covers it). So the work between two groups must be
+     * short: the shared-memory loads of chunk i + 1 (weights, scales,
+     * zeros; its "full" wait) are issued before chunk i's transpose,
+     * dequantization and MMA, and their latency passes under chunk i's
+     * group. No proxy fence: x arrives by TMA (async proxy) and is read by
+     * wgmma (async proxy) through the mbarrier; the weights are read by
+     * ld.shared. The wgmma sequence of a tile is the plain loop's: results
+     * are bit for bit the same. */
+    struct pipe_raw {
+        uint4 wv[MT];
+        uint32_t s2[MT], z[MT];
+    };
+    uint32_t pa[PIPE ? 2 : 1][4][MT][4];
+    auto pipe_fetch = [&](pipe_raw &rw, int itn) {
+        const int slot = itn % ST;
+        mbar_wait(full0 + 8 * slot, (itn / ST) & 1);
+        const unsigned char *stp = smem + slot * C::STAGE;
+        const uint4 *sw = (const uint4 *)(stp + C::X_BYTES);
+        const uint32_t *ss = (const uint32_t *)(stp + C::X_BYTES + C::W_BYTES);
+        const uint8_t *sz = stp + C::X_BYTES + C::W_BYTES + C::S_BYTES;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const int T = (wg * MT + mt) * 4 + wq;
+            rw.wv[mt] = sw[T * 32 + lane];
+            rw.s2[mt] = ss[T * 8 + r];
+            rw.z[mt] = sz[T * 8 + r];
+        }
+    };
+    /* chunk it (fetched into rw) into A buffer B, its group issued; frees
+     * the previous chunk's stage once that group has completed */
+    auto pipe_step = [&](auto bufc, const pipe_raw &rw, int itc, bool free_prev) {
+        constexpr int B = decltype(bufc)::value < (PIPE ? 2 : 1) ? decltype(bufc)::value : 0;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            uint32_t nw[4];
+            g_quad_natural(rw.wv[mt], c, nw);
+            const g_deq dq = g_deq_make(rw.s2[mt], rw.z[mt]);
+#pragma unroll
+            for (int t = 0; t < 4; t++) g_deq_word(nw[t], dq, pa[B][t][mt]);
+        }
+        const uint32_t xb = sbase + (itc % ST) * C::STAGE;
+        wg_fence();
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int t = 0; t < 4; t++) wgmma_tile<BN>(acc[mt], pa[B][t][mt], wg_desc(xb + t * 32));
+        wg_commit();
+        wg_wait<1>();
+        if (free_prev && lane == 0) mbar_arrive(empty0 + 8 * ((itc - 1) % ST));
+    };
     int tiles_done = 0;
     while (ws_work_next(w, a, nk)) {
         const int tile = w.tile;
@@ -1199,12 +1253,30 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int i = 0; i < BN / 2; i++) acc[mt][i] = 0.f;
-        int kk = w.kb; /* the buffers alternate: two chunks per turn */
-        for (; kk + 1 < w.ke; kk += 2) {
-            chunk(std::integral_constant<int, 0>(), kk);
-            chunk(std::integral_constant<int, 1>(), kk + 1);
+        if constexpr (PIPE) { /* chunk i + 1 fetched before chunk i's group */
+            const int n = w.ke - w.kb, it0 = it;
+            pipe_raw r0, r1;
+            if (n > 0) {
+                pipe_fetch(r0, it0);
+                if (it0 == 0) ST_MARK(1);
+            }
+            int i = 0;
+            for (; i + 1 < n; i += 2) {
+                pipe_fetch(r1, it0 + i + 1);
+                pipe_step(std::integral_constant<int, 0>(), r0, it0 + i, i > 0);
+                if (i + 2 < n) pipe_fetch(r0, it0 + i + 2);
+                pipe_step(std::integral_constant<int, 1>(), r1, it0 + i + 1, true);
+            }
+            if (i < n) pipe_step(std::integral_constant<int, 0>(), r0, it0 + i, i > 0);
+            it = it0 + n;
+        } else {
+            int kk = w.kb; /* the buffers alternate: two chunks per turn */
+            for (; kk + 1 < w.ke; kk += 2) {
+                chunk(std::integral_constant<int, 0>(), kk);
+                chunk(std::integral_constant<int, 1>(), kk + 1);
+            }
+            if (kk < w.ke) chunk(std::integral_constant<int, 0>(), kk);
         }
-        if (kk < w.ke) chunk(std::integral_constant<int, 0>(), kk);
         wg_wait<0>();
         ST_MARK(tiles_done == 0 ? 2 : 5);
 #if !WG_ENABLED
@@ -1980,7 +2052,7 @@ static int ws_ymap(CUtensorMap *tm, uint16_t *y, int m, int cols, int ldy, int b
                     err, errlen);
 }
 
-template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false>
+template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false, bool PIPE = false>
 static int ws_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0};
     CUtensorMap tm, tmy;
@@ -1995,7 +2067,7 @@ static int ws_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char
                                   : ws_ymap(&tmy, ka.y, ka.m, ka.n, ka.ldy, 16, BN, err, errlen);
         if (rc) return rc;
     }
-    return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT, TS>, &smem_set, grid, WS_THREADS,
+    return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT, TS, PIPE>, &smem_set, grid, WS_THREADS,
                         TS ? WS_SMEM_TS(MT, BN, ST) : WS_SMEM(MT, BN, ST), CL, pdl, s, err, errlen, ka, tm, tmy);
 }
 
@@ -2058,9 +2130,30 @@ static bool ws_bulk_store(const gk_choice &ch, const gk_args &ka) {
     return !(ch.mt == 2 && ch.bn == 128);
 }
 
+/* Mode 4's pipelined consumer loop (k_w4gemm_ws's PIPE) at BN = 64 and M <=
+ * GK_PIPE_MAX_M, where it was measured (H200, session 36, back to back,
+ * Qwen3-8B M = 64, the dispatch's choice): q|k|v 20.80 -> 18.92 us, o 17.83
+ * -> 16.25, down 34.35 -> 31.35; the same results bit for bit.
+ * AWQD_W4A16_GEMM_PIPE=0 turns it off (read once). */
+#define GK_PIPE_MAX_M 64
+static int pipe_default(void) {
+    static const int on = !(getenv("AWQD_W4A16_GEMM_PIPE") && !strcmp(getenv("AWQD_W4A16_GEMM_PIPE"), "0"));
+    return on;
+}
+
 template <bool CL, bool NAT>
 static int ws_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
                        char *err, size_t errlen) {
+    if (NAT && ch.bn == 64 && ka.m <= GK_PIPE_MAX_M && pipe_default()) { /* k_w4gemm_ws's PIPE */
+        const bool ts = !CL && ws_bulk_store(ch, ka);
+#define PIPE_CASE(M_)                                                                                         \
+    if (ch.mt == M_)                                                                                          \
+        return ts ? ws_launch<M_, 64, GK_TS_ST_##M_##_64, false, true, true, true>(ka, grid, pdl, s, err, errlen) \
+                  : ws_launch<M_, 64, GK_ST_##M_##_64, CL, true, false, true>(ka, grid, pdl, s, err, errlen);
+        PIPE_CASE(1)
+        PIPE_CASE(2)
+#undef PIPE_CASE
+    }
     if (!CL && NAT && ws_bulk_store(ch, ka)) {
 #define TS_CASE(M_, N_)                                                                                        \
     if (ch.mt == M_ && ch.bn == N_)                                                                            \

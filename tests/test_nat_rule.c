@@ -19,7 +19,7 @@ static const struct nat_case {
 } cases[] = {
     {"Qwen3-8B q|k|v", 4096, 6144, 0, {0, 0, 1, 1}, {0, 0, 0}},
     {"Qwen3-8B o", 4096, 4096, 0, {0, 0, 1, 1}, {0, 0, 0}}, /* K N = 16 Mi: the edge, in */
-    {"Qwen3-8B gate|up", 4096, 24576, 1, {0, 0, 0, 0}, {0, 0, 0}}, /* a tie on the H200: tc64 kept */
+    {"Qwen3-8B gate|up", 4096, 24576, 1, {0, 0, 1, 1}, {0, 0, 0}}, /* H200: a tie until session 36's loop */
     {"Qwen3-8B down", 12288, 4096, 0, {0, 0, 1, 1}, {0, 0, 0}},
     {"Qwen3-32B q|k|v", 5120, 10240, 0, {0, 0, 1, 1}, {0, 0, 0}},
     {"Qwen3-32B o", 8192, 5120, 0, {0, 0, 1, 1}, {0, 0, 0}},
@@ -72,9 +72,10 @@ TEST(nat_rule, edges) {
     ASSERT(!nat_mid_takes(48, 4080, 4096, 0, 1));
     ASSERT(nat_mid_takes(30, 14336, 1024, 0, 1));
     ASSERT(!nat_mid_takes(30, 14335, 1 << 20, 0, 1));
-    /* gate|up with K < 5120 stays on tc64 on the H200; plain layouts of that K do not */
-    ASSERT(!nat_mid_takes(64, 4096, 1 << 16, 1, 1));
+    /* gate|up with K < 5120 goes with the plain layouts on the H200 (session 36), not on the H100 */
+    ASSERT(nat_mid_takes(64, 4096, 1 << 16, 1, 1));
     ASSERT(nat_mid_takes(64, 4096, 1 << 16, 0, 1));
+    ASSERT(!nat_mid_takes(64, 4096, 1 << 16, 1, 0));
     /* the H100: K >= 5120 and K N >= 96 Mi from M = 33 */
     ASSERT(!nat_mid_takes(33, 4096, 1 << 16, 0, 0));
     ASSERT(nat_mid_takes(33, 5120, 19661, 0, 0));

@@ -120,3 +120,44 @@ TEST(gemm_sk, whole_tiles_before_stream_k) {
     ASSERT_EQ_INT(sk_whole_tiles(265, 132), 132);
     ASSERT_EQ_INT(sk_whole_tiles(3072, 132), 22 * 132);
 }
+
+/* Mode 6's pick (gk_dr_pick) on the real shapes the wgmma GEMM takes at
+ * M = 33-64 on an H200 (132 SMs), as session 36 measured them: the tile,
+ * the split and the grid, or none where stream-K stayed faster (splits of
+ * 2-3, K = 2048) or the tiles alone fill the SMs. */
+TEST(gemm_sk, split_all_blocks_pick) {
+    static const struct {
+        const char *what;
+        int k, n, mt, ks; /* ks 0: not mode 6 */
+    } cs[] = {
+        {"Qwen3-8B q|k|v", 4096, 6144, 2, 5},   /* 24 tiles x 5 = 120 blocks (1.01x stream-K's time) */
+        {"Qwen3-8B o", 4096, 4096, 2, 8},       /* 16 x 8 = 128: 0.92x */
+        {"Qwen3-8B gate|up", 4096, 24576, 0, 0}, /* 96 tiles: no split fits */
+        {"Qwen3-8B down", 12288, 4096, 2, 8},   /* 0.80x */
+        {"Qwen3-32B q|k|v", 5120, 10240, 0, 0}, /* 40 tiles x 3: too few splits */
+        {"Qwen3-32B o", 8192, 5120, 2, 6},      /* 20 x 6 = 120: 0.86x */
+        {"Qwen3-32B down", 25600, 5120, 2, 6},
+        {"Qwen3-32B tp=2 o", 4096, 5120, 2, 6},
+        {"Qwen3-32B tp=4 gate|up", 5120, 12800, 0, 0}, /* 50 x 2: lost 1.04-1.10x */
+        {"Qwen3-32B tp=4 down", 6400, 5120, 2, 6},
+        {"Llama-3-70B o", 8192, 8192, 2, 4},           /* 32 x 4 = 128: 0.93x */
+        {"Llama-3-70B tp=2 q|k|v", 8192, 5120, 2, 6}, /* 0.84x */
+        {"Llama-3-70B tp=4 o", 2048, 8192, 0, 0},      /* K = 2048: lost 1.14-1.17x */
+        {"Llama-3-70B tp=4 gate|up", 8192, 14336, 0, 0},
+        {"Llama-3-70B tp=4 down", 7168, 8192, 2, 4},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        int mt = 0;
+        const int ks = gk_dr_pick(cs[i].k / 64, cs[i].n / 16, 132, &mt);
+        ASSERT_MSG(ks == cs[i].ks && (!ks || mt == cs[i].mt), "%s: pick %d x 64 split %d, expected %d x 64 split %d",
+                   cs[i].what, ks ? mt : 0, ks, cs[i].mt, cs[i].ks);
+        if (ks) {
+            const int tiles = (cs[i].n / 16 + 8 * mt - 1) / (8 * mt);
+            ASSERT(tiles * ks <= 132 && 4 * tiles * ks >= 3 * 132);
+        }
+    }
+    /* fewer SMs: the grid still fits them */
+    int mt = 0;
+    const int ks = gk_dr_pick(64, 256, 114, &mt);
+    ASSERT(ks == 0 || (256 + 8 * mt - 1) / (8 * mt) * ks <= 114);
+}

@@ -66,6 +66,34 @@ SK_FN int sk_whole_tiles(int ntiles, int G) {
     return q > 1 ? (q - 1) * G : 0;
 }
 
+/* Mode 6 (session 36): at M <= 64 a K split of the one token tile reduced
+ * by all of its blocks through the workspace (w4a16_gemm.cu gk_dr_store).
+ * Its pick, from kc 64-deep chunks, n16 16-row column tiles, sms SMs:
+ * among 1 x 64 and 2 x 64 tiles (128 / 256 rows), the split in [4, 8]
+ * (one that divides kc into equal-enough ranges: ceil(kc / ceil(kc / ks))
+ * == ks) whose grid (tiles x ks <= sms) fills the most SMs, at least 3 / 4
+ * of them; ties to 2 x 64. Only where K >= 4096 (kc >= 64). Measured on
+ * the H200 (docs/PERFORMANCE.md "Session 36" item 6): fewer splits (2-3:
+ * the tp = 4 gate|up shards, Qwen3-32B / Llama-3-70B q|k|v) or K = 2048
+ * (Llama-3-70B tp = 4 o) lost 1-17% to stream-K. Returns ks (0: none) and
+ * *mt. */
+#define GK_DR_MIN_SPLIT 4
+#define GK_DR_MAX_SPLIT 8
+#define GK_DR_MIN_KC 64
+SK_FN int gk_dr_pick(int kc, int n16, int sms, int *mt) {
+    int best = 0, ks_best = 0;
+    if (kc < GK_DR_MIN_KC) return 0;
+    for (int t = 2; t >= 1; t--)
+        for (int ks = GK_DR_MAX_SPLIT; ks >= GK_DR_MIN_SPLIT; ks--) {
+            const int cps = (kc + ks - 1) / ks, tiles = (n16 + 8 * t - 1) / (8 * t), blocks = tiles * ks;
+            if ((kc + cps - 1) / cps != ks || blocks > sms || 4 * blocks < 3 * sms || blocks <= best) continue;
+            best = blocks;
+            ks_best = ks;
+            *mt = t;
+        }
+    return ks_best;
+}
 #undef SK_FN
 #undef SK_MIN
+
 #endif

@@ -1893,7 +1893,10 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
 }
 
 static size_t ws_need(const struct w4a16_weight *w, int m, enum w4a16_kernel k, int ksplit) {
-    if (k == W4A16_KERNEL_WGMMA) return gemm_ws(w, m, ksplit); /* gemm helper */
+    /* gemm helper: its run takes the caller's split (0 in the automatic
+     * choice) and picks its own; the split it reports, passed back, would
+     * force a different choice (mode 6's split read as a cluster split) */
+    if (k == W4A16_KERNEL_WGMMA) return gemm_ws(w, m, 0);
     if (k == W4A16_KERNEL_CUBLAS)
         return align256((size_t)w->n16 * 16 * w->k * 2) +
                (w->layout == W4A16_LAYOUT_GATE_UP ? align256((size_t)m * w->n16 * 16 * 2) : 0);

@@ -286,6 +286,7 @@ struct gk_args {
 };
 
 #define GK_THREADS 256
+#define GK_DR_MAX 8 /* mode 6's largest split (gemm_sk.h GK_DR_MAX_SPLIT) */
 
 template <int MT, int BN, int ST>
 struct gk_cfg {
@@ -595,6 +596,65 @@ static __device__ __forceinline__ void gk_cluster_store(const A &a, float (&acc)
     }
     g_cluster_sync(); /* the other ranks' shared memory stays alive until read */
 #endif
+}
+
+/* Mode 6 (session 36): a K split (2..8, one tile per block) reduced by all
+ * of its blocks through the workspace, as gk_cluster_store does through
+ * distributed shared memory but with any placement: each block parks its
+ * partial (per thread, coalesced: [NACC][256] at (tile, split)), raises the
+ * tile's counter and waits until all a.ksplit have, then sums the 4-value
+ * groups q with q % ksplit == split over the splits in order 0.. (bitwise
+ * gk_cluster_store's sums) and stores them. The counter ends each call at
+ * zero: a second round of arrivals after the reads, the last resets it. The
+ * blocks wait for each other, so the grid (tiles x splits) must be resident
+ * at once: the host runs it only where it fits the SMs. */
+template <int MT, int BN, class A>
+static __device__ __forceinline__ void gk_dr_store(const A &a, const float (&acc)[MT][BN / 2], int tile, int split,
+                                                   int nt0, int tok0, int wg, int wq, int r, int c, int tid) {
+    constexpr int NACC = MT * BN / 2;
+    const int ks = a.ksplit;
+    const float *base = a.part + (size_t)tile * ks * NACC * GK_THREADS + tid;
+    float *mine = a.part + ((size_t)tile * ks + split) * NACC * GK_THREADS + tid;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) __stcg(mine + (mt * (BN / 2) + i) * GK_THREADS, acc[mt][i]);
+    __threadfence();
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+    int *cnt = a.cnt + tile;
+    if (tid == 0) {
+        atomicAdd(cnt, 1);
+        for (;;) {
+            int v;
+            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(cnt) : "memory");
+            if (v >= ks) break;
+            __nanosleep(32);
+        }
+    }
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+#pragma unroll 1
+    for (int q = split; q < MT * BN / 8; q += ks) {
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 1
+        for (int sp0 = 0; sp0 < ks; sp0 += 4) { /* 4 splits' loads in flight, added in order */
+            float t[4][4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    t[u][e] = sp0 + u < ks ? __ldcg(base + ((size_t)(sp0 + u) * NACC + 4 * q + e) * GK_THREADS) : 0.f;
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (sp0 + u < ks)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) v[e] += t[u][e];
+        }
+        const int mt = q / (BN / 8), j = q % (BN / 8);
+        const int nt = nt0 + (wg * MT + mt) * 4 + wq;
+        if (nt < a.n16a) w4_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, v[0], v[1], v[2], v[3]);
+    }
+    asm volatile("bar.sync 1, 256;" ::: "memory"); /* every thread has read the partials */
+    if (tid == 0 && atomicAdd(cnt, 1) == 2 * ks - 1) atomicExch(cnt, 0);
 }
 
 template <int MT, int BN, int ST, bool WG, bool CL>
@@ -959,7 +1019,7 @@ static __device__ __forceinline__ void ws_setmaxnreg(void) {
 #endif
 }
 
-template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false, bool PIPE = false>
+template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false, bool PIPE = false, bool DR = false>
 static __global__ void __launch_bounds__(WS_THREADS, 1)
 k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmy) {
     typedef gk_cfg<MT, BN, ST> C;
@@ -1293,6 +1353,8 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
             /* the producer takes part in both cluster barriers */
             asm volatile("bar.sync 1, 256;" ::: "memory"); /* every consumer is done with the ring */
             gk_cluster_store<MT, BN>(a, acc, (float *)smem, nt0, tok0, wg, wq, r, c, tid);
+        } else if (DR) { /* mode 6: the split reduced by all its blocks */
+            gk_dr_store<MT, BN>(a, acc, tile, split, nt0, tok0, wg, wq, r, c, tid);
         } else {
             if (a.dbg & 256) { /* timing experiment: no tile-end stores */
             } else if (TS && (a.ldy & 7) == 0) /* always, with the upload's shape rules */
@@ -1585,7 +1647,8 @@ extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
         return 0;
     }
     if (ksplit == 0 && mode != 4) return -EINVAL; /* stream-K: mode 4 only */
-    if (!cfg_valid(mt, bn, mode) || ksplit < 0 || ksplit > 64 || mode < 0 || mode > 5) return -EINVAL;
+    if (mode == 6 && (bn != 64 || ksplit < 2 || ksplit > GK_DR_MAX)) return -EINVAL;
+    if (!cfg_valid(mt, bn, mode) || ksplit < 0 || ksplit > 64 || mode < 0 || mode > 6) return -EINVAL;
     if (mode >= 3 && ksplit > GK_CLUSTER_MAX) return -EINVAL; /* its split is reduced in a cluster only */
     g_force.mt = mt;
     g_force.bn = bn;
@@ -1796,6 +1859,8 @@ static int sk_default(void) {
 extern "C" int w4a16_gemm_stream_k(void) { return sk_default(); }
 
 static std::atomic<unsigned long> g_sk_launches{0};
+static std::atomic<unsigned long> g_dr_launches{0};
+extern "C" unsigned long w4a16_gemm_dr_launches(void) { return g_dr_launches.load(std::memory_order_relaxed); }
 extern "C" unsigned long w4a16_gemm_sk_launches(void) { return g_sk_launches.load(std::memory_order_relaxed); }
 
 static gk_choice gk_choose_cfg4(const struct w4a16_gemm_args *a) {
@@ -1899,7 +1964,42 @@ static int use_cluster(const gk_choice &ch, int kse) {
     return (ch.mode == 0 || ch.mode >= 3) && kse > 1 && kse <= GK_CLUSTER_MAX;
 }
 
+/* Mode 6 (the split reduced by all its blocks through the workspace,
+ * session 36): its partials, and whether a call can run it (the grid of
+ * tiles x splits resident at once, a counter per tile, the workspace). */
+static size_t dr_bytes(const struct w4a16_gemm_args *a, int mt, int ks) {
+    return (size_t)tiles_of(a, mt, 64) * ks * (mt * 32) * GK_THREADS * sizeof(float);
+}
+static int dr_fits(const struct w4a16_gemm_args *a, int mt, int ks, size_t ws_bytes) {
+    const int sms = a->sms > 0 ? a->sms : 1, lim = ws_ctx_sms(), tiles = tiles_of(a, mt, 64);
+    return ks >= 2 && ks <= GK_DR_MAX && cdiv(a->kc, cdiv(a->kc, ks)) == ks && (long long)tiles * ks <= sms &&
+           !(lim > 0 && lim < sms) && tiles <= a->cnt_len && dr_bytes(a, mt, ks) <= ws_bytes;
+}
+/* AWQD_W4A16_GEMM_DR=0: the automatic choice never runs mode 6 */
+static int dr_default(void) {
+    static const int on = !(getenv("AWQD_W4A16_GEMM_DR") && !strcmp(getenv("AWQD_W4A16_GEMM_DR"), "0"));
+    return on;
+}
+/* The automatic choice's mode 6 at M <= GK_PIPE_MAX_M (one token tile):
+ * gk_dr_pick's tile and split (kernels/cuda/gemm_sk.h, checked on the real
+ * shapes by tests/test_gemm_sk.c), where this call can run it. */
+static int dr_pick(const struct w4a16_gemm_args *a, size_t ws_bytes, gk_choice *out) {
+    int mt = 1;
+    const int ks = gk_dr_pick(a->kc, a->n16, a->sms > 0 ? a->sms : 1, &mt);
+    if (!ks || !dr_fits(a, mt, ks, ws_bytes)) return 0;
+    *out = gk_choice{mt, 64, ks, 6, 0};
+    return 1;
+}
+static int pipe_default(void);
+#define GK_PIPE_MAX_M 64
+static int dr_auto(const struct w4a16_gemm_args *a, size_t ws_bytes, gk_choice *out) {
+    gk_choice f;
+    return !forced(&f) && a->ksplit <= 0 && w4a16_gemm_auto_mode() == 4 && a->m <= GK_PIPE_MAX_M &&
+           pipe_default() && dr_default() && dr_pick(a, ws_bytes, out);
+}
+
 static size_t ws_of(const struct w4a16_gemm_args *a, const gk_choice &ch) {
+    if (ch.mode == 6) return dr_bytes(a, ch.mt, ch.ks);
     if (ch.sk) return sk_fits(a, ch.mt, ch.bn) ? ws_sk_bytes(a, ch.mt, ch.bn) : 0;
     const int kse = cdiv(a->kc, cdiv(a->kc, ch.ks));
     if (kse <= 1 || use_cluster(ch, kse)) return 0;
@@ -1908,14 +2008,20 @@ static size_t ws_of(const struct w4a16_gemm_args *a, const gk_choice &ch) {
 
 extern "C" void w4a16_gemm_choice(const struct w4a16_gemm_args *a, int *mt, int *bn, int *ksplit,
                                   int *mode) {
-    gk_choice ch = gk_choose(a);
+    gk_choice ch = gk_choose(a), d;
+    if (dr_auto(a, (size_t)-1, &d)) ch = d; /* where the workspace holds its partials */
     *mt = ch.mt;
     *bn = ch.bn;
     *ksplit = cdiv(a->kc, cdiv(a->kc, ch.ks));
     *mode = ch.mode;
 }
 
-extern "C" size_t w4a16_gemm_workspace(const struct w4a16_gemm_args *a) { return ws_of(a, gk_choose(a)); }
+extern "C" size_t w4a16_gemm_workspace(const struct w4a16_gemm_args *a) {
+    gk_choice d;
+    const size_t w = ws_of(a, gk_choose(a));
+    if (dr_auto(a, (size_t)-1, &d) && ws_of(a, d) > w) return ws_of(a, d);
+    return w;
+}
 
 extern "C" size_t w4a16_gemm_sk_workspace(int sms) {
     if (sms < 1 || !sk_default() || !w4a16_gemm_available()) return 0;
@@ -2052,7 +2158,7 @@ static int ws_ymap(CUtensorMap *tm, uint16_t *y, int m, int cols, int ldy, int b
                     err, errlen);
 }
 
-template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false, bool PIPE = false>
+template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false, bool PIPE = false, bool DR = false>
 static int ws_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0};
     CUtensorMap tm, tmy;
@@ -2067,7 +2173,7 @@ static int ws_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char
                                   : ws_ymap(&tmy, ka.y, ka.m, ka.n, ka.ldy, 16, BN, err, errlen);
         if (rc) return rc;
     }
-    return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT, TS, PIPE>, &smem_set, grid, WS_THREADS,
+    return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT, TS, PIPE, DR>, &smem_set, grid, WS_THREADS,
                         TS ? WS_SMEM_TS(MT, BN, ST) : WS_SMEM(MT, BN, ST), CL, pdl, s, err, errlen, ka, tm, tmy);
 }
 
@@ -2135,7 +2241,6 @@ static bool ws_bulk_store(const gk_choice &ch, const gk_args &ka) {
  * Qwen3-8B M = 64, the dispatch's choice): q|k|v 20.80 -> 18.92 us, o 17.83
  * -> 16.25, down 34.35 -> 31.35; the same results bit for bit.
  * AWQD_W4A16_GEMM_PIPE=0 turns it off (read once). */
-#define GK_PIPE_MAX_M 64
 static int pipe_default(void) {
     static const int on = !(getenv("AWQD_W4A16_GEMM_PIPE") && !strcmp(getenv("AWQD_W4A16_GEMM_PIPE"), "0"));
     return on;
@@ -2144,6 +2249,10 @@ static int pipe_default(void) {
 template <bool CL, bool NAT>
 static int ws_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
                        char *err, size_t errlen) {
+    if (NAT && !CL && ch.mode == 6) { /* the pipelined loop, the split reduced by all its blocks */
+        if (ch.mt == 1) return ws_launch<1, 64, GK_ST_1_64, false, true, false, true, true>(ka, grid, pdl, s, err, errlen);
+        return ws_launch<2, 64, GK_ST_2_64, false, true, false, true, true>(ka, grid, pdl, s, err, errlen);
+    }
     if (NAT && ch.bn == 64 && ka.m <= GK_PIPE_MAX_M && pipe_default()) { /* k_w4gemm_ws's PIPE */
         const bool ts = !CL && ws_bulk_store(ch, ka);
 #define PIPE_CASE(M_)                                                                                         \
@@ -2192,12 +2301,18 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
     gk_choice ch = gk_choose(a);
     if (ch.mode != 1 && !w4a16_gemm_available())
         return util_err(err, errlen, -ENOTSUP, "w4a16_gemm: the wgmma kernel needs an sm_90a build on a 9.0 device");
+    {   /* mode 6: chosen at M <= 64 where it fills the SMs; forced, it runs
+         * where it fits, else as mode 4 (its split in a cluster) */
+        gk_choice d;
+        if (dr_auto(a, ws ? ws_bytes : 0, &d)) ch = d;
+        if (ch.mode == 6 && !(ws && dr_fits(a, ch.mt, cdiv(a->kc, cdiv(a->kc, ch.ks)), ws_bytes))) ch.mode = 4;
+    }
     /* split: in a cluster (no workspace), else what fits the workspace and
      * the counters */
     int ks = ch.ks > 0 ? ch.ks : 1;
     if (ch.mode >= 3 && ks > GK_CLUSTER_MAX) ks = GK_CLUSTER_MAX;
     ks = cdiv(a->kc, cdiv(a->kc, ks));
-    const int cl = use_cluster(ch, ks);
+    const int cl = ch.mode != 6 && use_cluster(ch, ks);
     if (!cl && ks > 1 && tiles_of(a, ch.mt, ch.bn) > a->cnt_len) ks = 1;
     while (!cl && ks > 1) {
         gk_choice t = ch;
@@ -2246,6 +2361,10 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
         if (ch.mode == 5)
             return ks > 1 ? ss_dispatch<true>(ch, ka, grid, pdl, s, err, errlen)
                           : ss_dispatch<false>(ch, ka, grid, pdl, s, err, errlen);
+        if (ch.mode == 6) {
+            g_dr_launches.fetch_add(1, std::memory_order_relaxed);
+            return ws_dispatch<false, true>(ch, ka, grid, pdl, s, err, errlen);
+        }
         if (ch.mode == 4)
             return ks > 1 ? ws_dispatch<true, true>(ch, ka, grid, pdl, s, err, errlen)
                           : ws_dispatch<false, true>(ch, ka, grid, pdl, s, err, errlen);

@@ -74,8 +74,13 @@ int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t ws_bytes, i
  * its tiles end in TMA bulk stores where the ring keeps enough stages,
  * AWQD_W4A16_GEMM_TS=0 turns them off; same results), 5 = mode 4
  * with the weights dequantized into shared memory by the producer warpgroup
- * (bitwise mode 4's; slower, an experiment). The automatic choice uses mode
- * 4 with its modelled tile and split (mode 5 with AWQD_W4A16_GEMM_SS=1, mode
+ * (bitwise mode 4's; slower, an experiment), 6 = mode 4 at bn 64 with the
+ * pipelined consumer loop and a split of 2..8 reduced by all of its blocks
+ * through the workspace instead of a cluster (bitwise mode 4's at the same
+ * split; needs the workspace, the counters and tiles x splits <= the SMs,
+ * else it runs as mode 4). The automatic choice uses mode
+ * 4 with its modelled tile and split, and mode 6 at M <= 64 where its grid
+ * fills the SMs (AWQD_W4A16_GEMM_DR=0: never) (mode 5 with AWQD_W4A16_GEMM_SS=1, mode
  * 3 with AWQD_W4A16_GEMM_NAT=0, mode 0 with AWQD_W4A16_GEMM_WS=0). mt = 0
  * restores the automatic choice. ksplit = 0 with mode 4: stream-K at split 1
  * (where the workspace holds a piece per SM and there are at least 2 chunk
@@ -94,6 +99,10 @@ int w4a16_gemm_stream_k(void);
  * the chunk steps per block, tiles cut between blocks summed by their head
  * block from pieces parked in the workspace (tests, benchmarks). */
 unsigned long w4a16_gemm_sk_launches(void);
+
+/* Calls so far (process-wide) that ran mode 6: a split reduced by all of
+ * its blocks through the workspace (tests, benchmarks). */
+unsigned long w4a16_gemm_dr_launches(void);
 
 /* The configuration a call with these arguments uses (after any forcing). */
 void w4a16_gemm_choice(const struct w4a16_gemm_args *a, int *mt, int *bn, int *ksplit, int *mode);

@@ -252,6 +252,35 @@ TEST(w4a16_gemm, configs_smem_a) { /* mode 5: the producer warpgroup dequantizes
     check_configs(5);
 }
 
+/* Mode 6: mode 4's pipelined loop with its split reduced by all of its
+ * blocks through the workspace (a counter per tile). Against the CPU
+ * reference at M = 1, 17, 64, 100 (two token tiles), both tiles, splits 2,
+ * 3, 8, plain + bias and gate|up; each call checked to have run mode 6 (not
+ * its fallback), and its counters left at zero (a second call, the same
+ * bits: gcheck's two repetitions). */
+TEST(w4a16_gemm, configs_split_all_blocks) {
+    NEED_GEMM();
+    for (int gu = 0; gu < 2 && !test_failed(); gu++) {
+        struct glayer h;
+        glayer_make(&h, 1024, gu ? 2 * 504 : 1000, 128, gu, 1);
+        ASSERT_OK_SO_FAR();
+        static const int ms[] = {1, 17, 64, 100}, kss[] = {2, 3, 8};
+        for (int mt = 1; mt <= 2 && !test_failed(); mt++)
+            for (int i = 0; i < 3 && !test_failed(); i++) {
+                ASSERT(w4a16_gemm_config(mt, 64, kss[i], 6) == 0);
+                for (int j = 0; j < 4 && !test_failed(); j++) {
+                    char what[64];
+                    snprintf(what, sizeof what, "%s mode 6 %dx64 split %d", gu ? "gate|up" : "plain", mt, kss[i]);
+                    const unsigned long n0 = w4a16_gemm_dr_launches();
+                    gcheck(&h, gu, ms[j], 1, W4A16_KERNEL_WGMMA, kss[i], 0, what);
+                    ASSERT_MSG(w4a16_gemm_dr_launches() == n0 + 2, "%s M=%d: mode 6 did not run", what, ms[j]);
+                }
+            }
+        w4a16_gemm_config(0, 0, 0, 0);
+        glayer_free(&h);
+    }
+}
+
 /* One comparison case: a K x N layer with bias (gate|up: N / 2 outputs),
  * M rows of x uniform in [-1, 1) on the device, y there, and three host
  * buffers of y (ya, yb, yc). Check test_failed() after gcase_make. */
@@ -389,6 +418,49 @@ static void compare_modes(int ma, int mb, int ntiles, float bound) {
 /* The warp-specialized kernel (mode 3) computes what the session-3 kernel
  * (mode 0) computes, bit for bit: the same A values, the same wgmma sequence
  * per split, the same cluster reduction. */
+/* Mode 6 adds the same partials in the same order as mode 4's cluster
+ * reduction: bit for bit, both tiles, splits 2..8, plain and gate|up, M in
+ * the pipelined loop's range (64) and past it (100). */
+TEST(w4a16_gemm, split_all_blocks_matches_cluster) {
+    NEED_GEMM();
+    for (int gu = 0; gu < 2 && !test_failed(); gu++)
+        for (int mi = 0; mi < 2 && !test_failed(); mi++) {
+            struct glayer h;
+            const int K = 1536, N = gu ? 2 * 496 : 1000, M = mi ? 100 : 64, oc = gu ? N / 2 : N;
+            glayer_make(&h, K, N, 128, gu, 1);
+            ASSERT_OK_SO_FAR();
+            size_t ny = (size_t)M * oc, wsb = (size_t)64 << 20;
+            uint16_t *hx = malloc((size_t)M * K * 2), *ya = malloc(ny * 2), *yb = malloc(ny * 2), *dx = NULL,
+                     *dy = NULL;
+            void *ws = NULL;
+            ASSERT(hx && ya && yb);
+            for (size_t i = 0; i < (size_t)M * K; i++) hx[i] = h_from_f(2.f * grnd_unit() - 1.f);
+            GCK(cudaMalloc((void **)&dx, (size_t)M * K * 2));
+            GCK(cudaMalloc((void **)&dy, ny * 2));
+            GCK(cudaMalloc(&ws, wsb));
+            GCK(cudaMemcpy(dx, hx, (size_t)M * K * 2, cudaMemcpyHostToDevice));
+            static const int kss[] = {2, 3, 4, 6, 8};
+            for (int mt = 1; mt <= 2 && !test_failed(); mt++)
+                for (int i = 0; i < 5 && !test_failed(); i++) {
+                    run_cfg(&h, dx, dy, ws, wsb, M, gu, mt, 64, kss[i], 4, ya, ny);
+                    if (test_failed()) break;
+                    const unsigned long n0 = w4a16_gemm_dr_launches();
+                    run_cfg(&h, dx, dy, ws, wsb, M, gu, mt, 64, kss[i], 6, yb, ny);
+                    if (test_failed()) break;
+                    ASSERT_MSG(w4a16_gemm_dr_launches() == n0 + 1, "mode 6 did not run (%dx64 split %d)", mt, kss[i]);
+                    ASSERT_MSG(memcmp(ya, yb, ny * 2) == 0, "%s M=%d cfg %dx64 split %d: mode 6 != mode 4 (cluster)",
+                               gu ? "gate|up" : "plain", M, mt, kss[i]);
+                }
+            cudaFree(dx);
+            cudaFree(dy);
+            cudaFree(ws);
+            free(hx);
+            free(ya);
+            free(yb);
+            glayer_free(&h);
+        }
+}
+
 TEST(w4a16_gemm, warp_specialized_matches_session3) {
     NEED_GEMM();
     compare_modes(0, 3, 4, -1.f);

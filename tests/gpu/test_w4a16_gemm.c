@@ -423,42 +423,28 @@ static void compare_modes(int ma, int mb, int ntiles, float bound) {
  * the pipelined loop's range (64) and past it (100). */
 TEST(w4a16_gemm, split_all_blocks_matches_cluster) {
     NEED_GEMM();
+    const size_t wsb = (size_t)64 << 20;
+    void *ws = NULL;
+    GCK(cudaMalloc(&ws, wsb));
     for (int gu = 0; gu < 2 && !test_failed(); gu++)
         for (int mi = 0; mi < 2 && !test_failed(); mi++) {
-            struct glayer h;
-            const int K = 1536, N = gu ? 2 * 496 : 1000, M = mi ? 100 : 64, oc = gu ? N / 2 : N;
-            glayer_make(&h, K, N, 128, gu, 1);
-            ASSERT_OK_SO_FAR();
-            size_t ny = (size_t)M * oc, wsb = (size_t)64 << 20;
-            uint16_t *hx = malloc((size_t)M * K * 2), *ya = malloc(ny * 2), *yb = malloc(ny * 2), *dx = NULL,
-                     *dy = NULL;
-            void *ws = NULL;
-            ASSERT(hx && ya && yb);
-            for (size_t i = 0; i < (size_t)M * K; i++) hx[i] = h_from_f(2.f * grnd_unit() - 1.f);
-            GCK(cudaMalloc((void **)&dx, (size_t)M * K * 2));
-            GCK(cudaMalloc((void **)&dy, ny * 2));
-            GCK(cudaMalloc(&ws, wsb));
-            GCK(cudaMemcpy(dx, hx, (size_t)M * K * 2, cudaMemcpyHostToDevice));
+            struct gcase c;
+            gcase_make(&c, 1536, gu ? 2 * 496 : 1000, gu, mi ? 100 : 64);
             static const int kss[] = {2, 3, 4, 6, 8};
             for (int mt = 1; mt <= 2 && !test_failed(); mt++)
                 for (int i = 0; i < 5 && !test_failed(); i++) {
-                    run_cfg(&h, dx, dy, ws, wsb, M, gu, mt, 64, kss[i], 4, ya, ny);
+                    run_cfg(&c.h, c.dx, c.dy, ws, wsb, c.M, gu, mt, 64, kss[i], 4, c.ya, c.ny);
                     if (test_failed()) break;
                     const unsigned long n0 = w4a16_gemm_dr_launches();
-                    run_cfg(&h, dx, dy, ws, wsb, M, gu, mt, 64, kss[i], 6, yb, ny);
+                    run_cfg(&c.h, c.dx, c.dy, ws, wsb, c.M, gu, mt, 64, kss[i], 6, c.yb, c.ny);
                     if (test_failed()) break;
                     ASSERT_MSG(w4a16_gemm_dr_launches() == n0 + 1, "mode 6 did not run (%dx64 split %d)", mt, kss[i]);
-                    ASSERT_MSG(memcmp(ya, yb, ny * 2) == 0, "%s M=%d cfg %dx64 split %d: mode 6 != mode 4 (cluster)",
-                               gu ? "gate|up" : "plain", M, mt, kss[i]);
+                    ASSERT_MSG(memcmp(c.ya, c.yb, c.ny * 2) == 0, "%s M=%d cfg %dx64 split %d: mode 6 != mode 4 (cluster)",
+                               gu ? "gate|up" : "plain", c.M, mt, kss[i]);
                 }
-            cudaFree(dx);
-            cudaFree(dy);
-            cudaFree(ws);
-            free(hx);
-            free(ya);
-            free(yb);
-            glayer_free(&h);
+            gcase_free(&c);
         }
+    cudaFree(ws);
 }
 
 TEST(w4a16_gemm, warp_specialized_matches_session3) {

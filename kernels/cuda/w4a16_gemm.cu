@@ -288,9 +288,9 @@ struct gk_args {
 #define GK_THREADS 256
 #define GK_DR_MAX 8 /* mode 6's largest split (gemm_sk.h GK_DR_MAX_SPLIT) */
 
-template <int MT, int BN, int ST>
+template <int MT, int BN, int ST, int NWG = 2>
 struct gk_cfg {
-    static constexpr int BT = 8 * MT;                     /* n16 tiles per block */
+    static constexpr int BT = 4 * NWG * MT;               /* n16 tiles per block (NWG consumer warpgroups) */
     static constexpr int X_BYTES = BN * 128;              /* x tile, first (1 KB aligned) */
     static constexpr int W_BYTES = BT * 512;              /* INT4 tile */
     static constexpr int S_BYTES = BT * 32;               /* scales */
@@ -608,19 +608,19 @@ static __device__ __forceinline__ void gk_cluster_store(const A &a, float (&acc)
  * zero: a second round of arrivals after the reads, the last resets it. The
  * blocks wait for each other, so the grid (tiles x splits) must be resident
  * at once: the host runs it only where it fits the SMs. */
-template <int MT, int BN, class A>
+template <int MT, int BN, int NC, class A>
 static __device__ __forceinline__ void gk_dr_store(const A &a, const float (&acc)[MT][BN / 2], int tile, int split,
                                                    int nt0, int tok0, int wg, int wq, int r, int c, int tid) {
-    constexpr int NACC = MT * BN / 2;
+    constexpr int NACC = MT * BN / 2; /* NC: the consumer threads (256, or 384 in mode 7) */
     const int ks = a.ksplit;
-    const float *base = a.part + (size_t)tile * ks * NACC * GK_THREADS + tid;
-    float *mine = a.part + ((size_t)tile * ks + split) * NACC * GK_THREADS + tid;
+    const float *base = a.part + (size_t)tile * ks * NACC * NC + tid;
+    float *mine = a.part + ((size_t)tile * ks + split) * NACC * NC + tid;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int i = 0; i < BN / 2; i++) __stcg(mine + (mt * (BN / 2) + i) * GK_THREADS, acc[mt][i]);
+        for (int i = 0; i < BN / 2; i++) __stcg(mine + (mt * (BN / 2) + i) * NC, acc[mt][i]);
     __threadfence();
-    asm volatile("bar.sync 1, 256;" ::: "memory");
+    asm volatile("bar.sync 1, %0;" ::"n"(NC) : "memory");
     int *cnt = a.cnt + tile;
     if (tid == 0) {
         atomicAdd(cnt, 1);
@@ -631,7 +631,7 @@ static __device__ __forceinline__ void gk_dr_store(const A &a, const float (&acc
             __nanosleep(32);
         }
     }
-    asm volatile("bar.sync 1, 256;" ::: "memory");
+    asm volatile("bar.sync 1, %0;" ::"n"(NC) : "memory");
 #pragma unroll 1
     for (int q = split; q < MT * BN / 8; q += ks) {
         float v[4] = {0.f, 0.f, 0.f, 0.f};
@@ -642,7 +642,7 @@ static __device__ __forceinline__ void gk_dr_store(const A &a, const float (&acc
             for (int u = 0; u < 4; u++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    t[u][e] = sp0 + u < ks ? __ldcg(base + ((size_t)(sp0 + u) * NACC + 4 * q + e) * GK_THREADS) : 0.f;
+                    t[u][e] = sp0 + u < ks ? __ldcg(base + ((size_t)(sp0 + u) * NACC + 4 * q + e) * NC) : 0.f;
 #pragma unroll
             for (int u = 0; u < 4; u++)
                 if (sp0 + u < ks)
@@ -653,7 +653,7 @@ static __device__ __forceinline__ void gk_dr_store(const A &a, const float (&acc
         const int nt = nt0 + (wg * MT + mt) * 4 + wq;
         if (nt < a.n16a) w4_epilogue(a, nt, r, tok0 + 8 * j + 2 * c, v[0], v[1], v[2], v[3]);
     }
-    asm volatile("bar.sync 1, 256;" ::: "memory"); /* every thread has read the partials */
+    asm volatile("bar.sync 1, %0;" ::"n"(NC) : "memory"); /* every thread has read the partials */
     if (tid == 0 && atomicAdd(cnt, 1) == 2 * ks - 1) atomicExch(cnt, 0);
 }
 
@@ -892,6 +892,14 @@ static __global__ void __launch_bounds__(GK_THREADS, 1) k_w4gemm(const gk_args a
 #define WS_REGS_CONSUMER 232
 static_assert((WS_REGS_LAUNCH - WS_REGS_PRODUCER) * 128 >= (WS_REGS_CONSUMER - WS_REGS_LAUNCH) * 256,
               "the consumers' registers must come from the producer's");
+/* Mode 7 (three consumer warpgroups, 512 threads): 128 at launch, the
+ * producer down to 56, the consumers up to 152: (128 - 56) x 128 = (152 -
+ * 128) x 384 */
+#define WS3_REGS_LAUNCH 128
+#define WS3_REGS_PRODUCER 56
+#define WS3_REGS_CONSUMER 152
+static_assert((WS3_REGS_LAUNCH - WS3_REGS_PRODUCER) * 128 >= (WS3_REGS_CONSUMER - WS3_REGS_LAUNCH) * 384,
+              "mode 7: the consumers' registers must come from the producer's");
 
 /* mbarriers beyond w4a16_common.cuh's (the kernel runs only where WG_ENABLED; empty elsewhere) */
 /* arrives on bar when every cp.async this thread issued before has landed */
@@ -1019,10 +1027,17 @@ static __device__ __forceinline__ void ws_setmaxnreg(void) {
 #endif
 }
 
-template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false, bool PIPE = false, bool DR = false>
-static __global__ void __launch_bounds__(WS_THREADS, 1)
+template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false, bool PIPE = false, bool DR = false,
+          int NWG = 2>
+static __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmy) {
-    typedef gk_cfg<MT, BN, ST> C;
+    /* NWG = 3 (mode 7, session 36, an experiment): three consumer
+     * warpgroups of one m64 tile each, 192 weight rows a block; only with
+     * the pipelined loop and mode 6's split */
+    static_assert(NWG == 2 || (NWG == 3 && MT == 1 && BN == 64 && NAT && PIPE && DR && !CL && !TS),
+                  "k_w4gemm_ws: three consumer warpgroups only as mode 7");
+    typedef gk_cfg<MT, BN, ST, NWG> C;
+    constexpr int NCW = 4 * NWG; /* consumer warps */
     extern __shared__ unsigned char g_smem_raw[];
     __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST], empty[ST] */
     const uint32_t sraw = smem_u32(g_smem_raw);
@@ -1038,7 +1053,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
             mbar_init(full0 + 8 * s, NAT ? 129 : 128); /* NAT: + the x box's expect_tx */
-            mbar_init(empty0 + 8 * s, 8);
+            mbar_init(empty0 + 8 * s, NCW);
         }
     }
     /* stamps (thread 0: consumer warpgroup 0): 1 its first stage full, 2
@@ -1049,10 +1064,10 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     ST_BEGIN(ST_KEY(NAT ? 4 : 3, a.K, a.n));
     __syncthreads();
 
-    if (warp >= 8) {
+    if (warp >= NCW) {
         /* ---------------- producer warpgroup ---------------- */
-        ws_setmaxnreg<false, WS_REGS_PRODUCER>();
-        const int pt = tid - 256, pw = warp - 8;
+        ws_setmaxnreg<false, NWG == 2 ? WS_REGS_PRODUCER : WS3_REGS_PRODUCER>();
+        const int pt = tid - 32 * NCW, pw = warp - NCW;
         /* x: warp pw copies the rows n with n & 7 in {2 pw, 2 pw + 1}; lane
          * copies source word `lane` of each row (k = 2 lane, 2 lane + 1) to
          * its permuted, swizzled word (header of k_w4gemm) */
@@ -1157,7 +1172,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     }
 
     /* ---------------- consumer warpgroups ---------------- */
-    ws_setmaxnreg<true, WS_REGS_CONSUMER>();
+    ws_setmaxnreg<true, NWG == 2 ? WS_REGS_CONSUMER : WS3_REGS_CONSUMER>();
     const int wg = warp >> 2, wq = warp & 3;
     const int r = lane >> 2, c = lane & 3;
     float acc[MT][BN / 2];
@@ -1353,8 +1368,8 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
             /* the producer takes part in both cluster barriers */
             asm volatile("bar.sync 1, 256;" ::: "memory"); /* every consumer is done with the ring */
             gk_cluster_store<MT, BN>(a, acc, (float *)smem, nt0, tok0, wg, wq, r, c, tid);
-        } else if (DR) { /* mode 6: the split reduced by all its blocks */
-            gk_dr_store<MT, BN>(a, acc, tile, split, nt0, tok0, wg, wq, r, c, tid);
+        } else if (DR) { /* modes 6, 7: the split reduced by all its blocks */
+            gk_dr_store<MT, BN, 32 * NCW>(a, acc, tile, split, nt0, tok0, wg, wq, r, c, tid);
         } else {
             if (a.dbg & 256) { /* timing experiment: no tile-end stores */
             } else if (TS && (a.ldy & 7) == 0) /* always, with the upload's shape rules */
@@ -1647,8 +1662,8 @@ extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
         return 0;
     }
     if (ksplit == 0 && mode != 4) return -EINVAL; /* stream-K: mode 4 only */
-    if (mode == 6 && (bn != 64 || ksplit < 2 || ksplit > GK_DR_MAX)) return -EINVAL;
-    if (!cfg_valid(mt, bn, mode) || ksplit < 0 || ksplit > 64 || mode < 0 || mode > 6) return -EINVAL;
+    if (mode >= 6 && (bn != 64 || ksplit < 2 || ksplit > GK_DR_MAX || (mode == 7 && mt != 1))) return -EINVAL;
+    if (!cfg_valid(mt, bn, mode) || ksplit < 0 || ksplit > 64 || mode < 0 || mode > 7) return -EINVAL;
     if (mode >= 3 && ksplit > GK_CLUSTER_MAX) return -EINVAL; /* its split is reduced in a cluster only */
     g_force.mt = mt;
     g_force.bn = bn;
@@ -1961,19 +1976,44 @@ static gk_choice gk_choose_cfg(const struct w4a16_gemm_args *a) {
 /* Split-K reduced in a cluster (no workspace): wgmma modes 0, 3 and 4, 2..8
  * splits (modes 3 and 4 never split more). */
 static int use_cluster(const gk_choice &ch, int kse) {
-    return (ch.mode == 0 || ch.mode >= 3) && kse > 1 && kse <= GK_CLUSTER_MAX;
+    return (ch.mode == 0 || (ch.mode >= 3 && ch.mode <= 5)) && kse > 1 && kse <= GK_CLUSTER_MAX;
 }
 
 /* Mode 6 (the split reduced by all its blocks through the workspace,
  * session 36): its partials, and whether a call can run it (the grid of
  * tiles x splits resident at once, a counter per tile, the workspace). */
-static size_t dr_bytes(const struct w4a16_gemm_args *a, int mt, int ks) {
-    return (size_t)tiles_of(a, mt, 64) * ks * (mt * 32) * GK_THREADS * sizeof(float);
+/* mode 7 (mode 6 with three consumer warpgroups): 1 x 64 tiles of 12 n16
+ * tiles (192 rows), 384 consumer threads */
+static int dr_tiles(const struct w4a16_gemm_args *a, int mt, int mode) {
+    return mode == 7 ? cdiv(a->n16, 12) * cdiv(a->m, 64) : tiles_of(a, mt, 64);
 }
-static int dr_fits(const struct w4a16_gemm_args *a, int mt, int ks, size_t ws_bytes) {
-    const int sms = a->sms > 0 ? a->sms : 1, lim = ws_ctx_sms(), tiles = tiles_of(a, mt, 64);
+static size_t dr_bytes(const struct w4a16_gemm_args *a, int mt, int ks, int mode = 6) {
+    return (size_t)dr_tiles(a, mt, mode) * ks * (mt * 32) * (mode == 7 ? 384 : GK_THREADS) * sizeof(float);
+}
+static int dr_fits(const struct w4a16_gemm_args *a, int mt, int ks, size_t ws_bytes, int mode = 6) {
+    const int sms = a->sms > 0 ? a->sms : 1, lim = ws_ctx_sms(), tiles = dr_tiles(a, mt, mode);
     return ks >= 2 && ks <= GK_DR_MAX && cdiv(a->kc, cdiv(a->kc, ks)) == ks && (long long)tiles * ks <= sms &&
-           !(lim > 0 && lim < sms) && tiles <= a->cnt_len && dr_bytes(a, mt, ks) <= ws_bytes;
+           !(lim > 0 && lim < sms) && tiles <= a->cnt_len && dr_bytes(a, mt, ks, mode) <= ws_bytes &&
+           (mode == 6 || mt == 1);
+}
+/* AWQD_W4A16_GEMM_WG3=1 (experiment, session 36, not measured): the
+ * automatic choice tries mode 7 before mode 6, with the split (4..8) whose
+ * grid fills the most SMs, at least 3/4 of them */
+static int wg3_default(void) {
+    static const int on = getenv("AWQD_W4A16_GEMM_WG3") && !strcmp(getenv("AWQD_W4A16_GEMM_WG3"), "1");
+    return on;
+}
+static int dr_pick7(const struct w4a16_gemm_args *a, size_t ws_bytes, gk_choice *out) {
+    const int sms = a->sms > 0 ? a->sms : 1;
+    int best = 0;
+    if (a->kc < GK_DR_MIN_KC) return 0;
+    for (int ks = GK_DR_MAX_SPLIT; ks >= GK_DR_MIN_SPLIT; ks--) {
+        const int blocks = dr_tiles(a, 1, 7) * ks;
+        if (!dr_fits(a, 1, ks, ws_bytes, 7) || 4 * blocks < 3 * sms || blocks <= best) continue;
+        best = blocks;
+        *out = gk_choice{1, 64, ks, 7, 0};
+    }
+    return best > 0;
 }
 /* AWQD_W4A16_GEMM_DR=0: the automatic choice never runs mode 6 */
 static int dr_default(void) {
@@ -1984,6 +2024,7 @@ static int dr_default(void) {
  * gk_dr_pick's tile and split (kernels/cuda/gemm_sk.h, checked on the real
  * shapes by tests/test_gemm_sk.c), where this call can run it. */
 static int dr_pick(const struct w4a16_gemm_args *a, size_t ws_bytes, gk_choice *out) {
+    if (wg3_default() && dr_pick7(a, ws_bytes, out)) return 1;
     int mt = 1;
     const int ks = gk_dr_pick(a->kc, a->n16, a->sms > 0 ? a->sms : 1, &mt);
     if (!ks || !dr_fits(a, mt, ks, ws_bytes)) return 0;
@@ -1999,7 +2040,7 @@ static int dr_auto(const struct w4a16_gemm_args *a, size_t ws_bytes, gk_choice *
 }
 
 static size_t ws_of(const struct w4a16_gemm_args *a, const gk_choice &ch) {
-    if (ch.mode == 6) return dr_bytes(a, ch.mt, ch.ks);
+    if (ch.mode == 6 || ch.mode == 7) return dr_bytes(a, ch.mt, ch.ks, ch.mode);
     if (ch.sk) return sk_fits(a, ch.mt, ch.bn) ? ws_sk_bytes(a, ch.mt, ch.bn) : 0;
     const int kse = cdiv(a->kc, cdiv(a->kc, ch.ks));
     if (kse <= 1 || use_cluster(ch, kse)) return 0;
@@ -2158,7 +2199,8 @@ static int ws_ymap(CUtensorMap *tm, uint16_t *y, int m, int cols, int ldy, int b
                     err, errlen);
 }
 
-template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false, bool PIPE = false, bool DR = false>
+template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false, bool PIPE = false, bool DR = false,
+          int NWG = 2>
 static int ws_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0};
     CUtensorMap tm, tmy;
@@ -2173,7 +2215,10 @@ static int ws_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char
                                   : ws_ymap(&tmy, ka.y, ka.m, ka.n, ka.ldy, 16, BN, err, errlen);
         if (rc) return rc;
     }
-    return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT, TS, PIPE, DR>, &smem_set, grid, WS_THREADS,
+    if (NWG == 3) /* mode 7: no staging slices (its tiles end in gk_dr_store) */
+        return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT, TS, PIPE, DR, NWG>, &smem_set, grid, 512,
+                            gk_cfg<MT, BN, ST, NWG>::SMEM, CL, pdl, s, err, errlen, ka, tm, tmy);
+    return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT, TS, PIPE, DR, NWG>, &smem_set, grid, WS_THREADS,
                         TS ? WS_SMEM_TS(MT, BN, ST) : WS_SMEM(MT, BN, ST), CL, pdl, s, err, errlen, ka, tm, tmy);
 }
 
@@ -2249,6 +2294,8 @@ static int pipe_default(void) {
 template <bool CL, bool NAT>
 static int ws_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
                        char *err, size_t errlen) {
+    if (NAT && !CL && ch.mode == 7) /* mode 6 with three consumer warpgroups (192-row tiles) */
+        return ws_launch<1, 64, GK_ST_1_64, false, true, false, true, true, 3>(ka, grid, pdl, s, err, errlen);
     if (NAT && !CL && ch.mode == 6) { /* the pipelined loop, the split reduced by all its blocks */
         if (ch.mt == 1) return ws_launch<1, 64, GK_ST_1_64, false, true, false, true, true>(ka, grid, pdl, s, err, errlen);
         return ws_launch<2, 64, GK_ST_2_64, false, true, false, true, true>(ka, grid, pdl, s, err, errlen);
@@ -2305,14 +2352,16 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
          * where it fits, else as mode 4 (its split in a cluster) */
         gk_choice d;
         if (dr_auto(a, ws ? ws_bytes : 0, &d)) ch = d;
-        if (ch.mode == 6 && !(ws && dr_fits(a, ch.mt, cdiv(a->kc, cdiv(a->kc, ch.ks)), ws_bytes))) ch.mode = 4;
+        const int kse = cdiv(a->kc, cdiv(a->kc, ch.ks > 0 ? ch.ks : 1));
+        if (ch.mode == 7 && !(ws && dr_fits(a, ch.mt, kse, ws_bytes, 7))) ch.mode = 6;
+        if (ch.mode == 6 && !(ws && dr_fits(a, ch.mt, kse, ws_bytes))) ch.mode = 4;
     }
     /* split: in a cluster (no workspace), else what fits the workspace and
      * the counters */
     int ks = ch.ks > 0 ? ch.ks : 1;
     if (ch.mode >= 3 && ks > GK_CLUSTER_MAX) ks = GK_CLUSTER_MAX;
     ks = cdiv(a->kc, cdiv(a->kc, ks));
-    const int cl = ch.mode != 6 && use_cluster(ch, ks);
+    const int cl = use_cluster(ch, ks);
     if (!cl && ks > 1 && tiles_of(a, ch.mt, ch.bn) > a->cnt_len) ks = 1;
     while (!cl && ks > 1) {
         gk_choice t = ch;
@@ -2345,7 +2394,7 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
     ka.ksplit = ks;
     static const int dbg = getenv("AWQD_W4A16_GEMM_DBG") ? atoi(getenv("AWQD_W4A16_GEMM_DBG")) : 0;
     ka.dbg = dbg;
-    ka.ntn = cdiv(a->n16, 8 * ch.mt);
+    ka.ntn = cdiv(a->n16, (ch.mode == 7 ? 12 : 8) * ch.mt);
     ka.ntiles = ka.ntn * cdiv(a->m, ch.bn);
     /* stream-K where chosen and the workspace holds the parked pieces */
     const bool sk = ch.sk && ch.mode == 4 && ks == 1 && sk_fits(a, ch.mt, ch.bn) && ws &&
@@ -2361,7 +2410,7 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
         if (ch.mode == 5)
             return ks > 1 ? ss_dispatch<true>(ch, ka, grid, pdl, s, err, errlen)
                           : ss_dispatch<false>(ch, ka, grid, pdl, s, err, errlen);
-        if (ch.mode == 6) {
+        if (ch.mode == 6 || ch.mode == 7) {
             g_dr_launches.fetch_add(1, std::memory_order_relaxed);
             return ws_dispatch<false, true>(ch, ka, grid, pdl, s, err, errlen);
         }

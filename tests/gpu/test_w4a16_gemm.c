@@ -253,10 +253,11 @@ TEST(w4a16_gemm, configs_smem_a) { /* mode 5: the producer warpgroup dequantizes
 }
 
 /* Mode 6: mode 4's pipelined loop with its split reduced by all of its
- * blocks through the workspace (a counter per tile). Against the CPU
- * reference at M = 1, 17, 64, 100 (two token tiles), both tiles, splits 2,
- * 3, 8, plain + bias and gate|up; each call checked to have run mode 6 (not
- * its fallback), and its counters left at zero (a second call, the same
+ * blocks through the workspace (a counter per tile), and mode 7 (the same
+ * with three consumer warpgroups, 192-row tiles). Against the CPU
+ * reference at M = 1, 17, 64, 100 (two token tiles), every tile, splits 2,
+ * 3, 8, plain + bias and gate|up; each call checked to have run mode 6 / 7
+ * (not a fallback), and its counters left at zero (a second call, the same
  * bits: gcheck's two repetitions). */
 TEST(w4a16_gemm, configs_split_all_blocks) {
     NEED_GEMM();
@@ -265,12 +266,14 @@ TEST(w4a16_gemm, configs_split_all_blocks) {
         glayer_make(&h, 1024, gu ? 2 * 504 : 1000, 128, gu, 1);
         ASSERT_OK_SO_FAR();
         static const int ms[] = {1, 17, 64, 100}, kss[] = {2, 3, 8};
-        for (int mt = 1; mt <= 2 && !test_failed(); mt++)
+        for (int v = 0; v < 3 && !test_failed(); v++) /* mode 6 1 x 64, 2 x 64; mode 7 (192-row tiles) */
             for (int i = 0; i < 3 && !test_failed(); i++) {
-                ASSERT(w4a16_gemm_config(mt, 64, kss[i], 6) == 0);
+                const int mt = v == 1 ? 2 : 1, mode = v == 2 ? 7 : 6;
+                ASSERT(w4a16_gemm_config(mt, 64, kss[i], mode) == 0);
                 for (int j = 0; j < 4 && !test_failed(); j++) {
                     char what[64];
-                    snprintf(what, sizeof what, "%s mode 6 %dx64 split %d", gu ? "gate|up" : "plain", mt, kss[i]);
+                    snprintf(what, sizeof what, "%s mode %d %dx64 split %d", gu ? "gate|up" : "plain", mode, mt,
+                             kss[i]);
                     const unsigned long n0 = w4a16_gemm_dr_launches();
                     gcheck(&h, gu, ms[j], 1, W4A16_KERNEL_WGMMA, kss[i], 0, what);
                     ASSERT_MSG(w4a16_gemm_dr_launches() == n0 + 2, "%s M=%d: mode 6 did not run", what, ms[j]);
@@ -418,9 +421,11 @@ static void compare_modes(int ma, int mb, int ntiles, float bound) {
 /* The warp-specialized kernel (mode 3) computes what the session-3 kernel
  * (mode 0) computes, bit for bit: the same A values, the same wgmma sequence
  * per split, the same cluster reduction. */
-/* Mode 6 adds the same partials in the same order as mode 4's cluster
- * reduction: bit for bit, both tiles, splits 2..8, plain and gate|up, M in
- * the pipelined loop's range (64) and past it (100). */
+/* Modes 6 and 7 add the same partials in the same order as mode 4's
+ * cluster reduction (each output's k16 steps, chunks and splits in the same
+ * order, whichever warpgroup holds it): bit for bit, every tile, splits
+ * 2..8, plain and gate|up, M in the pipelined loop's range (64) and past it
+ * (100). */
 TEST(w4a16_gemm, split_all_blocks_matches_cluster) {
     NEED_GEMM();
     const size_t wsb = (size_t)64 << 20;
@@ -431,16 +436,19 @@ TEST(w4a16_gemm, split_all_blocks_matches_cluster) {
             struct gcase c;
             gcase_make(&c, 1536, gu ? 2 * 496 : 1000, gu, mi ? 100 : 64);
             static const int kss[] = {2, 3, 4, 6, 8};
-            for (int mt = 1; mt <= 2 && !test_failed(); mt++)
+            for (int v = 0; v < 3 && !test_failed(); v++) /* mode 6 1 x 64, 2 x 64; mode 7 (against 1 x 64) */
                 for (int i = 0; i < 5 && !test_failed(); i++) {
+                    const int mt = v == 1 ? 2 : 1, mode = v == 2 ? 7 : 6;
                     run_cfg(&c.h, c.dx, c.dy, ws, wsb, c.M, gu, mt, 64, kss[i], 4, c.ya, c.ny);
                     if (test_failed()) break;
                     const unsigned long n0 = w4a16_gemm_dr_launches();
-                    run_cfg(&c.h, c.dx, c.dy, ws, wsb, c.M, gu, mt, 64, kss[i], 6, c.yb, c.ny);
+                    run_cfg(&c.h, c.dx, c.dy, ws, wsb, c.M, gu, mt, 64, kss[i], mode, c.yb, c.ny);
                     if (test_failed()) break;
-                    ASSERT_MSG(w4a16_gemm_dr_launches() == n0 + 1, "mode 6 did not run (%dx64 split %d)", mt, kss[i]);
-                    ASSERT_MSG(memcmp(c.ya, c.yb, c.ny * 2) == 0, "%s M=%d cfg %dx64 split %d: mode 6 != mode 4 (cluster)",
-                               gu ? "gate|up" : "plain", c.M, mt, kss[i]);
+                    ASSERT_MSG(w4a16_gemm_dr_launches() == n0 + 1, "mode %d did not run (%dx64 split %d)", mode, mt,
+                               kss[i]);
+                    ASSERT_MSG(memcmp(c.ya, c.yb, c.ny * 2) == 0,
+                               "%s M=%d cfg %dx64 split %d: mode %d != mode 4 (cluster)", gu ? "gate|up" : "plain",
+                               c.M, mt, kss[i], mode);
                 }
             gcase_free(&c);
         }

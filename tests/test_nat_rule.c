@@ -8,43 +8,43 @@
 
 #include "kernels/cuda/nat_rule.h"
 
-/* K, N (all the weight's columns; gate|up 2 x intermediate), gate|up; then
+/* K, N (all the weight's columns; gate|up 2 x intermediate); then
  * whether mode 4 takes M = 28, 32, 40, 64 on an H200 and M = 32, 40, 64 on
  * an H100 */
 static const struct nat_case {
     const char *what;
-    int k, n, gu;
+    int k, n;
     int h200[4];
     int h100[3];
 } cases[] = {
-    {"Qwen3-8B q|k|v", 4096, 6144, 0, {0, 0, 1, 1}, {0, 0, 0}},
-    {"Qwen3-8B o", 4096, 4096, 0, {0, 0, 1, 1}, {0, 0, 0}}, /* K N = 16 Mi: the edge, in */
-    {"Qwen3-8B gate|up", 4096, 24576, 1, {0, 0, 1, 1}, {0, 0, 0}}, /* H200: a tie until session 36's loop */
-    {"Qwen3-8B down", 12288, 4096, 0, {0, 0, 1, 1}, {0, 0, 0}},
-    {"Qwen3-32B q|k|v", 5120, 10240, 0, {0, 0, 1, 1}, {0, 0, 0}},
-    {"Qwen3-32B o", 8192, 5120, 0, {0, 0, 1, 1}, {0, 0, 0}},
-    {"Qwen3-32B gate|up", 5120, 51200, 1, {0, 0, 1, 1}, {0, 1, 1}},
-    {"Qwen3-32B down", 25600, 5120, 0, {1, 1, 1, 1}, {0, 1, 1}},
-    {"Qwen3-32B tp=2 q|k|v", 5120, 5120, 0, {0, 0, 1, 1}, {0, 0, 0}},
-    {"Qwen3-32B tp=2 o", 4096, 5120, 0, {0, 0, 1, 1}, {0, 0, 0}},
-    {"Qwen3-32B tp=2 gate|up", 5120, 25600, 1, {0, 0, 1, 1}, {0, 1, 1}},
-    {"Qwen3-32B tp=2 down", 12800, 5120, 0, {0, 0, 1, 1}, {0, 0, 0}}, /* K < 14336: skinny at 28-32 */
-    {"Qwen3-32B tp=4 q|k|v", 5120, 2560, 0, {0, 0, 0, 0}, {0, 0, 0}}, /* N = 2560: tc64 won */
-    {"Qwen3-32B tp=4 o", 2048, 5120, 0, {0, 0, 0, 0}, {0, 0, 0}},     /* K N = 10 Mi: tc64 won */
-    {"Qwen3-32B tp=4 gate|up", 5120, 12800, 1, {0, 0, 1, 1}, {0, 0, 0}},
-    {"Qwen3-32B tp=4 down", 6400, 5120, 0, {0, 0, 1, 1}, {0, 0, 0}},
-    {"Llama-3-70B q|k|v", 8192, 10240, 0, {0, 0, 1, 1}, {0, 0, 0}},
-    {"Llama-3-70B o", 8192, 8192, 0, {0, 0, 1, 1}, {0, 0, 0}},
-    {"Llama-3-70B gate|up", 8192, 57344, 1, {0, 0, 1, 1}, {0, 1, 1}},
-    {"Llama-3-70B down", 28672, 8192, 0, {1, 1, 1, 1}, {0, 1, 1}},
-    {"Llama-3-70B tp=2 q|k|v", 8192, 5120, 0, {0, 0, 1, 1}, {0, 0, 0}},
-    {"Llama-3-70B tp=2 o", 4096, 8192, 0, {0, 0, 1, 1}, {0, 0, 0}},
-    {"Llama-3-70B tp=2 gate|up", 8192, 28672, 1, {0, 0, 1, 1}, {0, 1, 1}},
-    {"Llama-3-70B tp=2 down", 14336, 8192, 0, {1, 1, 1, 1}, {0, 1, 1}},
-    {"Llama-3-70B tp=4 q|k|v", 8192, 2560, 0, {0, 0, 0, 0}, {0, 0, 0}},
-    {"Llama-3-70B tp=4 o", 2048, 8192, 0, {0, 0, 1, 1}, {0, 0, 0}}, /* K N = 16 Mi: in */
-    {"Llama-3-70B tp=4 gate|up", 8192, 14336, 1, {0, 0, 1, 1}, {0, 1, 1}},
-    {"Llama-3-70B tp=4 down", 7168, 8192, 0, {0, 0, 1, 1}, {0, 0, 0}},
+    {"Qwen3-8B q|k|v", 4096, 6144, {0, 0, 1, 1}, {0, 0, 0}},
+    {"Qwen3-8B o", 4096, 4096, {0, 0, 1, 1}, {0, 0, 0}}, /* K N = 16 Mi: the edge, in */
+    {"Qwen3-8B gate|up", 4096, 24576, {0, 0, 1, 1}, {0, 0, 0}}, /* H200: a tie until session 36's loop */
+    {"Qwen3-8B down", 12288, 4096, {0, 0, 1, 1}, {0, 0, 0}},
+    {"Qwen3-32B q|k|v", 5120, 10240, {0, 0, 1, 1}, {0, 0, 0}},
+    {"Qwen3-32B o", 8192, 5120, {0, 0, 1, 1}, {0, 0, 0}},
+    {"Qwen3-32B gate|up", 5120, 51200, {0, 0, 1, 1}, {0, 1, 1}},
+    {"Qwen3-32B down", 25600, 5120, {1, 1, 1, 1}, {0, 1, 1}},
+    {"Qwen3-32B tp=2 q|k|v", 5120, 5120, {0, 0, 1, 1}, {0, 0, 0}},
+    {"Qwen3-32B tp=2 o", 4096, 5120, {0, 0, 1, 1}, {0, 0, 0}},
+    {"Qwen3-32B tp=2 gate|up", 5120, 25600, {0, 0, 1, 1}, {0, 1, 1}},
+    {"Qwen3-32B tp=2 down", 12800, 5120, {0, 0, 1, 1}, {0, 0, 0}}, /* K < 14336: skinny at 28-32 */
+    {"Qwen3-32B tp=4 q|k|v", 5120, 2560, {0, 0, 0, 0}, {0, 0, 0}}, /* N = 2560: tc64 won */
+    {"Qwen3-32B tp=4 o", 2048, 5120, {0, 0, 0, 0}, {0, 0, 0}},     /* K N = 10 Mi: tc64 won */
+    {"Qwen3-32B tp=4 gate|up", 5120, 12800, {0, 0, 1, 1}, {0, 0, 0}},
+    {"Qwen3-32B tp=4 down", 6400, 5120, {0, 0, 1, 1}, {0, 0, 0}},
+    {"Llama-3-70B q|k|v", 8192, 10240, {0, 0, 1, 1}, {0, 0, 0}},
+    {"Llama-3-70B o", 8192, 8192, {0, 0, 1, 1}, {0, 0, 0}},
+    {"Llama-3-70B gate|up", 8192, 57344, {0, 0, 1, 1}, {0, 1, 1}},
+    {"Llama-3-70B down", 28672, 8192, {1, 1, 1, 1}, {0, 1, 1}},
+    {"Llama-3-70B tp=2 q|k|v", 8192, 5120, {0, 0, 1, 1}, {0, 0, 0}},
+    {"Llama-3-70B tp=2 o", 4096, 8192, {0, 0, 1, 1}, {0, 0, 0}},
+    {"Llama-3-70B tp=2 gate|up", 8192, 28672, {0, 0, 1, 1}, {0, 1, 1}},
+    {"Llama-3-70B tp=2 down", 14336, 8192, {1, 1, 1, 1}, {0, 1, 1}},
+    {"Llama-3-70B tp=4 q|k|v", 8192, 2560, {0, 0, 0, 0}, {0, 0, 0}},
+    {"Llama-3-70B tp=4 o", 2048, 8192, {0, 0, 1, 1}, {0, 0, 0}}, /* K N = 16 Mi: in */
+    {"Llama-3-70B tp=4 gate|up", 8192, 14336, {0, 0, 1, 1}, {0, 1, 1}},
+    {"Llama-3-70B tp=4 down", 7168, 8192, {0, 0, 1, 1}, {0, 0, 0}},
 };
 
 TEST(nat_rule, real_shapes_on_the_h200_and_the_h100) {
@@ -52,11 +52,11 @@ TEST(nat_rule, real_shapes_on_the_h200_and_the_h100) {
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         const struct nat_case *c = &cases[i];
         for (int j = 0; j < 4; j++)
-            ASSERT_MSG(nat_mid_takes(m200[j], c->k, c->n, c->gu, 1) == c->h200[j],
+            ASSERT_MSG(nat_mid_takes(m200[j], c->k, c->n, 1) == c->h200[j],
                        "H200 %s (K %d, N %d) M=%d: mode 4 %s", c->what, c->k, c->n, m200[j],
                        c->h200[j] ? "expected" : "not expected");
         for (int j = 0; j < 3; j++)
-            ASSERT_MSG(nat_mid_takes(m100[j], c->k, c->n, c->gu, 0) == c->h100[j],
+            ASSERT_MSG(nat_mid_takes(m100[j], c->k, c->n, 0) == c->h100[j],
                        "H100 %s (K %d, N %d) M=%d: mode 4 %s", c->what, c->k, c->n, m100[j],
                        c->h100[j] ? "expected" : "not expected");
     }
@@ -64,21 +64,20 @@ TEST(nat_rule, real_shapes_on_the_h200_and_the_h100) {
 
 TEST(nat_rule, edges) {
     /* below M = 28 never; M = 33 with 40 on the H200 (the times are flat there) */
-    ASSERT(!nat_mid_takes(27, 28672, 8192, 0, 1));
-    ASSERT(nat_mid_takes(33, 4096, 6144, 0, 1));
-    ASSERT(!nat_mid_takes(32, 4096, 6144, 0, 1));
+    ASSERT(!nat_mid_takes(27, 28672, 8192, 1));
+    ASSERT(nat_mid_takes(33, 4096, 6144, 1));
+    ASSERT(!nat_mid_takes(32, 4096, 6144, 1));
     /* the H200's K N and N limits, and K >= 14336 at M = 28-32 */
-    ASSERT(!nat_mid_takes(48, 4096, 4080, 0, 1));
-    ASSERT(!nat_mid_takes(48, 4080, 4096, 0, 1));
-    ASSERT(nat_mid_takes(30, 14336, 1024, 0, 1));
-    ASSERT(!nat_mid_takes(30, 14335, 1 << 20, 0, 1));
-    /* gate|up with K < 5120 goes with the plain layouts on the H200 (session 36), not on the H100 */
-    ASSERT(nat_mid_takes(64, 4096, 1 << 16, 1, 1));
-    ASSERT(nat_mid_takes(64, 4096, 1 << 16, 0, 1));
-    ASSERT(!nat_mid_takes(64, 4096, 1 << 16, 1, 0));
+    ASSERT(!nat_mid_takes(48, 4096, 4080, 1));
+    ASSERT(!nat_mid_takes(48, 4080, 4096, 1));
+    ASSERT(nat_mid_takes(30, 14336, 1024, 1));
+    ASSERT(!nat_mid_takes(30, 14335, 1 << 20, 1));
+    /* K = 4096 (any layout, gate|up too since session 36) on the H200, not on the H100 */
+    ASSERT(nat_mid_takes(64, 4096, 1 << 16, 1));
+    ASSERT(!nat_mid_takes(64, 4096, 1 << 16, 0));
     /* the H100: K >= 5120 and K N >= 96 Mi from M = 33 */
-    ASSERT(!nat_mid_takes(33, 4096, 1 << 16, 0, 0));
-    ASSERT(nat_mid_takes(33, 5120, 19661, 0, 0));
-    ASSERT(!nat_mid_takes(33, 5120, 19660, 0, 0));
-    ASSERT(!nat_mid_takes(32, 25600, 5120, 0, 0));
+    ASSERT(!nat_mid_takes(33, 4096, 1 << 16, 0));
+    ASSERT(nat_mid_takes(33, 5120, 19661, 0));
+    ASSERT(!nat_mid_takes(33, 5120, 19660, 0));
+    ASSERT(!nat_mid_takes(32, 25600, 5120, 0));
 }

@@ -46,11 +46,11 @@
 #define NAT_BIG_SKINNY_MIN_K 14336
 
 /* Whether mode 4 takes M < 65 on a K x N weight (N: all output columns of
- * the weight, 2 x the intermediate size for gate|up), given that stream-K
- * is on and the GEMM is built for the device; hbm_big: the H200 rule. */
-static inline int nat_mid_takes(int m, int k, long long n, int gate_up, int hbm_big) {
+ * the weight, 2 x the intermediate size for gate|up; no rule tells gate|up
+ * apart since session 36), given that stream-K is on and the GEMM is built
+ * for the device; hbm_big: the H200 rule. */
+static inline int nat_mid_takes(int m, int k, long long n, int hbm_big) {
     const long long kn = (long long)k * n;
-    (void)gate_up; /* no rule tells gate|up apart since session 36; kept for the callers and the test */
     if (hbm_big) {
         if (m >= NAT_SK_MIN_M)
             return n >= NAT_BIG_MIN_N && kn >= NAT_BIG_MIN_KN;

@@ -1614,8 +1614,7 @@ static int nat_window(const struct w4a16_weight *w, int m) {
     if (gemm_env() == 0 || w4a16_gemm_auto_mode() < 4 || !w4a16_gemm_available()) return 0;
     const int sk = w4a16_gemm_stream_k();
     if (m < DISPATCH_NAT_MIN_M)
-        return sk && nat_mid_takes(m, w->k, (long long)w->n16 * 16, w->layout == W4A16_LAYOUT_GATE_UP,
-                                   nat_big(w));
+        return sk && nat_mid_takes(m, w->k, (long long)w->n16 * 16, nat_big(w));
     if (m <= DISPATCH_NAT_ALL_MAX_M) return 1;
     if (m <= DISPATCH_NAT_BIG_MAX_M && (sk || (long long)w->k * w->n16 * 16 >= DISPATCH_NAT_BIG_KN)) return 1;
     if (m <= DISPATCH_NAT_SK_MAX_M && sk && (size_t)m * w->k * 2 <= W4A16_GEMM_SK_X_MAX_BYTES) return 1;

@@ -80,17 +80,29 @@ SK_FN int sk_whole_tiles(int ntiles, int G) {
 #define GK_DR_MIN_SPLIT 4
 #define GK_DR_MAX_SPLIT 8
 #define GK_DR_MIN_KC 64
+/* The split for a grid of `tiles` tiles (0: none), setting *blocks. */
+SK_FN int gk_dr_split(int kc, int tiles, int sms, int *blocks) {
+    if (kc < GK_DR_MIN_KC) return 0;
+    for (int ks = GK_DR_MAX_SPLIT; ks >= GK_DR_MIN_SPLIT; ks--) {
+        const int cps = (kc + ks - 1) / ks, b = tiles * ks;
+        if ((kc + cps - 1) / cps == ks && b <= sms && 4 * b >= 3 * sms) {
+            *blocks = b;
+            return ks;
+        }
+    }
+    return 0;
+}
 SK_FN int gk_dr_pick(int kc, int n16, int sms, int *mt) {
     int best = 0, ks_best = 0;
-    if (kc < GK_DR_MIN_KC) return 0;
-    for (int t = 2; t >= 1; t--)
-        for (int ks = GK_DR_MAX_SPLIT; ks >= GK_DR_MIN_SPLIT; ks--) {
-            const int cps = (kc + ks - 1) / ks, tiles = (n16 + 8 * t - 1) / (8 * t), blocks = tiles * ks;
-            if ((kc + cps - 1) / cps != ks || blocks > sms || 4 * blocks < 3 * sms || blocks <= best) continue;
+    for (int t = 2; t >= 1; t--) {
+        int blocks = 0;
+        const int ks = gk_dr_split(kc, (n16 + 8 * t - 1) / (8 * t), sms, &blocks);
+        if (ks && blocks > best) {
             best = blocks;
             ks_best = ks;
             *mt = t;
         }
+    }
     return ks_best;
 }
 #undef SK_FN

@@ -286,7 +286,6 @@ struct gk_args {
 };
 
 #define GK_THREADS 256
-#define GK_DR_MAX 8 /* mode 6's largest split (gemm_sk.h GK_DR_MAX_SPLIT) */
 
 template <int MT, int BN, int ST, int NWG = 2>
 struct gk_cfg {
@@ -598,6 +597,19 @@ static __device__ __forceinline__ void gk_cluster_store(const A &a, float (&acc)
 #endif
 }
 
+/* A block's accumulators into the workspace at p (per thread, coalesced:
+ * [NACC][NC] from p - tid), fenced, the NC consumer threads met at named
+ * barrier 1: stream-K's parked pieces (ws_sk_park) and mode 6's partials. */
+template <int MT, int BN, int NC>
+static __device__ __forceinline__ void gk_park(float *p, const float (&acc)[MT][BN / 2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) __stcg(p + (mt * (BN / 2) + i) * NC, acc[mt][i]);
+    __threadfence();
+    asm volatile("bar.sync 1, %0;" ::"n"(NC) : "memory");
+}
+
 /* Mode 6 (session 36): a K split (2..8, one tile per block) reduced by all
  * of its blocks through the workspace, as gk_cluster_store does through
  * distributed shared memory but with any placement: each block parks its
@@ -614,13 +626,7 @@ static __device__ __forceinline__ void gk_dr_store(const A &a, const float (&acc
     constexpr int NACC = MT * BN / 2; /* NC: the consumer threads (256, or 384 in mode 7) */
     const int ks = a.ksplit;
     const float *base = a.part + (size_t)tile * ks * NACC * NC + tid;
-    float *mine = a.part + ((size_t)tile * ks + split) * NACC * NC + tid;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int i = 0; i < BN / 2; i++) __stcg(mine + (mt * (BN / 2) + i) * NC, acc[mt][i]);
-    __threadfence();
-    asm volatile("bar.sync 1, %0;" ::"n"(NC) : "memory");
+    gk_park<MT, BN, NC>(a.part + ((size_t)tile * ks + split) * NACC * NC + tid, acc);
     int *cnt = a.cnt + tile;
     if (tid == 0) {
         atomicAdd(cnt, 1);
@@ -980,13 +986,7 @@ static __device__ __forceinline__ bool ws_work_next(ws_work &w, const gk_args &a
  * barrier 1 in between. */
 template <int MT, int BN>
 static __device__ __forceinline__ void ws_sk_park(const gk_args &a, const float (&acc)[MT][BN / 2], int tid) {
-    float *p = a.part + (size_t)blockIdx.x * (MT * BN / 2) * GK_THREADS + tid;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int i = 0; i < BN / 2; i++) __stcg(p + (mt * (BN / 2) + i) * GK_THREADS, acc[mt][i]);
-    __threadfence();
-    asm volatile("bar.sync 1, 256;" ::: "memory");
+    gk_park<MT, BN, GK_THREADS>(a.part + (size_t)blockIdx.x * (MT * BN / 2) * GK_THREADS + tid, acc);
     if (tid == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(a.cnt + blockIdx.x), "r"(1) : "memory");
 }
 
@@ -1662,7 +1662,7 @@ extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
         return 0;
     }
     if (ksplit == 0 && mode != 4) return -EINVAL; /* stream-K: mode 4 only */
-    if (mode >= 6 && (bn != 64 || ksplit < 2 || ksplit > GK_DR_MAX || (mode == 7 && mt != 1))) return -EINVAL;
+    if (mode >= 6 && (bn != 64 || ksplit < 2 || ksplit > GK_DR_MAX_SPLIT || (mode == 7 && mt != 1))) return -EINVAL;
     if (!cfg_valid(mt, bn, mode) || ksplit < 0 || ksplit > 64 || mode < 0 || mode > 7) return -EINVAL;
     if (mode >= 3 && ksplit > GK_CLUSTER_MAX) return -EINVAL; /* its split is reduced in a cluster only */
     g_force.mt = mt;
@@ -1982,17 +1982,19 @@ static int use_cluster(const gk_choice &ch, int kse) {
 /* Mode 6 (the split reduced by all its blocks through the workspace,
  * session 36): its partials, and whether a call can run it (the grid of
  * tiles x splits resident at once, a counter per tile, the workspace). */
-/* mode 7 (mode 6 with three consumer warpgroups): 1 x 64 tiles of 12 n16
- * tiles (192 rows), 384 consumer threads */
+/* consumer warpgroups of a mode's kernel: 3 in mode 7 (mode 6 with three,
+ * tiles of 12 n16 tiles = 192 rows), else 2; a tile is 4 x that x mt n16
+ * tiles, the consumers 128 x that threads */
+static int gk_nwg(int mode) { return mode == 7 ? 3 : 2; }
 static int dr_tiles(const struct w4a16_gemm_args *a, int mt, int mode) {
-    return mode == 7 ? cdiv(a->n16, 12) * cdiv(a->m, 64) : tiles_of(a, mt, 64);
+    return cdiv(a->n16, 4 * gk_nwg(mode) * mt) * cdiv(a->m, 64);
 }
 static size_t dr_bytes(const struct w4a16_gemm_args *a, int mt, int ks, int mode = 6) {
-    return (size_t)dr_tiles(a, mt, mode) * ks * (mt * 32) * (mode == 7 ? 384 : GK_THREADS) * sizeof(float);
+    return (size_t)dr_tiles(a, mt, mode) * ks * (mt * 32) * (128 * gk_nwg(mode)) * sizeof(float);
 }
 static int dr_fits(const struct w4a16_gemm_args *a, int mt, int ks, size_t ws_bytes, int mode = 6) {
     const int sms = a->sms > 0 ? a->sms : 1, lim = ws_ctx_sms(), tiles = dr_tiles(a, mt, mode);
-    return ks >= 2 && ks <= GK_DR_MAX && cdiv(a->kc, cdiv(a->kc, ks)) == ks && (long long)tiles * ks <= sms &&
+    return ks >= 2 && ks <= GK_DR_MAX_SPLIT && cdiv(a->kc, cdiv(a->kc, ks)) == ks && (long long)tiles * ks <= sms &&
            !(lim > 0 && lim < sms) && tiles <= a->cnt_len && dr_bytes(a, mt, ks, mode) <= ws_bytes &&
            (mode == 6 || mt == 1);
 }
@@ -2004,16 +2006,11 @@ static int wg3_default(void) {
     return on;
 }
 static int dr_pick7(const struct w4a16_gemm_args *a, size_t ws_bytes, gk_choice *out) {
-    const int sms = a->sms > 0 ? a->sms : 1;
-    int best = 0;
-    if (a->kc < GK_DR_MIN_KC) return 0;
-    for (int ks = GK_DR_MAX_SPLIT; ks >= GK_DR_MIN_SPLIT; ks--) {
-        const int blocks = dr_tiles(a, 1, 7) * ks;
-        if (!dr_fits(a, 1, ks, ws_bytes, 7) || 4 * blocks < 3 * sms || blocks <= best) continue;
-        best = blocks;
-        *out = gk_choice{1, 64, ks, 7, 0};
-    }
-    return best > 0;
+    int blocks = 0;
+    const int ks = gk_dr_split(a->kc, dr_tiles(a, 1, 7), a->sms > 0 ? a->sms : 1, &blocks);
+    if (!ks || !dr_fits(a, 1, ks, ws_bytes, 7)) return 0;
+    *out = gk_choice{1, 64, ks, 7, 0};
+    return 1;
 }
 /* AWQD_W4A16_GEMM_DR=0: the automatic choice never runs mode 6 */
 static int dr_default(void) {
@@ -2394,7 +2391,7 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
     ka.ksplit = ks;
     static const int dbg = getenv("AWQD_W4A16_GEMM_DBG") ? atoi(getenv("AWQD_W4A16_GEMM_DBG")) : 0;
     ka.dbg = dbg;
-    ka.ntn = cdiv(a->n16, (ch.mode == 7 ? 12 : 8) * ch.mt);
+    ka.ntn = cdiv(a->n16, 4 * gk_nwg(ch.mode) * ch.mt);
     ka.ntiles = ka.ntn * cdiv(a->m, ch.bn);
     /* stream-K where chosen and the workspace holds the parked pieces */
     const bool sk = ch.sk && ch.mode == 4 && ks == 1 && sk_fits(a, ch.mt, ch.bn) && ws &&

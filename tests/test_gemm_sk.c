@@ -121,43 +121,61 @@ TEST(gemm_sk, whole_tiles_before_stream_k) {
     ASSERT_EQ_INT(sk_whole_tiles(3072, 132), 22 * 132);
 }
 
-/* Mode 6's pick (gk_dr_pick) on the real shapes the wgmma GEMM takes at
- * M = 33-64 on an H200 (132 SMs), as session 36 measured them: the tile,
- * the split and the grid, or none where stream-K stayed faster (splits of
- * 2-3, K = 2048) or the tiles alone fill the SMs. */
+/* Mode 6 / 7's pick (gk_dr_pick) on the real shapes the wgmma GEMM takes
+ * at M = 33-64 on an H200 (132 SMs), as sessions 36 and 37 measured them:
+ * the tile, the split, the mode and the grid, or none where stream-K
+ * stayed faster (splits of 2-3, K = 2048) or the tiles alone fill the SMs.
+ * Times: the pick's against session 36's (2 x 64, the most blocks). */
 TEST(gemm_sk, split_all_blocks_pick) {
     static const struct {
         const char *what;
-        int k, n, mt, ks; /* ks 0: not mode 6 */
+        int k, n, mt, ks, mode; /* ks 0: neither mode */
     } cs[] = {
-        {"Qwen3-8B q|k|v", 4096, 6144, 2, 5},   /* 24 tiles x 5 = 120 blocks (1.01x stream-K's time) */
-        {"Qwen3-8B o", 4096, 4096, 2, 8},       /* 16 x 8 = 128: 0.92x */
-        {"Qwen3-8B gate|up", 4096, 24576, 0, 0}, /* 96 tiles: no split fits */
-        {"Qwen3-8B down", 12288, 4096, 2, 8},   /* 0.80x */
-        {"Qwen3-32B q|k|v", 5120, 10240, 0, 0}, /* 40 tiles x 3: too few splits */
-        {"Qwen3-32B o", 8192, 5120, 2, 6},      /* 20 x 6 = 120: 0.86x */
-        {"Qwen3-32B down", 25600, 5120, 2, 6},
-        {"Qwen3-32B tp=2 o", 4096, 5120, 2, 6},
-        {"Qwen3-32B tp=4 gate|up", 5120, 12800, 0, 0}, /* 50 x 2: lost 1.04-1.10x */
-        {"Qwen3-32B tp=4 down", 6400, 5120, 2, 6},
-        {"Llama-3-70B o", 8192, 8192, 2, 4},           /* 32 x 4 = 128: 0.93x */
-        {"Llama-3-70B tp=2 q|k|v", 8192, 5120, 2, 6}, /* 0.84x */
-        {"Llama-3-70B tp=4 o", 2048, 8192, 0, 0},      /* K = 2048: lost 1.14-1.17x */
-        {"Llama-3-70B tp=4 gate|up", 8192, 14336, 0, 0},
-        {"Llama-3-70B tp=4 down", 7168, 8192, 2, 4},
+        {"Qwen3-8B q|k|v", 4096, 6144, 1, 4, 7},   /* 32 tiles x 4 = 128 blocks: 0.86x 2 x 64 split 5 */
+        {"Qwen3-8B o", 4096, 4096, 1, 4, 6},       /* 32 x 4: 0.89x 2 x 64 split 8 */
+        {"Qwen3-8B gate|up", 4096, 24576, 0, 0, 0}, /* 96 tiles: no split fits */
+        {"Qwen3-8B down", 12288, 4096, 2, 8, 6},   /* K > 6400: the most blocks (mode 7 split 6 1.00x) */
+        {"Qwen3-8B tp=2 q|k|v", 4096, 3072, 1, 5, 6},
+        {"Qwen3-8B tp=2 down", 6144, 4096, 1, 4, 6},
+        {"Qwen3-32B q|k|v", 5120, 10240, 0, 0, 0}, /* 40 tiles x 3: too few splits */
+        {"Qwen3-32B o", 8192, 5120, 2, 6, 6},      /* 20 x 6 = 120 */
+        {"Qwen3-32B down", 25600, 5120, 2, 6, 6},  /* mode 7 split 4: 1.12x */
+        {"Qwen3-32B tp=2 q|k|v", 5120, 5120, 1, 4, 7}, /* 27 x 4 = 108: 0.94x */
+        {"Qwen3-32B tp=2 o", 4096, 5120, 1, 4, 7},     /* 0.91x */
+        {"Qwen3-32B tp=4 q|k|v", 5120, 2560, 1, 5, 6}, /* 20 x 5: all within 1% */
+        {"Qwen3-32B tp=4 gate|up", 5120, 12800, 0, 0, 0}, /* 50 x 2: lost 1.04-1.10x */
+        {"Qwen3-32B tp=4 down", 6400, 5120, 1, 4, 7},     /* 0.97x */
+        {"Llama-3-70B o", 8192, 8192, 2, 4, 6},           /* 32 x 4 = 128 */
+        {"Llama-3-70B tp=2 q|k|v", 8192, 5120, 2, 6, 6},
+        {"Llama-3-70B tp=2 o", 4096, 8192, 1, 3, 7}, /* 43 x 3 = 129: 0.95x */
+        {"Llama-3-70B tp=4 o", 2048, 8192, 0, 0, 0}, /* K = 2048: lost 1.14-1.17x */
+        {"Llama-3-70B tp=4 gate|up", 8192, 14336, 0, 0, 0},
+        {"Llama-3-70B tp=4 down", 7168, 8192, 2, 4, 6},
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
-        int mt = 0;
-        const int ks = gk_dr_pick(cs[i].k / 64, cs[i].n / 16, 132, &mt);
-        ASSERT_MSG(ks == cs[i].ks && (!ks || mt == cs[i].mt), "%s: pick %d x 64 split %d, expected %d x 64 split %d",
-                   cs[i].what, ks ? mt : 0, ks, cs[i].mt, cs[i].ks);
+        int mt = 0, mode = 0;
+        const int ks = gk_dr_pick(cs[i].k / 64, cs[i].n / 16, 132, 1, &mt, &mode);
+        ASSERT_MSG(ks == cs[i].ks && (!ks || (mt == cs[i].mt && mode == cs[i].mode)),
+                   "%s: pick %d x 64 split %d mode %d, expected %d x 64 split %d mode %d", cs[i].what, ks ? mt : 0,
+                   ks, ks ? mode : 0, cs[i].mt, cs[i].ks, cs[i].mode);
         if (ks) {
-            const int tiles = (cs[i].n / 16 + 8 * mt - 1) / (8 * mt);
+            const int rows = mode == 7 ? 192 : 128 * mt, tiles = (cs[i].n + rows - 1) / rows;
             ASSERT(tiles * ks <= 132 && 4 * tiles * ks >= 3 * 132);
         }
+        /* without mode 7 (AWQD_W4A16_GEMM_WG3=0): mode 6 at the same or more splits */
+        int mt6 = 0, mode6 = 0;
+        const int ks6 = gk_dr_pick(cs[i].k / 64, cs[i].n / 16, 132, 0, &mt6, &mode6);
+        ASSERT_MSG(!ks6 || mode6 == 6, "%s: mode %d without mode 7", cs[i].what, mode6);
+        ASSERT_MSG(!!ks6 == !!ks && (mode != 6 || (ks6 == ks && mt6 == mt)) && ks6 >= ks,
+                   "%s: without mode 7 split %d (%d x 64), with %d", cs[i].what, ks6, mt6, ks);
     }
     /* fewer SMs: the grid still fits them */
-    int mt = 0;
-    const int ks = gk_dr_pick(64, 256, 114, &mt);
-    ASSERT(ks == 0 || (256 + 8 * mt - 1) / (8 * mt) * ks <= 114);
+    for (int sms = 78; sms <= 144; sms += 6)
+        for (int k = 4096; k <= 28672; k += 2048) {
+            int mt = 0, mode = 0;
+            const int ks = gk_dr_pick(k / 64, 256, sms, 1, &mt, &mode);
+            const int rows = mode == 7 ? 192 : 128 * mt;
+            ASSERT_MSG(ks == 0 || ((4096 + rows - 1) / rows * ks <= sms && (mode == 6 || mt == 1)),
+                       "%d SMs K %d: %d x 64 split %d mode %d", sms, k, mt, ks, mode);
+        }
 }

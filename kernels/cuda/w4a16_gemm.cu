@@ -1031,7 +1031,7 @@ template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false, bool PIPE 
           int NWG = 2>
 static __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmy) {
-    /* NWG = 3 (mode 7, session 36, an experiment): three consumer
+    /* NWG = 3 (mode 7, session 36; picked since session 37): three consumer
      * warpgroups of one m64 tile each, 192 weight rows a block; only with
      * the pipelined loop and mode 6's split */
     static_assert(NWG == 2 || (NWG == 3 && MT == 1 && BN == 64 && NAT && PIPE && DR && !CL && !TS),
@@ -1998,34 +1998,25 @@ static int dr_fits(const struct w4a16_gemm_args *a, int mt, int ks, size_t ws_by
            !(lim > 0 && lim < sms) && tiles <= a->cnt_len && dr_bytes(a, mt, ks, mode) <= ws_bytes &&
            (mode == 6 || mt == 1);
 }
-/* AWQD_W4A16_GEMM_WG3=1 (experiment, session 36, not measured): the
- * automatic choice tries mode 7 before mode 6, with the split (4..8) whose
- * grid fills the most SMs, at least 3/4 of them */
+/* AWQD_W4A16_GEMM_WG3=0: the automatic choice never runs mode 7 (its
+ * picks go to mode 6's tiles) */
 static int wg3_default(void) {
-    static const int on = getenv("AWQD_W4A16_GEMM_WG3") && !strcmp(getenv("AWQD_W4A16_GEMM_WG3"), "1");
+    static const int on = !(getenv("AWQD_W4A16_GEMM_WG3") && !strcmp(getenv("AWQD_W4A16_GEMM_WG3"), "0"));
     return on;
 }
-static int dr_pick7(const struct w4a16_gemm_args *a, size_t ws_bytes, gk_choice *out) {
-    int blocks = 0;
-    const int ks = gk_dr_split(a->kc, dr_tiles(a, 1, 7), a->sms > 0 ? a->sms : 1, &blocks);
-    if (!ks || !dr_fits(a, 1, ks, ws_bytes, 7)) return 0;
-    *out = gk_choice{1, 64, ks, 7, 0};
-    return 1;
-}
-/* AWQD_W4A16_GEMM_DR=0: the automatic choice never runs mode 6 */
+/* AWQD_W4A16_GEMM_DR=0: the automatic choice never runs mode 6 or 7 */
 static int dr_default(void) {
     static const int on = !(getenv("AWQD_W4A16_GEMM_DR") && !strcmp(getenv("AWQD_W4A16_GEMM_DR"), "0"));
     return on;
 }
-/* The automatic choice's mode 6 at M <= GK_PIPE_MAX_M (one token tile):
- * gk_dr_pick's tile and split (kernels/cuda/gemm_sk.h, checked on the real
- * shapes by tests/test_gemm_sk.c), where this call can run it. */
+/* The automatic choice's mode 6 / 7 at M <= GK_PIPE_MAX_M (one token tile):
+ * gk_dr_pick's tile, split and mode (kernels/cuda/gemm_sk.h, checked on the
+ * real shapes by tests/test_gemm_sk.c), where this call can run it. */
 static int dr_pick(const struct w4a16_gemm_args *a, size_t ws_bytes, gk_choice *out) {
-    if (wg3_default() && dr_pick7(a, ws_bytes, out)) return 1;
-    int mt = 1;
-    const int ks = gk_dr_pick(a->kc, a->n16, a->sms > 0 ? a->sms : 1, &mt);
-    if (!ks || !dr_fits(a, mt, ks, ws_bytes)) return 0;
-    *out = gk_choice{mt, 64, ks, 6, 0};
+    int mt = 1, mode = 6;
+    const int ks = gk_dr_pick(a->kc, a->n16, a->sms > 0 ? a->sms : 1, wg3_default(), &mt, &mode);
+    if (!ks || !dr_fits(a, mt, ks, ws_bytes, mode)) return 0;
+    *out = gk_choice{mt, 64, ks, mode, 0};
     return 1;
 }
 static int pipe_default(void);

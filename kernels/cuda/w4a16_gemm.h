@@ -79,11 +79,10 @@ int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t ws_bytes, i
  * through the workspace instead of a cluster (bitwise mode 4's at the same
  * split; needs the workspace, the counters and tiles x splits <= the SMs,
  * else it runs as mode 4), 7 = mode 6 with three consumer warpgroups and
- * tiles of 192 rows (mt 1, bn 64; session 36, compiled and tested in
- * code but not yet run on a GPU; the automatic choice tries it first only
- * with AWQD_W4A16_GEMM_WG3=1). The automatic choice uses mode
- * 4 with its modelled tile and split, and mode 6 at M <= 64 where its grid
- * fills the SMs (AWQD_W4A16_GEMM_DR=0: never) (mode 5 with AWQD_W4A16_GEMM_SS=1, mode
+ * tiles of 192 rows (mt 1, bn 64; sessions 36-37). The automatic choice
+ * uses mode 4 with its modelled tile and split, and mode 6 or 7 at M <= 64
+ * where its grid fills the SMs (gemm_sk.h gk_dr_pick; AWQD_W4A16_GEMM_DR=0:
+ * neither, AWQD_W4A16_GEMM_WG3=0: not mode 7) (mode 5 with AWQD_W4A16_GEMM_SS=1, mode
  * 3 with AWQD_W4A16_GEMM_NAT=0, mode 0 with AWQD_W4A16_GEMM_WS=0). mt = 0
  * restores the automatic choice. ksplit = 0 with mode 4: stream-K at split 1
  * (where the workspace holds a piece per SM and there are at least 2 chunk

@@ -1282,8 +1282,10 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         uint32_t s2[MT], z[MT];
     };
     uint32_t pa[PIPE ? 2 : 1][4][MT][4];
-    auto pipe_fetch = [&](pipe_raw &rw, int itn) {
-        const int slot = itn % ST;
+    /* chunk counters as unsigned (never negative): their slot and phase
+     * without the signed division's corrections */
+    auto pipe_fetch = [&](pipe_raw &rw, unsigned itn) {
+        const unsigned slot = itn % ST;
         mbar_wait(full0 + 8 * slot, (itn / ST) & 1);
         const unsigned char *stp = smem + slot * C::STAGE;
         const uint4 *sw = (const uint4 *)(stp + C::X_BYTES);
@@ -1299,7 +1301,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     };
     /* chunk it (fetched into rw) into A buffer B, its group issued; frees
      * the previous chunk's stage once that group has completed */
-    auto pipe_step = [&](auto bufc, const pipe_raw &rw, int itc, bool free_prev) {
+    auto pipe_step = [&](auto bufc, const pipe_raw &rw, unsigned itc, bool free_prev) {
         constexpr int B = decltype(bufc)::value < (PIPE ? 2 : 1) ? decltype(bufc)::value : 0;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {

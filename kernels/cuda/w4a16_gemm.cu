@@ -948,6 +948,27 @@ static __device__ __forceinline__ void g_quad_natural(const uint4 &wv, int c, ui
     }
 }
 
+/* The pipelined loop's (PIPE) way to g_quad_natural's words, without the
+ * exchange: its producer stores lane (r, t)'s 16 bytes of an n16 tile at
+ * 16-byte slot t ^ (r >> 1) of the quad's 64, and lane (r, c) loads the two
+ * words it takes from each quad lane t (words c / 2 and c / 2 + 2, 8 bytes
+ * apart) itself: g[2 t], g[2 t + 1], which one prmt (0x6240 for even c,
+ * 0x7351 for odd) makes natural word t, as the exchange would. The slot
+ * swizzle puts the 16 words a load of a warp reads in 16 banks (bank
+ * 16 (r & 1) + 4 ((r >> 1) ^ t) + c / 2 (+ 2)), so 8 conflict-free 4-byte
+ * loads replace one 16-byte load, 4 shuffles and 12 selects (session 37:
+ * the consumers were ALU-bound, docs/PERFORMANCE.md). tile: the shared
+ * address of the n16 tile's 512 bytes (512-aligned). */
+static __device__ __forceinline__ void g_quad_gather(uint32_t tile, int r, int c, uint32_t g[8]) {
+    const uint32_t a0 = tile + r * 64 + ((r >> 1) << 4) + (c >> 1) * 4; /* slot t: a0 ^ (t << 4) */
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const uint32_t at = a0 ^ (uint32_t)(t << 4);
+        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(g[2 * t]) : "r"(at) : "memory");
+        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(g[2 * t + 1]) : "r"(at + 8) : "memory");
+    }
+}
+
 /* A block's work in k_w4gemm_ws, one piece at a time (kernels/cuda/gemm_sk.h,
  * whose invariants tests/test_gemm_sk.c checks on the CPU): tile `tile`, chunks
  * [kb, ke) of it. First whole tiles blockIdx.x, + gridDim.x, ... below
@@ -1038,6 +1059,10 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
                   "k_w4gemm_ws: three consumer warpgroups only as mode 7");
     typedef gk_cfg<MT, BN, ST, NWG> C;
     constexpr int NCW = 4 * NWG; /* consumer warps */
+    /* the weight words by g_quad_gather instead of g_quad_natural's
+     * exchange: mode 6 (H200, session 37: 0.96-0.975x at 2 x 64; mode 4's
+     * pipelined loop 1.02-1.03x slower with it, mode 7 0.995-1.015x) */
+    constexpr bool GA = PIPE && DR && NWG == 2;
     extern __shared__ unsigned char g_smem_raw[];
     __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST], empty[ST] */
     const uint32_t sraw = smem_u32(g_smem_raw);
@@ -1072,6 +1097,9 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
          * copies source word `lane` of each row (k = 2 lane, 2 lane + 1) to
          * its permuted, swizzled word (header of k_w4gemm) */
         const int dw = ((lane >> 1) & 3) * 8 + (lane & 1) * 4 + (lane >> 3);
+        /* GA: lane (r, t)'s 16 weight bytes of a tile at (r, t ^ (r >> 1))
+         * (g_quad_gather); else in lane order */
+        const int wl = lane ^ ((lane >> 3) & 3);
         const uint32_t xo0 = (2 * pw) * 128 + (((dw >> 2) ^ (2 * pw)) << 4) + (dw & 3) * 4;
         const uint32_t xo1 = (2 * pw + 1) * 128 + (((dw >> 2) ^ (2 * pw + 1)) << 4) + (dw & 3) * 4;
         int it = 0;
@@ -1094,7 +1122,8 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
                     const bool ok = cb < ncb;
                     const uint32_t off = ((uint32_t)(ok ? cb : 0) * (uint32_t)a.KC + (uint32_t)kc) * 256u +
                                          (uint32_t)(nt & 7) * 32u + (uint32_t)lane;
-                    g_cp16(st + C::X_BYTES + (pt + 128 * j) * 16, a.qw + off, ok ? 16 : 0);
+                    g_cp16(st + C::X_BYTES + (GA ? 128 * j + 32 * pw + wl : pt + 128 * j) * 16, a.qw + off,
+                           ok ? 16 : 0);
                 }
                 const uint32_t g = (uint32_t)(kc / cpg);
                 if (pt < 2 * C::BT) {
@@ -1278,9 +1307,11 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
      * ld.shared. The wgmma sequence of a tile is the plain loop's: results
      * are bit for bit the same. */
     struct pipe_raw {
-        uint4 wv[MT];
+        uint4 wv[MT];      /* the lane's own words (g_quad_natural) */
+        uint32_t g[MT][8]; /* or g_quad_gather's (GA) */
         uint32_t s2[MT], z[MT];
     };
+    const uint32_t gsel = (c & 1) ? 0x7351u : 0x6240u;
     uint32_t pa[PIPE ? 2 : 1][4][MT][4];
     /* chunk counters as unsigned (never negative): their slot and phase
      * without the signed division's corrections */
@@ -1288,13 +1319,15 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         const unsigned slot = itn % ST;
         mbar_wait(full0 + 8 * slot, (itn / ST) & 1);
         const unsigned char *stp = smem + slot * C::STAGE;
-        const uint4 *sw = (const uint4 *)(stp + C::X_BYTES);
         const uint32_t *ss = (const uint32_t *)(stp + C::X_BYTES + C::W_BYTES);
         const uint8_t *sz = stp + C::X_BYTES + C::W_BYTES + C::S_BYTES;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             const int T = (wg * MT + mt) * 4 + wq;
-            rw.wv[mt] = sw[T * 32 + lane];
+            if constexpr (GA)
+                g_quad_gather(sbase + slot * C::STAGE + C::X_BYTES + T * 512, r, c, rw.g[mt]);
+            else
+                rw.wv[mt] = ((const uint4 *)(stp + C::X_BYTES))[T * 32 + lane];
             rw.s2[mt] = ss[T * 8 + r];
             rw.z[mt] = sz[T * 8 + r];
         }
@@ -1306,7 +1339,12 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             uint32_t nw[4];
-            g_quad_natural(rw.wv[mt], c, nw);
+            if constexpr (GA) {
+#pragma unroll
+                for (int t = 0; t < 4; t++) nw[t] = __byte_perm(rw.g[mt][2 * t], rw.g[mt][2 * t + 1], gsel);
+            } else {
+                g_quad_natural(rw.wv[mt], c, nw);
+            }
             const g_deq dq = g_deq_make(rw.s2[mt], rw.z[mt]);
 #pragma unroll
             for (int t = 0; t < 4; t++) g_deq_word(nw[t], dq, pa[B][t][mt]);

@@ -948,7 +948,7 @@ static __device__ __forceinline__ void g_quad_natural(const uint4 &wv, int c, ui
     }
 }
 
-/* The pipelined loop's (PIPE) way to g_quad_natural's words, without the
+/* Mode 6's way (GA in k_w4gemm_ws) to g_quad_natural's words, without the
  * exchange: its producer stores lane (r, t)'s 16 bytes of an n16 tile at
  * 16-byte slot t ^ (r >> 1) of the quad's 64, and lane (r, c) loads the two
  * words it takes from each quad lane t (words c / 2 and c / 2 + 2, 8 bytes

@@ -948,7 +948,7 @@ static __device__ __forceinline__ void g_quad_natural(const uint4 &wv, int c, ui
     }
 }
 
-/* Mode 6's way (GA in k_w4gemm_ws) to g_quad_natural's words, without the
+/* Mode 6's and mode 4's plain loop's way (GA in k_w4gemm_ws) to g_quad_natural's words, without the
  * exchange: its producer stores lane (r, t)'s 16 bytes of an n16 tile at
  * 16-byte slot t ^ (r >> 1) of the quad's 64, and lane (r, c) loads the two
  * words it takes from each quad lane t (words c / 2 and c / 2 + 2, 8 bytes
@@ -1060,9 +1060,11 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     typedef gk_cfg<MT, BN, ST, NWG> C;
     constexpr int NCW = 4 * NWG; /* consumer warps */
     /* the weight words by g_quad_gather instead of g_quad_natural's
-     * exchange: mode 6 (H200, session 37: 0.96-0.975x at 2 x 64; mode 4's
-     * pipelined loop 1.02-1.03x slower with it, mode 7 0.995-1.015x) */
-    constexpr bool GA = PIPE && DR && NWG == 2;
+     * exchange (H200, back to back): mode 6 (session 37: 0.96-0.975x at
+     * 2 x 64) and mode 4's plain loop (M > 64; session 38: 0.88-0.975x at
+     * M = 128-2048); not mode 4's pipelined loop (1.02-1.03x slower with
+     * it) nor mode 7 (0.995-1.015x) */
+    constexpr bool GA = NAT && (PIPE ? DR && NWG == 2 : true);
     extern __shared__ unsigned char g_smem_raw[];
     __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST], empty[ST] */
     const uint32_t sraw = smem_u32(g_smem_raw);
@@ -1242,8 +1244,17 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         auto deq = [&](auto mtc) {
             constexpr int mt = decltype(mtc)::value;
             const int T = (wg * MT + mt) * 4 + wq;
-            uint4 wv = sw[T * 32 + lane];
-            if (NAT && !(a.dbg & 512)) { /* timing switch 512: no transpose */
+            uint4 wv;
+            if constexpr (GA) {
+                uint32_t g[8];
+                g_quad_gather(xb + C::X_BYTES + T * 512, r, c, g);
+                const uint32_t gs = (c & 1) ? 0x7351u : 0x6240u;
+                wv = make_uint4(__byte_perm(g[0], g[1], gs), __byte_perm(g[2], g[3], gs), __byte_perm(g[4], g[5], gs),
+                                __byte_perm(g[6], g[7], gs));
+            } else {
+                wv = sw[T * 32 + lane];
+            }
+            if (NAT && !GA && !(a.dbg & 512)) { /* timing switch 512: no transpose */
                 uint32_t nw[4];
                 g_quad_natural(wv, c, nw);
                 wv = make_uint4(nw[0], nw[1], nw[2], nw[3]);

@@ -258,27 +258,44 @@ TEST(dc_plan, persistent_grid) {
     /* K = 5120 at a TB whose turns are not whole (forced TB = 2, 5 groups per warp): not */
     ASSERT(dc_plan_make(1, 5120, n16_of(51200), 128, &H200, 2, DC_PLAN_HALVE, &pl));
     ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 1), 0);
-    for (int k = 1024; k <= 32768; k += 1024)
-        for (int n16 = 8; n16 <= 4096; n16 += 56)
-            for (int m = 1; m <= DC_MAX_M; m++) {
-                if (!dc_plan_make(m, k, n16, 128, &H200, 0, DC_PLAN_HALVE, &pl)) continue;
-                const struct dc_plan pl0 = pl;
-                const int g = dc_ps_plan(&pl, &H200, 0);
-                if (!g) {
-                    ASSERT(memcmp(&pl, &pl0, sizeof pl) == 0);
-                    continue;
+    /* Qwen3-8B q|k|v M = 16 (one block per SM: 192 blocks of TB = 2 on 132 slots, 73%): with
+     * DC_PLAN_TB1 384 of TB = 1 (3 waves, 97%) on 128 blocks; without it ragged, 132 */
+    ASSERT(dc_plan_make(16, 4096, n16_of(6144), 128, &H200, 0, DC_PLAN_HALVE | DC_PLAN_TB1, &pl) && pl.tb == 2);
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 128);
+    ASSERT(pl.tb == 1 && pl.blocks == 384 && pl.smem == dc_smem_bytes(16, 4096, 1, 2));
+    ASSERT(dc_plan_make(16, 4096, n16_of(6144), 128, &H200, 0, DC_PLAN_HALVE, &pl));
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 132);
+    ASSERT(pl.tb == 2 && pl.blocks == 192);
+    /* ... not at MT = 3 (M = 20: mixed, session 38) nor where two blocks fit per SM (M = 9) */
+    ASSERT(dc_plan_make(20, 4096, n16_of(6144), 128, &H200, 0, DC_PLAN_HALVE | DC_PLAN_TB1, &pl));
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 132);
+    ASSERT_EQ_INT(pl.tb, 2);
+    ASSERT(dc_plan_make(9, 4096, n16_of(6144), 128, &H200, 0, DC_PLAN_HALVE | DC_PLAN_TB1, &pl));
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 0);
+    for (int f = 0; f < 2; f++)
+        for (int k = 1024; k <= 32768; k += 1024)
+            for (int n16 = 8; n16 <= 4096; n16 += 56)
+                for (int m = 1; m <= DC_MAX_M; m++) {
+                    if (!dc_plan_make(m, k, n16, 128, &H200, 0, DC_PLAN_HALVE | (f ? DC_PLAN_TB1 : 0), &pl)) continue;
+                    const struct dc_plan pl0 = pl;
+                    const int g = dc_ps_plan(&pl, &H200, 0);
+                    if (!g) {
+                        ASSERT(memcmp(&pl, &pl0, sizeof pl) == 0);
+                        continue;
+                    }
+                    const int slots = H200.sms * dc_slots_per_sm(&H200, pl.smem, pl.mt), waves = (pl.blocks + slots - 1) / slots;
+                    ASSERT(pl0.blocks > H200.sms * dc_slots_per_sm(&H200, pl0.smem, pl0.mt));
+                    ASSERT((k / 128) % (DC_WARPS * (4 / pl.tb)) == 0 && pl.mt == pl0.mt &&
+                           (pl.mt == 1 || pl.tb == 2 ||
+                            (f && pl.mt == 2 && pl.tb == 1 && dc_blocks_per_sm(&H200, pl.smem) == 1)));
+                    ASSERT(pl.blocks == (n16 + pl.tb - 1) / pl.tb && pl.smem <= dc_smem_max(pl.mt));
+                    ASSERT(pl.blocks > slots && g <= slots);
+                    if (100L * pl.blocks >= (long)DC_PS_FILL_PCT * waves * slots) { /* full waves */
+                        ASSERT((long)g * waves >= pl.blocks && (long)g * (waves - 1) < pl.blocks);
+                    } else { /* ragged: the plan's TB, one block per slot */
+                        ASSERT(memcmp(&pl, &pl0, sizeof pl) == 0 && g == slots);
+                    }
                 }
-                const int slots = H200.sms * dc_slots_per_sm(&H200, pl.smem, pl.mt), waves = (pl.blocks + slots - 1) / slots;
-                ASSERT(pl0.blocks > H200.sms * dc_slots_per_sm(&H200, pl0.smem, pl0.mt));
-                ASSERT((k / 128) % (DC_WARPS * (4 / pl.tb)) == 0 && pl.mt == pl0.mt && (pl.mt == 1 || pl.tb == 2));
-                ASSERT(pl.blocks == (n16 + pl.tb - 1) / pl.tb && pl.smem <= dc_smem_max(pl.mt));
-                ASSERT(pl.blocks > slots && g <= slots);
-                if (100L * pl.blocks >= (long)DC_PS_FILL_PCT * waves * slots) { /* full waves */
-                    ASSERT((long)g * waves >= pl.blocks && (long)g * (waves - 1) < pl.blocks);
-                } else { /* ragged: the plan's TB, one block per slot */
-                    ASSERT(memcmp(&pl, &pl0, sizeof pl) == 0 && g == slots);
-                }
-            }
 }
 
 /* Invariants over many shapes: the plan covers every tile, fits its shared

@@ -44,6 +44,7 @@ struct dc_gpu {
 #define DC_PLAN_S21 2   /* session 21's rules instead (AWQD_W4A16_DC_PLAN=21, for measurements;
                            blocks per SM counted as since session 22) */
 #define DC_HALVE_MAX_M 4
+#define DC_PLAN_TB1 4   /* dc_ps_plan may give MT >= 2 one tile per block where one block fits per SM */
 
 struct dc_plan {
     int mt, tb, blocks, k;
@@ -277,15 +278,29 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
  * 2 shard (400 blocks) 1.00 / 1.00 / 0.98 / 0.94x; Qwen3-32B with 16
  * layers, batch 1 / 4: 484 -> 500, 1823 -> 1852 tok/s. */
 #define DC_PS_FILL_PCT 90
+/* MT = 2 (M = 9..16) may take one tile per block on the persistent grid
+ * where one block fits per SM (DC_PLAN_TB1, the default; without the
+ * 128-register cap: 216-227 registers, no spills). Its TB = 2 leaves
+ * ragged waves on some grids (Qwen3-8B q|k|v at M = 13-16: 192 columns on
+ * 132 slots, 73% full; 384 of TB = 1 fill 97%). H200, session 38, back to
+ * back, the decode kernel forced at M = 9-24 on the 28 shapes, two runs
+ * each: Qwen3-8B q|k|v M = 16 9.03 -> 8.52 us (0.94x), Llama-3-70B q|k|v M
+ * = 9 20.13 -> 19.10 (0.95x), every other point within +-1% (the plan
+ * unchanged). At MT = 3 it was mixed (q|k|v M = 20 0.97x, M = 24 1.03x):
+ * not taken. */
+DC_FN int dc_ps_tb1(const struct dc_plan *pl) { return pl->mt == 2 && (pl->flags & DC_PLAN_TB1); }
 DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
     const int sms = g->sms > 0 ? g->sms : 1, kg = pl->k / 128,
               plan_slots = sms * dc_slots_per_sm(g, pl->smem, pl->mt);
     if (pl->blocks <= plan_slots) return 0;
     int best_tb = 0, best_fill = 0, best_grid = 0;
     for (int tb = 4; tb >= 1; tb /= 2) {
-        if ((tb_fixed && tb != pl->tb) || (pl->mt >= 2 && tb != 2) || kg % (DC_WARPS * (4 / tb)) != 0) continue;
+        if ((tb_fixed && tb != pl->tb) || (pl->mt >= 2 && tb != 2 && !(tb == 1 && dc_ps_tb1(pl))) ||
+            kg % (DC_WARPS * (4 / tb)) != 0)
+            continue;
         const size_t smem = dc_smem_bytes(pl->m, pl->k, tb, pl->mt);
         if (!dc_smem_fits(g, smem, pl->mt)) continue;
+        if (pl->mt >= 2 && tb == 1 && dc_blocks_per_sm(g, smem) > 1) continue; /* spills at 128 registers */
         const int slots = sms * dc_slots_per_sm(g, smem, pl->mt), blocks = (pl->n16 + tb - 1) / tb;
         if (slots < 1 || blocks <= slots) continue;
         const int waves = (blocks + slots - 1) / slots, fill = (int)(100L * blocks / ((long)waves * slots));

@@ -1766,10 +1766,12 @@ static void dc_pf_env(struct dc_plan *pl) {
  * knobs, read once: AWQD_W4A16_DC_TB=1|2|4 forces the tiles per block,
  * AWQD_W4A16_DC_WAVES=0 keeps the width where the M <= 4 rule would halve
  * it, AWQD_W4A16_DC_PLAN=21 plans as session 21 did, AWQD_W4A16_DC_PF=0..7
- * forces the L2 prefetch distance (the plan's pf). */
+ * forces the L2 prefetch distance (the plan's pf), AWQD_W4A16_DC_TB1=0 keeps
+ * M = 9..16 at two tiles per block on the persistent grid (dc_ps_tb1). */
 static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
     static const int flags = (dc_env_int("AWQD_W4A16_DC_WAVES", 1, 0, 1) ? DC_PLAN_HALVE : 0) |
-                             (dc_env_int("AWQD_W4A16_DC_PLAN", 22, 21, 22) == 21 ? DC_PLAN_S21 : 0);
+                             (dc_env_int("AWQD_W4A16_DC_PLAN", 22, 21, 22) == 21 ? DC_PLAN_S21 : 0) |
+                             (dc_env_int("AWQD_W4A16_DC_TB1", 1, 0, 1) ? DC_PLAN_TB1 : 0);
     const struct dc_gpu g = dc_gpu_of(w);
     if (!dc_plan_make(m, w->k, w->n16, w->group, &g, dc_tb_env(), flags, pl)) return 0;
     dc_pf_env(pl);
@@ -2327,10 +2329,11 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     const int pf = !ps && pl.pf > 0 && pl.mt == 1 && !xs;
     const int g = ps ? ps : pl.blocks;
     /* MT = 2 where one block fits per SM: no 128-register cap
-     * (AWQD_W4A16_DC_REG_CAP=1 keeps it, for measurements); MT = 3 never */
+     * (AWQD_W4A16_DC_REG_CAP=1 keeps it, for measurements); MT = 3 never;
+     * one tile per block at MT = 2 is planned only there (dc_ps_tb1) */
     static const int reg_cap = dc_env_int("AWQD_W4A16_DC_REG_CAP", 0, 0, 1);
     const struct dc_gpu gpu = dc_gpu_of(w);
-    const int one = pl.mt == 3 || (pl.mt == 2 && !reg_cap && dc_blocks_per_sm(&gpu, pl.smem) < 2);
+    const int one = pl.mt == 3 || (pl.mt == 2 && ((!reg_cap && dc_blocks_per_sm(&gpu, pl.smem) < 2) || pl.tb == 1));
     switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0) + (pf ? 1000 : 0) + (one ? 10000 : 0)) {
     case 11: return launch_decode_t<1, 1, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 12: return launch_decode_t<1, 2, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
@@ -2347,6 +2350,8 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     case 10122: return launch_decode_t<2, 2, true, false, 1>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 10032: return launch_decode_t<3, 2, false, false, 1>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 10132: return launch_decode_t<3, 2, true, false, 1>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    /* MT = 2 on the persistent grid, one tile per block (dc_ps_tb1) */
+    case 10121: return launch_decode_t<2, 1, true, false, 1>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     }
     return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan mt=%d tb=%d", pl.mt, pl.tb);
 }

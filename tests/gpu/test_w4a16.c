@@ -384,7 +384,7 @@ static void decode_run(struct w4a16_weight *dw, const uint16_t *hx, int M, int K
 TEST(w4a16, decode_persistent_grid) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     if (getenv("AWQD_W4A16_DC_TB") || getenv("AWQD_W4A16_DC_WAVES") || getenv("AWQD_W4A16_DC_PLAN") ||
-        getenv("AWQD_W4A16_DC_LATE"))
+        getenv("AWQD_W4A16_DC_LATE") || getenv("AWQD_W4A16_DC_TB1"))
         TEST_SKIP("a decode-plan knob is set");
     struct dc_gpu g;
     ASSERT(dc_gpu_here(&g));
@@ -392,7 +392,7 @@ TEST(w4a16, decode_persistent_grid) {
         {4096, 24576, 1, 0}, {8192, 14336, 1, 0}, {4096, 22800, 0, 1},
         {2048, 32040, 0, 0}, {1024, 33680, 0, 1}, {2048, 38000, 0, 0}, {5120, 17600, 0, 0},
     };
-    static const int ms[] = {1, 3, 8, 20}; /* 20: MT = 3 (session 35), where x fits */
+    static const int ms[] = {1, 3, 8, 16, 20}; /* 16: MT = 2 (TB = 1 where dc_ps_tb1), 20: MT = 3 */
     const int ps0 = w4a16_decode_persistent(1);
     int applied = 0, same_tb = 0;
     for (int si = 0; si < NM(shp); si++) {
@@ -411,7 +411,7 @@ TEST(w4a16, decode_persistent_grid) {
             const int M = ms[i];
             struct dc_plan pl;
             int want = 0, tb0 = 0;
-            if (dc_plan_make(M, K, (shp[si].n + 15) / 16, 128, &g, 0, DC_PLAN_HALVE, &pl)) {
+            if (dc_plan_make(M, K, (shp[si].n + 15) / 16, 128, &g, 0, DC_PLAN_HALVE | DC_PLAN_TB1, &pl)) {
                 tb0 = pl.tb;
                 want = dc_ps_plan(&pl, &g, 0);
             }

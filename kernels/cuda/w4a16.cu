@@ -1593,13 +1593,17 @@ static int gemm_env(void) {
  * dequantize + cuBLAS at M = 512-768 on every Qwen3-8B/32B shape and shard,
  * and at 1024 1.02-1.25x wherever x fits stream-K's limit (32 MiB; 32B down,
  * x 52 MB, lost: 532 vs 493 us): every shape to 768, to 1024 where x fits,
- * gate|up to 2048. */
+ * gate|up to 2048. Session 38 (H200, back to back, after mode 4's plain
+ * loop took its weight words by gathers): gate|up to 4096, mode 4 against
+ * dequantize + cuBLAS at M = 3072 / 4096 0.915 / 0.951x on Qwen3-8B, 0.93-0.98x
+ * on Qwen3-32B and its tp = 2 / 4 shards, 0.98-1.02x on Llama-3-70B's (the
+ * H100 tied there in session 19). */
 #define DISPATCH_NAT_MIN_M 65
 #define DISPATCH_NAT_ALL_MAX_M 384    /* without stream-K (AWQD_W4A16_GEMM_SK=0) */
 #define DISPATCH_NAT_BIG_MAX_M 768    /* where K N >= 48 Mi, or with stream-K any shape */
 #define DISPATCH_NAT_BIG_KN (48ll << 20)
 #define DISPATCH_NAT_SK_MAX_M 1024    /* with stream-K, where x is within its limit */
-#define DISPATCH_NAT_GU_MAX_M 2048
+#define DISPATCH_NAT_GU_MAX_M 4096
 /* M = 28-64 (the H100's and the H200's rules): kernels/cuda/nat_rule.h */
 /* AWQD_W4A16_NAT_BIG=0 turns the H200 rule off (the H100's then applies),
  * =1 applies it on any sm_90a device (to measure it on an H100: the H100

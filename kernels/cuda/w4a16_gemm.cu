@@ -41,8 +41,9 @@
  * Mode 4 (k_w4gemm_ws with NAT, the automatic choice since session 14) does
  * the opposite: x stays in natural k order and arrives by TMA (one box per
  * stage, 128-byte swizzle = the layout above without the permutation), and
- * each consumer lane moves its weight words to natural k order with a 4 x 4
- * transpose across its quad (g_quad_natural) before the same dequantization.
+ * each consumer lane gathers its weight words in natural k order from the
+ * stage (g_quad_gather; until sessions 37-38 a 4 x 4 transpose across its quad)
+ * before the same dequantization.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -281,7 +282,7 @@ struct gk_args {
                         skT chunk steps of the rest (skT = 0: every tile whole, skD = ntiles) */
     int dbg; /* timing experiments only (AWQD_W4A16_GEMM_DBG): 1 no MMA, 2 no x copy, 8 no proxy
                 fence; mode 3: 2 no x copy, 32 no weight copy, 64 consumers only pass the
-                stages on, 128 no dequantization, 256 no tile-end stores at split 1, 512 no quad transpose (mode 4); mode 5: 1024 no dequantization (results are
+                stages on, 128 no dequantization, 256 no tile-end stores at split 1; mode 5: 1024 no dequantization (results are
                 wrong with any of them) */
 };
 
@@ -922,38 +923,20 @@ static __device__ __forceinline__ void tma_g2s_2d(uint32_t dst, const void *tmap
 #endif
 }
 
-/* mode 4: the 4 repacked words of lane (r, c) of one n16 tile (word t holds
- * k = 16c + 4t + j, w4a16.cu "Device weight layout") -> the 4 words in natural
- * k order (word t holds k = 16t + 2c + {0, 1, 8, 9} as j = 0..3, the same
- * nibble order: byte 0 j = 0, byte 1 j = 2, byte 2 j = 1, byte 3 j = 3), so
- * that x needs no permutation. Lane c's word t comes from lane t of the quad
- * (k in [16t, 16t + 16)): 2 bytes of its word c/2 and 2 of its word c/2 + 2
- * (bytes 0, 2 for even c, 1, 3 for odd c). Each lane builds the value for
- * every destination with one prmt, then a 4 x 4 transpose across the quad
- * (two xor butterflies) delivers them. The rows (r, r + 8) do not move. */
-static __device__ __forceinline__ void g_quad_natural(const uint4 &wv, int c, uint32_t n[4]) {
-    const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-    for (int d = 0; d < 4; d++) n[d] = __byte_perm(w[d >> 1], w[2 + (d >> 1)], (d & 1) ? 0x7351 : 0x6240);
-#pragma unroll
-    for (int b = 1; b <= 2; b <<= 1) {
-        const bool hi = c & b;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            if (i & b) continue;
-            const uint32_t got = __shfl_xor_sync(0xffffffffu, hi ? n[i] : n[i + b], b);
-            if (hi) n[i] = got;
-            else n[i + b] = got;
-        }
-    }
-}
-
-/* Mode 6's and mode 4's plain loop's way (GA in k_w4gemm_ws) to g_quad_natural's words, without the
- * exchange: its producer stores lane (r, t)'s 16 bytes of an n16 tile at
- * 16-byte slot t ^ (r >> 1) of the quad's 64, and lane (r, c) loads the two
- * words it takes from each quad lane t (words c / 2 and c / 2 + 2, 8 bytes
- * apart) itself: g[2 t], g[2 t + 1], which one prmt (0x6240 for even c,
- * 0x7351 for odd) makes natural word t, as the exchange would. The slot
+/* Mode 4 (and 6, 7): lane (r, c)'s weight words of one n16 tile in natural
+ * k order. The repacked word t of lane (r, c) holds k = 16c + 4t + j
+ * (w4a16.cu "Device weight layout"); x arrives by TMA in natural order, so
+ * lane c's word t must hold k = 16t + 2c + {0, 1, 8, 9} as j = 0..3 in the
+ * same nibble order (byte 0 j = 0, byte 1 j = 2, byte 2 j = 1, byte 3 j =
+ * 3): 2 bytes of word c / 2 and 2 of word c / 2 + 2 of quad lane t (bytes
+ * 0, 2 for even c, 1, 3 for odd c). The rows (r, r + 8) do not move. The
+ * producer stores lane (r, t)'s 16 bytes of an n16 tile at 16-byte slot
+ * t ^ (r >> 1) of the quad's 64, and lane (r, c) loads the two words it
+ * takes from each quad lane t (words c / 2 and c / 2 + 2, 8 bytes apart)
+ * itself: g[2 t], g[2 t + 1], which one prmt (0x6240 for even c, 0x7351
+ * for odd) makes natural word t. Until session 37 each lane read its own
+ * 16 bytes and a 4 x 4 transpose across the quad (4 prmt, 4 shuffles, 12
+ * selects) delivered them (g_quad_natural). The slot
  * swizzle puts the 16 words a load of a warp reads in 16 banks (bank
  * 16 (r & 1) + 4 ((r >> 1) ^ t) + c / 2 (+ 2)), so 8 conflict-free 4-byte
  * loads replace one 16-byte load, 4 shuffles and 12 selects (session 37:
@@ -1059,12 +1042,15 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
                   "k_w4gemm_ws: three consumer warpgroups only as mode 7");
     typedef gk_cfg<MT, BN, ST, NWG> C;
     constexpr int NCW = 4 * NWG; /* consumer warps */
-    /* the weight words by g_quad_gather instead of g_quad_natural's
-     * exchange (H200, back to back): mode 6 (session 37: 0.96-0.975x at
-     * 2 x 64) and mode 4's plain loop (M > 64; session 38: 0.88-0.975x at
-     * M = 128-2048); not mode 4's pipelined loop (1.02-1.03x slower with
-     * it) nor mode 7 (0.995-1.015x) */
-    constexpr bool GA = NAT && (PIPE ? DR && NWG == 2 : true);
+    /* NAT: the weight words by g_quad_gather instead of the quad exchange
+     * (H200, back to back, against it): mode 6 0.96-0.975x at 2 x 64
+     * (session 37), mode 4's plain loop (M > 64) 0.88-0.975x at M =
+     * 128-2048, mode 4's pipelined loop and mode 7 0.95-1.0x (session 38).
+     * GE: mode 6 gathers chunk i + 1's words with its scales and zeros before
+     * chunk i's group; the other pipelined loops gather each chunk's words
+     * right before its dequantization (holding 8 gathered words a tile
+     * through the group made them 1.02-1.03x slower, session 37). */
+    constexpr bool GE = PIPE && DR && NWG == 2;
     extern __shared__ unsigned char g_smem_raw[];
     __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST], empty[ST] */
     const uint32_t sraw = smem_u32(g_smem_raw);
@@ -1099,7 +1085,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
          * copies source word `lane` of each row (k = 2 lane, 2 lane + 1) to
          * its permuted, swizzled word (header of k_w4gemm) */
         const int dw = ((lane >> 1) & 3) * 8 + (lane & 1) * 4 + (lane >> 3);
-        /* GA: lane (r, t)'s 16 weight bytes of a tile at (r, t ^ (r >> 1))
+        /* NAT: lane (r, t)'s 16 weight bytes of a tile at (r, t ^ (r >> 1))
          * (g_quad_gather); else in lane order */
         const int wl = lane ^ ((lane >> 3) & 3);
         const uint32_t xo0 = (2 * pw) * 128 + (((dw >> 2) ^ (2 * pw)) << 4) + (dw & 3) * 4;
@@ -1124,7 +1110,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
                     const bool ok = cb < ncb;
                     const uint32_t off = ((uint32_t)(ok ? cb : 0) * (uint32_t)a.KC + (uint32_t)kc) * 256u +
                                          (uint32_t)(nt & 7) * 32u + (uint32_t)lane;
-                    g_cp16(st + C::X_BYTES + (GA ? 128 * j + 32 * pw + wl : pt + 128 * j) * 16, a.qw + off,
+                    g_cp16(st + C::X_BYTES + (NAT ? 128 * j + 32 * pw + wl : pt + 128 * j) * 16, a.qw + off,
                            ok ? 16 : 0);
                 }
                 const uint32_t g = (uint32_t)(kc / cpg);
@@ -1237,7 +1223,6 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         if (it == 0) ST_MARK(1);
         g_fence_async(); /* the copies (generic proxy) -> wgmma's reads (async proxy) */
         const unsigned char *stp = smem + slot * C::STAGE;
-        const uint4 *sw = (const uint4 *)(stp + C::X_BYTES);
         const uint32_t *ss = (const uint32_t *)(stp + C::X_BYTES + C::W_BYTES);
         const uint8_t *sz = stp + C::X_BYTES + C::W_BYTES + C::S_BYTES;
         const uint32_t xb = sbase + slot * C::STAGE;
@@ -1245,19 +1230,14 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
             constexpr int mt = decltype(mtc)::value;
             const int T = (wg * MT + mt) * 4 + wq;
             uint4 wv;
-            if constexpr (GA) {
+            if constexpr (NAT) {
                 uint32_t g[8];
                 g_quad_gather(xb + C::X_BYTES + T * 512, r, c, g);
                 const uint32_t gs = (c & 1) ? 0x7351u : 0x6240u;
                 wv = make_uint4(__byte_perm(g[0], g[1], gs), __byte_perm(g[2], g[3], gs), __byte_perm(g[4], g[5], gs),
                                 __byte_perm(g[6], g[7], gs));
             } else {
-                wv = sw[T * 32 + lane];
-            }
-            if (NAT && !GA && !(a.dbg & 512)) { /* timing switch 512: no transpose */
-                uint32_t nw[4];
-                g_quad_natural(wv, c, nw);
-                wv = make_uint4(nw[0], nw[1], nw[2], nw[3]);
+                wv = ((const uint4 *)(stp + C::X_BYTES))[T * 32 + lane];
             }
             if (a.dbg & 128) { /* timing experiment: the raw words as A (no dequantization) */
 #pragma unroll
@@ -1310,16 +1290,15 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
      * registers (measured on the H200 with .device/wgbench.cu: work placed
      * after a group never overlaps it, at any wait depth; only the other
      * warpgroup's MMA covers it). So the work between two groups must be
-     * short: the shared-memory loads of chunk i + 1 (weights, scales,
-     * zeros; its "full" wait) are issued before chunk i's transpose,
-     * dequantization and MMA, and their latency passes under chunk i's
-     * group. No proxy fence: x arrives by TMA (async proxy) and is read by
+     * short: the shared-memory loads of chunk i + 1 (scales, zeros and, in
+     * mode 6, its gathered weight words: GE; its "full" wait) are issued
+     * before chunk i's dequantization and MMA, and their latency passes
+     * under chunk i's group. No proxy fence: x arrives by TMA (async proxy) and is read by
      * wgmma (async proxy) through the mbarrier; the weights are read by
      * ld.shared. The wgmma sequence of a tile is the plain loop's: results
      * are bit for bit the same. */
     struct pipe_raw {
-        uint4 wv[MT];      /* the lane's own words (g_quad_natural) */
-        uint32_t g[MT][8]; /* or g_quad_gather's (GA) */
+        uint32_t g[MT][8]; /* g_quad_gather's words (GE) */
         uint32_t s2[MT], z[MT];
     };
     const uint32_t gsel = (c & 1) ? 0x7351u : 0x6240u;
@@ -1335,10 +1314,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             const int T = (wg * MT + mt) * 4 + wq;
-            if constexpr (GA)
-                g_quad_gather(sbase + slot * C::STAGE + C::X_BYTES + T * 512, r, c, rw.g[mt]);
-            else
-                rw.wv[mt] = ((const uint4 *)(stp + C::X_BYTES))[T * 32 + lane];
+            if constexpr (GE) g_quad_gather(sbase + slot * C::STAGE + C::X_BYTES + T * 512, r, c, rw.g[mt]);
             rw.s2[mt] = ss[T * 8 + r];
             rw.z[mt] = sz[T * 8 + r];
         }
@@ -1350,11 +1326,15 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             uint32_t nw[4];
-            if constexpr (GA) {
+            if constexpr (GE) {
 #pragma unroll
                 for (int t = 0; t < 4; t++) nw[t] = __byte_perm(rw.g[mt][2 * t], rw.g[mt][2 * t + 1], gsel);
             } else {
-                g_quad_natural(rw.wv[mt], c, nw);
+                const int T = (wg * MT + mt) * 4 + wq;
+                uint32_t g[8];
+                g_quad_gather(sbase + (itc % ST) * C::STAGE + C::X_BYTES + T * 512, r, c, g);
+#pragma unroll
+                for (int t = 0; t < 4; t++) nw[t] = __byte_perm(g[2 * t], g[2 * t + 1], gsel);
             }
             const g_deq dq = g_deq_make(rw.s2[mt], rw.z[mt]);
 #pragma unroll

@@ -69,8 +69,8 @@ int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t ws_bytes, i
  * wgmma with the split through the workspace, 3 = the warp-specialized
  * kernel (producer warpgroup + two wgmma consumer warpgroups, persistent
  * grid; ksplit <= 8, reduced in a cluster; bitwise mode 0's result), 4 =
- * mode 3 with x by TMA in natural k order and the weight words transposed
- * in each quad (not bitwise mode 3's: other k in each k16 step; at split 1
+ * mode 3 with x by TMA in natural k order and the weight words gathered
+ * in natural k order (not bitwise mode 3's: other k in each k16 step; at split 1
  * its tiles end in TMA bulk stores where the ring keeps enough stages,
  * AWQD_W4A16_GEMM_TS=0 turns them off; same results), 5 = mode 4
  * with the weights dequantized into shared memory by the producer warpgroup

@@ -44,7 +44,7 @@ struct dc_gpu {
 #define DC_PLAN_S21 2   /* session 21's rules instead (AWQD_W4A16_DC_PLAN=21, for measurements;
                            blocks per SM counted as since session 22) */
 #define DC_HALVE_MAX_M 4
-#define DC_PLAN_TB1 4   /* dc_ps_plan may give MT >= 2 one tile per block where one block fits per SM */
+#define DC_PLAN_TB1 4   /* dc_ps_plan may give MT = 2 one tile per block where one block fits per SM */
 
 struct dc_plan {
     int mt, tb, blocks, k;

@@ -934,7 +934,7 @@ static __device__ __forceinline__ void tma_g2s_2d(uint32_t dst, const void *tmap
  * t ^ (r >> 1) of the quad's 64, and lane (r, c) loads the two words it
  * takes from each quad lane t (words c / 2 and c / 2 + 2, 8 bytes apart)
  * itself: g[2 t], g[2 t + 1], which one prmt (0x6240 for even c, 0x7351
- * for odd) makes natural word t. Until session 37 each lane read its own
+ * for odd) makes natural word t. Until sessions 37-38 each lane read its own
  * 16 bytes and a 4 x 4 transpose across the quad (4 prmt, 4 shuffles, 12
  * selects) delivered them (g_quad_natural). The slot
  * swizzle puts the 16 words a load of a warp reads in 16 banks (bank

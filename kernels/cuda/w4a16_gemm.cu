@@ -951,6 +951,13 @@ static __device__ __forceinline__ void g_quad_gather(uint32_t tile, int r, int c
         asm volatile("ld.shared.b32 %0, [%1];" : "=r"(g[2 * t + 1]) : "r"(at + 8) : "memory");
     }
 }
+/* g_quad_gather's 8 words -> lane (r, c)'s 4 natural-k words, one prmt each;
+ * sel: g_quad_sel(c) */
+static __device__ __forceinline__ uint32_t g_quad_sel(int c) { return (c & 1) ? 0x7351u : 0x6240u; }
+static __device__ __forceinline__ void g_quad_words(const uint32_t g[8], uint32_t sel, uint32_t nw[4]) {
+#pragma unroll
+    for (int t = 0; t < 4; t++) nw[t] = __byte_perm(g[2 * t], g[2 * t + 1], sel);
+}
 
 /* A block's work in k_w4gemm_ws, one piece at a time (kernels/cuda/gemm_sk.h,
  * whose invariants tests/test_gemm_sk.c checks on the CPU): tile `tile`, chunks
@@ -1231,11 +1238,10 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
             const int T = (wg * MT + mt) * 4 + wq;
             uint4 wv;
             if constexpr (NAT) {
-                uint32_t g[8];
+                uint32_t g[8], nw[4];
                 g_quad_gather(xb + C::X_BYTES + T * 512, r, c, g);
-                const uint32_t gs = (c & 1) ? 0x7351u : 0x6240u;
-                wv = make_uint4(__byte_perm(g[0], g[1], gs), __byte_perm(g[2], g[3], gs), __byte_perm(g[4], g[5], gs),
-                                __byte_perm(g[6], g[7], gs));
+                g_quad_words(g, g_quad_sel(c), nw);
+                wv = make_uint4(nw[0], nw[1], nw[2], nw[3]);
             } else {
                 wv = ((const uint4 *)(stp + C::X_BYTES))[T * 32 + lane];
             }
@@ -1301,7 +1307,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         uint32_t g[MT][8]; /* g_quad_gather's words (GE) */
         uint32_t s2[MT], z[MT];
     };
-    const uint32_t gsel = (c & 1) ? 0x7351u : 0x6240u;
+    const uint32_t gsel = g_quad_sel(c);
     uint32_t pa[PIPE ? 2 : 1][4][MT][4];
     /* chunk counters as unsigned (never negative): their slot and phase
      * without the signed division's corrections */
@@ -1327,14 +1333,12 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         for (int mt = 0; mt < MT; mt++) {
             uint32_t nw[4];
             if constexpr (GE) {
-#pragma unroll
-                for (int t = 0; t < 4; t++) nw[t] = __byte_perm(rw.g[mt][2 * t], rw.g[mt][2 * t + 1], gsel);
+                g_quad_words(rw.g[mt], gsel, nw);
             } else {
                 const int T = (wg * MT + mt) * 4 + wq;
                 uint32_t g[8];
                 g_quad_gather(sbase + (itc % ST) * C::STAGE + C::X_BYTES + T * 512, r, c, g);
-#pragma unroll
-                for (int t = 0; t < 4; t++) nw[t] = __byte_perm(g[2 * t], g[2 * t + 1], gsel);
+                g_quad_words(g, gsel, nw);
             }
             const g_deq dq = g_deq_make(rw.s2[mt], rw.z[mt]);
 #pragma unroll
@@ -1899,7 +1903,7 @@ static double gk_cost4_sk(const struct w4a16_gemm_args *a, int mt, int bn) {
  * off). A call whose workspace cannot hold the parked pieces runs split 1
  * without it. */
 static int sk_default(void) {
-    static const int on = !(getenv("AWQD_W4A16_GEMM_SK") && !strcmp(getenv("AWQD_W4A16_GEMM_SK"), "0"));
+    static const int on = !util_env_is_zero("AWQD_W4A16_GEMM_SK");
     return on;
 }
 extern "C" int w4a16_gemm_stream_k(void) { return sk_default(); }
@@ -2032,12 +2036,12 @@ static int dr_fits(const struct w4a16_gemm_args *a, int mt, int ks, size_t ws_by
 /* AWQD_W4A16_GEMM_WG3=0: the automatic choice never runs mode 7 (its
  * picks go to mode 6's tiles) */
 static int wg3_default(void) {
-    static const int on = !(getenv("AWQD_W4A16_GEMM_WG3") && !strcmp(getenv("AWQD_W4A16_GEMM_WG3"), "0"));
+    static const int on = !util_env_is_zero("AWQD_W4A16_GEMM_WG3");
     return on;
 }
 /* AWQD_W4A16_GEMM_DR=0: the automatic choice never runs mode 6 or 7 */
 static int dr_default(void) {
-    static const int on = !(getenv("AWQD_W4A16_GEMM_DR") && !strcmp(getenv("AWQD_W4A16_GEMM_DR"), "0"));
+    static const int on = !util_env_is_zero("AWQD_W4A16_GEMM_DR");
     return on;
 }
 /* The automatic choice's mode 6 / 7 at M <= GK_PIPE_MAX_M (one token tile):
@@ -2078,9 +2082,8 @@ extern "C" void w4a16_gemm_choice(const struct w4a16_gemm_args *a, int *mt, int 
 
 extern "C" size_t w4a16_gemm_workspace(const struct w4a16_gemm_args *a) {
     gk_choice d;
-    const size_t w = ws_of(a, gk_choose(a));
-    if (dr_auto(a, (size_t)-1, &d) && ws_of(a, d) > w) return ws_of(a, d);
-    return w;
+    const size_t w = ws_of(a, gk_choose(a)), wd = dr_auto(a, (size_t)-1, &d) ? ws_of(a, d) : 0;
+    return wd > w ? wd : w;
 }
 
 extern "C" size_t w4a16_gemm_sk_workspace(int sms) {
@@ -2306,7 +2309,7 @@ static bool ws_bulk_store(const gk_choice &ch, const gk_args &ka) {
  * -> 16.25, down 34.35 -> 31.35; the same results bit for bit.
  * AWQD_W4A16_GEMM_PIPE=0 turns it off (read once). */
 static int pipe_default(void) {
-    static const int on = !(getenv("AWQD_W4A16_GEMM_PIPE") && !strcmp(getenv("AWQD_W4A16_GEMM_PIPE"), "0"));
+    static const int on = !util_env_is_zero("AWQD_W4A16_GEMM_PIPE");
     return on;
 }
 

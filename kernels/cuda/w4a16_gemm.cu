@@ -118,6 +118,12 @@ static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
     return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
            ((uint64_t)1 << 62);
 }
+/* wg_desc(saddr + 16 u) from d = wg_desc(saddr): a CTA's shared addresses
+ * are below 256 KB, so the start address field (bits 0-13) takes the add
+ * without a carry: one add per wgmma instead of the mask, shift and or */
+static __device__ __forceinline__ uint64_t wg_desc_add(uint64_t d, uint32_t u) {
+    return (d & 0xffffffff00000000ull) | (uint32_t)((uint32_t)d + u);
+}
 
 static __device__ __forceinline__ uint32_t g_lop3(uint32_t w, uint32_t mask) {
     uint32_t d; /* (w & mask) | 0x64006400 */
@@ -282,7 +288,7 @@ struct gk_args {
                         skT chunk steps of the rest (skT = 0: every tile whole, skD = ntiles) */
     int dbg; /* timing experiments only (AWQD_W4A16_GEMM_DBG): 1 no MMA, 2 no x copy, 8 no proxy
                 fence; mode 3: 2 no x copy, 32 no weight copy, 64 consumers only pass the
-                stages on, 128 no dequantization, 256 no tile-end stores at split 1; mode 5: 1024 no dequantization (results are
+                stages on, 256 no tile-end stores at split 1; mode 5: 1024 no dequantization (results are
                 wrong with any of them) */
 };
 
@@ -940,16 +946,31 @@ static __device__ __forceinline__ void tma_g2s_2d(uint32_t dst, const void *tmap
  * swizzle puts the 16 words a load of a warp reads in 16 banks (bank
  * 16 (r & 1) + 4 ((r >> 1) ^ t) + c / 2 (+ 2)), so 8 conflict-free 4-byte
  * loads replace one 16-byte load, 4 shuffles and 12 selects (session 37:
- * the consumers were ALU-bound, docs/PERFORMANCE.md). tile: the shared
- * address of the n16 tile's 512 bytes (512-aligned). */
-static __device__ __forceinline__ void g_quad_gather(uint32_t tile, int r, int c, uint32_t g[8]) {
-    const uint32_t a0 = tile + r * 64 + ((r >> 1) << 4) + (c >> 1) * 4; /* slot t: a0 ^ (t << 4) */
+ * the consumers were ALU-bound, docs/PERFORMANCE.md). */
+/* lane (r, c)'s first word in its n16 tile's 512 bytes (slot t: ^ (t << 4)) */
+static __device__ __forceinline__ uint32_t g_quad_lane(int r, int c) {
+    return (uint32_t)(r * 64 + ((r >> 1) << 4) + (c >> 1) * 4);
+}
+/* a0: the tile's 512-aligned shared address + g_quad_lane(r, c) */
+static __device__ __forceinline__ void g_quad_gather(uint32_t a0, uint32_t g[8]) {
 #pragma unroll
     for (int t = 0; t < 4; t++) {
         const uint32_t at = a0 ^ (uint32_t)(t << 4);
         asm volatile("ld.shared.b32 %0, [%1];" : "=r"(g[2 * t]) : "r"(at) : "memory");
         asm volatile("ld.shared.b32 %0, [%1];" : "=r"(g[2 * t + 1]) : "r"(at + 8) : "memory");
     }
+}
+/* a stage's scales and zeros at 32-bit shared addresses (after the stage's
+ * full wait: volatile, as the gathers) */
+static __device__ __forceinline__ uint32_t g_lds32(uint32_t at) {
+    uint32_t v;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(at) : "memory");
+    return v;
+}
+static __device__ __forceinline__ uint32_t g_lds8(uint32_t at) {
+    uint32_t v;
+    asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(at) : "memory");
+    return v;
 }
 /* g_quad_gather's 8 words -> lane (r, c)'s 4 natural-k words, one prmt each;
  * sel: g_quad_sel(c) */
@@ -1200,7 +1221,9 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     const int wg = warp >> 2, wq = warp & 3;
     const int r = lane >> 2, c = lane & 3;
     float acc[MT][BN / 2];
-    int it = 0;
+    /* chunk counter, unsigned (never negative): a stage's slot and phase
+     * without the signed division's corrections */
+    unsigned it = 0;
     /* A registers and wgmma groups.
      *   MT = 1: one group per chunk, A double-buffered by chunk parity, at
      *     most one group pending while the next chunk is dequantized.
@@ -1215,6 +1238,13 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     uint32_t cf[NB][4][MT][4];
     ws_work w;
     ws_work_init(w, a, nk);
+    /* the lane's shared offsets from a stage's start, tile mt = 0 (tile mt:
+     * n16 tile T0 + 4 mt): its gathered weight words (NAT), scales, zeros */
+    const int T0 = wg * MT * 4 + wq;
+    const uint32_t ow = C::X_BYTES + T0 * 512 + g_quad_lane(r, c);
+    const uint32_t os = C::X_BYTES + C::W_BYTES + (T0 * 8 + r) * 4;
+    const uint32_t oz = C::X_BYTES + C::W_BYTES + C::S_BYTES + T0 * 8 + r;
+    const uint32_t gsel = g_quad_sel(c);
     /* chunk kk into buffer B (compile-time register indices): dequantize,
      * issue, wait until one group is pending, free the previous
      * chunk's stage once its last group has completed. Measured against one
@@ -1225,40 +1255,34 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
      * an experiment: a dummy HGMMA.64x8x16 + DEPBAR after every group). */
     auto chunk = [&](auto bufc, int kk) {
         constexpr int B = decltype(bufc)::value < NB ? decltype(bufc)::value : 0;
-        const int slot = it % ST;
+        const unsigned slot = it % ST;
         mbar_wait(full0 + 8 * slot, (it / ST) & 1);
         if (it == 0) ST_MARK(1);
-        g_fence_async(); /* the copies (generic proxy) -> wgmma's reads (async proxy) */
-        const unsigned char *stp = smem + slot * C::STAGE;
-        const uint32_t *ss = (const uint32_t *)(stp + C::X_BYTES + C::W_BYTES);
-        const uint8_t *sz = stp + C::X_BYTES + C::W_BYTES + C::S_BYTES;
+        /* mode 3: x by cp.async (generic proxy) -> wgmma's reads (async
+         * proxy). NAT: x by TMA (async proxy), the weights read by ld.shared:
+         * no fence (as in the pipelined loop) */
+        if constexpr (!NAT) g_fence_async();
         const uint32_t xb = sbase + slot * C::STAGE;
         auto deq = [&](auto mtc) {
             constexpr int mt = decltype(mtc)::value;
-            const int T = (wg * MT + mt) * 4 + wq;
-            uint4 wv;
+            uint32_t nw[4];
             if constexpr (NAT) {
-                uint32_t g[8], nw[4];
-                g_quad_gather(xb + C::X_BYTES + T * 512, r, c, g);
-                g_quad_words(g, g_quad_sel(c), nw);
-                wv = make_uint4(nw[0], nw[1], nw[2], nw[3]);
+                uint32_t g[8];
+                g_quad_gather(xb + ow + mt * 2048, g);
+                g_quad_words(g, gsel, nw);
             } else {
-                wv = ((const uint4 *)(stp + C::X_BYTES))[T * 32 + lane];
+                const uint4 wv = ((const uint4 *)(smem + slot * C::STAGE + C::X_BYTES))[(T0 + 4 * mt) * 32 + lane];
+                nw[0] = wv.x, nw[1] = wv.y, nw[2] = wv.z, nw[3] = wv.w;
             }
-            if (a.dbg & 128) { /* timing experiment: the raw words as A (no dequantization) */
+            const g_deq dq = g_deq_make(g_lds32(xb + os + mt * 128), g_lds8(xb + oz + mt * 32));
 #pragma unroll
-                for (int t = 0; t < 4; t++)
-                    cf[B][t][mt][0] = cf[B][t][mt][1] = cf[B][t][mt][2] = cf[B][t][mt][3] = (&wv.x)[t];
-                return;
-            }
-            const g_deq dq = g_deq_make(ss[T * 8 + r], sz[T * 8 + r]);
-#pragma unroll
-            for (int t = 0; t < 4; t++) g_deq_word((&wv.x)[t], dq, cf[B][t][mt]);
+            for (int t = 0; t < 4; t++) g_deq_word(nw[t], dq, cf[B][t][mt]);
         };
+        const uint64_t d0 = wg_desc(xb);
         auto issue = [&](auto mtc) {
             constexpr int mt = decltype(mtc)::value;
 #pragma unroll
-            for (int t = 0; t < 4; t++) wgmma_tile<BN>(acc[mt], cf[B][t][mt], wg_desc(xb + t * 32));
+            for (int t = 0; t < 4; t++) wgmma_tile<BN>(acc[mt], cf[B][t][mt], wg_desc_add(d0, 2 * t));
         };
         if constexpr (MT == 1) {
             deq(std::integral_constant<int, 0>());
@@ -1283,7 +1307,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         it++;
     };
     if (a.dbg & 64) { /* timing experiment: the consumers only pass the stages on */
-        int total = 0;
+        unsigned total = 0;
         for (ws_work t = w; ws_work_next(t, a, nk);) total += t.ke - t.kb;
         for (; it < total; it++) {
             mbar_wait(full0 + 8 * (it % ST), (it / ST) & 1);
@@ -1307,49 +1331,43 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         uint32_t g[MT][8]; /* g_quad_gather's words (GE) */
         uint32_t s2[MT], z[MT];
     };
-    const uint32_t gsel = g_quad_sel(c);
     uint32_t pa[PIPE ? 2 : 1][4][MT][4];
-    /* chunk counters as unsigned (never negative): their slot and phase
-     * without the signed division's corrections */
     auto pipe_fetch = [&](pipe_raw &rw, unsigned itn) {
         const unsigned slot = itn % ST;
         mbar_wait(full0 + 8 * slot, (itn / ST) & 1);
-        const unsigned char *stp = smem + slot * C::STAGE;
-        const uint32_t *ss = (const uint32_t *)(stp + C::X_BYTES + C::W_BYTES);
-        const uint8_t *sz = stp + C::X_BYTES + C::W_BYTES + C::S_BYTES;
+        const uint32_t st = sbase + slot * C::STAGE;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            const int T = (wg * MT + mt) * 4 + wq;
-            if constexpr (GE) g_quad_gather(sbase + slot * C::STAGE + C::X_BYTES + T * 512, r, c, rw.g[mt]);
-            rw.s2[mt] = ss[T * 8 + r];
-            rw.z[mt] = sz[T * 8 + r];
+            if constexpr (GE) g_quad_gather(st + ow + mt * 2048, rw.g[mt]);
+            rw.s2[mt] = g_lds32(st + os + mt * 128);
+            rw.z[mt] = g_lds8(st + oz + mt * 32);
         }
     };
     /* chunk it (fetched into rw) into A buffer B, its group issued; frees
      * the previous chunk's stage once that group has completed */
     auto pipe_step = [&](auto bufc, const pipe_raw &rw, unsigned itc, bool free_prev) {
         constexpr int B = decltype(bufc)::value < (PIPE ? 2 : 1) ? decltype(bufc)::value : 0;
+        const uint32_t xb = sbase + (itc % ST) * C::STAGE;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             uint32_t nw[4];
             if constexpr (GE) {
                 g_quad_words(rw.g[mt], gsel, nw);
             } else {
-                const int T = (wg * MT + mt) * 4 + wq;
                 uint32_t g[8];
-                g_quad_gather(sbase + (itc % ST) * C::STAGE + C::X_BYTES + T * 512, r, c, g);
+                g_quad_gather(xb + ow + mt * 2048, g);
                 g_quad_words(g, gsel, nw);
             }
             const g_deq dq = g_deq_make(rw.s2[mt], rw.z[mt]);
 #pragma unroll
             for (int t = 0; t < 4; t++) g_deq_word(nw[t], dq, pa[B][t][mt]);
         }
-        const uint32_t xb = sbase + (itc % ST) * C::STAGE;
+        const uint64_t d0 = wg_desc(xb);
         wg_fence();
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int t = 0; t < 4; t++) wgmma_tile<BN>(acc[mt], pa[B][t][mt], wg_desc(xb + t * 32));
+            for (int t = 0; t < 4; t++) wgmma_tile<BN>(acc[mt], pa[B][t][mt], wg_desc_add(d0, 2 * t));
         wg_commit();
         wg_wait<1>();
         if (free_prev && lane == 0) mbar_arrive(empty0 + 8 * ((itc - 1) % ST));
@@ -1364,7 +1382,8 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
 #pragma unroll
             for (int i = 0; i < BN / 2; i++) acc[mt][i] = 0.f;
         if constexpr (PIPE) { /* chunk i + 1 fetched before chunk i's group */
-            const int n = w.ke - w.kb, it0 = it;
+            const int n = w.ke - w.kb;
+            const unsigned it0 = it;
             pipe_raw r0, r1;
             if (n > 0) {
                 pipe_fetch(r0, it0);

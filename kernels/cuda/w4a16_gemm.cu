@@ -960,6 +960,11 @@ static __device__ __forceinline__ void g_quad_gather(uint32_t a0, uint32_t g[8])
         asm volatile("ld.shared.b32 %0, [%1];" : "=r"(g[2 * t + 1]) : "r"(at + 8) : "memory");
     }
 }
+/* v in a register from here on: ptxas cannot recompute an asm's result */
+static __device__ __forceinline__ uint32_t g_keep(uint32_t v) {
+    asm volatile("" : "+r"(v));
+    return v;
+}
 /* a stage's scales and zeros at 32-bit shared addresses (after the stage's
  * full wait: volatile, as the gathers) */
 static __device__ __forceinline__ uint32_t g_lds32(uint32_t at) {
@@ -1220,6 +1225,9 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     ws_setmaxnreg<true, NWG == 2 ? WS_REGS_CONSUMER : WS3_REGS_CONSUMER>();
     const int wg = warp >> 2, wq = warp & 3;
     const int r = lane >> 2, c = lane & 3;
+    /* the ring's and barriers' shared addresses held in registers (ptxas
+     * recomputed them from SR_CgaCtaId every chunk) */
+    const uint32_t sb = g_keep(sbase), f0 = g_keep(full0), e0 = f0 + 8 * ST;
     float acc[MT][BN / 2];
     /* chunk counter, unsigned (never negative): a stage's slot and phase
      * without the signed division's corrections */
@@ -1241,10 +1249,10 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     /* the lane's shared offsets from a stage's start, tile mt = 0 (tile mt:
      * n16 tile T0 + 4 mt): its gathered weight words (NAT), scales, zeros */
     const int T0 = wg * MT * 4 + wq;
-    const uint32_t ow = C::X_BYTES + T0 * 512 + g_quad_lane(r, c);
-    const uint32_t os = C::X_BYTES + C::W_BYTES + (T0 * 8 + r) * 4;
-    const uint32_t oz = C::X_BYTES + C::W_BYTES + C::S_BYTES + T0 * 8 + r;
-    const uint32_t gsel = g_quad_sel(c);
+    const uint32_t ow = g_keep(C::X_BYTES + T0 * 512 + g_quad_lane(r, c));
+    const uint32_t os = g_keep(C::X_BYTES + C::W_BYTES + (T0 * 8 + r) * 4);
+    const uint32_t oz = g_keep(C::X_BYTES + C::W_BYTES + C::S_BYTES + T0 * 8 + r);
+    const uint32_t gsel = g_keep(g_quad_sel(c));
     /* chunk kk into buffer B (compile-time register indices): dequantize,
      * issue, wait until one group is pending, free the previous
      * chunk's stage once its last group has completed. Measured against one
@@ -1256,13 +1264,13 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     auto chunk = [&](auto bufc, int kk) {
         constexpr int B = decltype(bufc)::value < NB ? decltype(bufc)::value : 0;
         const unsigned slot = it % ST;
-        mbar_wait(full0 + 8 * slot, (it / ST) & 1);
+        mbar_wait(f0 + 8 * slot, (it / ST) & 1);
         if (it == 0) ST_MARK(1);
         /* mode 3: x by cp.async (generic proxy) -> wgmma's reads (async
          * proxy). NAT: x by TMA (async proxy), the weights read by ld.shared:
          * no fence (as in the pipelined loop) */
         if constexpr (!NAT) g_fence_async();
-        const uint32_t xb = sbase + slot * C::STAGE;
+        const uint32_t xb = sb + slot * C::STAGE;
         auto deq = [&](auto mtc) {
             constexpr int mt = decltype(mtc)::value;
             uint32_t nw[4];
@@ -1290,14 +1298,14 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
             issue(std::integral_constant<int, 0>());
             wg_commit();
             wg_wait<1>();
-            if (kk > w.kb && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
+            if (kk > w.kb && lane == 0) mbar_arrive(e0 + 8 * ((it - 1) % ST));
         } else {
             deq(std::integral_constant<int, 0>());
             wg_fence();
             issue(std::integral_constant<int, 0>());
             wg_commit();
             wg_wait<1>(); /* (kk - 1, 1) has completed: the previous stage is free */
-            if (kk > w.kb && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
+            if (kk > w.kb && lane == 0) mbar_arrive(e0 + 8 * ((it - 1) % ST));
             deq(std::integral_constant<int, 1>());
             wg_fence();
             issue(std::integral_constant<int, 1>());
@@ -1310,8 +1318,8 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         unsigned total = 0;
         for (ws_work t = w; ws_work_next(t, a, nk);) total += t.ke - t.kb;
         for (; it < total; it++) {
-            mbar_wait(full0 + 8 * (it % ST), (it / ST) & 1);
-            if (lane == 0) mbar_arrive(empty0 + 8 * (it % ST));
+            mbar_wait(f0 + 8 * (it % ST), (it / ST) & 1);
+            if (lane == 0) mbar_arrive(e0 + 8 * (it % ST));
         }
         return;
     }
@@ -1334,8 +1342,8 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     uint32_t pa[PIPE ? 2 : 1][4][MT][4];
     auto pipe_fetch = [&](pipe_raw &rw, unsigned itn) {
         const unsigned slot = itn % ST;
-        mbar_wait(full0 + 8 * slot, (itn / ST) & 1);
-        const uint32_t st = sbase + slot * C::STAGE;
+        mbar_wait(f0 + 8 * slot, (itn / ST) & 1);
+        const uint32_t st = sb + slot * C::STAGE;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             if constexpr (GE) g_quad_gather(st + ow + mt * 2048, rw.g[mt]);
@@ -1347,7 +1355,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
      * the previous chunk's stage once that group has completed */
     auto pipe_step = [&](auto bufc, const pipe_raw &rw, unsigned itc, bool free_prev) {
         constexpr int B = decltype(bufc)::value < (PIPE ? 2 : 1) ? decltype(bufc)::value : 0;
-        const uint32_t xb = sbase + (itc % ST) * C::STAGE;
+        const uint32_t xb = sb + (itc % ST) * C::STAGE;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             uint32_t nw[4];
@@ -1370,7 +1378,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
             for (int t = 0; t < 4; t++) wgmma_tile<BN>(acc[mt], pa[B][t][mt], wg_desc_add(d0, 2 * t));
         wg_commit();
         wg_wait<1>();
-        if (free_prev && lane == 0) mbar_arrive(empty0 + 8 * ((itc - 1) % ST));
+        if (free_prev && lane == 0) mbar_arrive(e0 + 8 * ((itc - 1) % ST));
     };
     int tiles_done = 0;
     while (ws_work_next(w, a, nk)) {
@@ -1411,7 +1419,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
 #if !WG_ENABLED
         __trap(); /* never launched: w4a16_gemm_available() is 0 without sm_90a code */
 #endif
-        if (w.ke > w.kb && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % ST));
+        if (w.ke > w.kb && lane == 0) mbar_arrive(e0 + 8 * ((it - 1) % ST));
         if (!CL && w.kb > 0) { /* stream-K: not the tile's head */
             ws_sk_park<MT, BN>(a, acc, tid);
             continue;

@@ -81,3 +81,42 @@ TEST(nat_rule, edges) {
     ASSERT(!nat_mid_takes(33, 5120, 19660, 0));
     ASSERT(!nat_mid_takes(32, 25600, 5120, 0));
 }
+
+/* Above M = 1024 on the H200 (132 SMs), session 39: the non-gate|up shapes
+ * and whether mode 4 takes M = 1536, 2048, 4096 (docs/PERFORMANCE.md
+ * "Session 39": measured 0.80-0.98x dequantize + cuBLAS where taken, 1.11x
+ * on Qwen3-8B o / down at 1536, 1.02-1.35x on the tp = 4 q|k|v shards at
+ * M >= 2048; the rule takes one measured loss, Qwen3-32B tp = 2 down at
+ * 2048, 1.17x) */
+static const struct wide_case {
+    const char *what;
+    int n;
+    int takes[3];
+} wide[] = {
+    {"Qwen3-8B q|k|v", 6144, {1, 1, 1}},
+    {"Qwen3-8B o", 4096, {0, 1, 1}}, /* 192 tiles at 1536: 1.45 waves */
+    {"Qwen3-8B down", 4096, {0, 1, 1}},
+    {"Qwen3-32B q|k|v", 10240, {1, 1, 1}},
+    {"Qwen3-32B o / down, tp = 2 q|k|v / o / down, tp = 4 o / down", 5120, {1, 1, 1}}, /* 240 tiles: 1.82 */
+    {"Qwen3-32B / Llama-3-70B tp = 4 q|k|v", 2560, {0, 0, 0}},
+    {"Llama-3-70B q|k|v", 10240, {1, 1, 1}},
+    {"Llama-3-70B o / down, tp = 2 o / down, tp = 4 o / down", 8192, {1, 1, 1}},
+    {"Llama-3-70B tp = 2 q|k|v", 5120, {1, 1, 1}},
+};
+
+TEST(nat_rule, above_1024_on_the_h200) {
+    static const int ms[3] = {1536, 2048, 4096};
+    for (int i = 0; i < (int)(sizeof wide / sizeof wide[0]); i++)
+        for (int j = 0; j < 3; j++)
+            ASSERT_MSG(nat_wide_takes(ms[j], wide[i].n, 132, 1) == wide[i].takes[j], "H200 %s (N %d) M=%d: mode 4 %s",
+                       wide[i].what, wide[i].n, ms[j], wide[i].takes[j] ? "expected" : "not expected");
+    /* the M range, the H100 (not measured), and the 1.8-wave edge: 32 x 8 = 256 tiles on 142 SMs
+       (255.6 needed) in, on 143 (257.4) out */
+    ASSERT(!nat_wide_takes(1024, 6144, 132, 1));
+    ASSERT(nat_wide_takes(1025, 6144, 132, 1));
+    ASSERT(!nat_wide_takes(4097, 6144, 132, 1));
+    ASSERT(!nat_wide_takes(2048, 6144, 132, 0));
+    ASSERT(nat_wide_takes(2048, 4096, 142, 1));
+    ASSERT(!nat_wide_takes(2048, 4096, 143, 1));
+    ASSERT(!nat_wide_takes(2048, 4080, 132, 1));
+}

@@ -1,6 +1,7 @@
 /* nat_rule.h — where the wgmma GEMM (mode 4 with stream-K, w4a16_gemm.cu)
- * takes the middle M range, 28-64, from tc64 and the skinny kernel
- * (kernels/cuda/w4a16.cu, nat_window). Plain integer arithmetic, shared by
+ * takes the middle M range, 28-64, from tc64 and the skinny kernel, and
+ * M = 1025-4096 from dequantize + cuBLAS (kernels/cuda/w4a16.cu,
+ * nat_window). Plain integer arithmetic, shared by
  * the CUDA backend and a CPU test (tests/test_nat_rule.c), so that the
  * measured rules are checked in CI. Measurements: docs/PERFORMANCE.md
  * "Session 19" (the H100 rule) and "Session 28" (the H200 rule), and
@@ -57,6 +58,30 @@ static inline int nat_mid_takes(int m, int k, long long n, int hbm_big) {
         return m >= NAT_BIG_SKINNY_MIN_M && k >= NAT_BIG_SKINNY_MIN_K;
     }
     return m >= NAT_SK_MIN_M && k >= NAT_SK_MIN_K && kn >= NAT_SK_KN;
+}
+
+/* Above M = 1024 (the H200, session 39, after the consumers' per-chunk
+ * arithmetic was trimmed: docs/PERFORMANCE.md "Session 39"): mode 4 against
+ * dequantize + cuBLAS, back to back, two or three alternating rounds, every
+ * non-gate|up shape of Qwen3-8B, Qwen3-32B, Llama-3-70B and their tp = 2 / 4
+ * shards at M = 1536 / 2048 / 4096 (Qwen3-8B also 3072): 0.80-0.98x the time
+ * wherever N >= 4096 and the grid has >= 1.8 waves of 1 x 256 tiles (128
+ * columns x 256 rows of x), except Qwen3-32B tp = 2 down at M = 2048 (1.17x;
+ * 0.88x at 1536, 0.90x at 4096). It lost at fewer tiles (Qwen3-8B o and
+ * down at 1536: 192 tiles on 132 SMs, 1.11x) and on the N = 2560 shards
+ * (the tp = 4 q|k|v: 1.02-1.35x at M >= 2048, though 0.81-0.84x at 1536).
+ * gate|up takes M <= 4096 without this rule (w4a16.cu). */
+#define NAT_WIDE_MIN_M 1025
+#define NAT_WIDE_MAX_M 4096
+#define NAT_WIDE_MIN_N 4096
+
+/* Whether mode 4 takes M = NAT_WIDE_MIN_M..NAT_WIDE_MAX_M on a weight of N
+ * columns on a device of sms SMs; hbm_big: the H200 (the H100 was not
+ * measured: AWQD_W4A16_NAT_BIG=1 applies the rule there). */
+static inline int nat_wide_takes(int m, long long n, int sms, int hbm_big) {
+    if (!hbm_big || m < NAT_WIDE_MIN_M || m > NAT_WIDE_MAX_M || n < NAT_WIDE_MIN_N) return 0;
+    const long long tiles = (n + 127) / 128 * (long long)((m + 255) / 256);
+    return tiles * 5 >= (long long)sms * 9; /* >= 1.8 waves */
 }
 
 #endif

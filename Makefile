@@ -141,9 +141,16 @@ $(BUILD)/obj/%.o: %.c $(CONFIG_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
+# ptxas reports a wgmma pipeline it had to serialize (a wait after every
+# wgmma: 7-18% slower, docs/PERFORMANCE.md "Session 39" item 3) only as an
+# info line; here it fails the build.
 $(BUILD)/obj/%.cu.o: %.cu $(CONFIG_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(ALL_NVCCFLAGS) -c -o $@ $<
+	@echo "$(NVCC) $(ALL_NVCCFLAGS) -c -o $@ $<"
+	@$(NVCC) $(ALL_NVCCFLAGS) -c -o $@ $< 2> $@.err; st=$$?; cat $@.err >&2; \
+	if grep -q 'wgmma.mma_async instructions are serialized' $@.err; then \
+	  echo "$<: ptxas serialized a wgmma pipeline (above); see docs/KERNELS.md \"The consumers' per-chunk arithmetic\"" >&2; \
+	  rm -f $@ $@.err; exit 1; fi; rm -f $@.err; exit $$st
 
 # Vendored-by-Debian llhttp sources: not our code, so not our warnings.
 $(BUILD)/llhttp/%.o: $(LLHTTP_SRC)/%.c $(CONFIG_STAMP)

@@ -83,40 +83,58 @@ TEST(nat_rule, edges) {
 }
 
 /* Above M = 1024 on the H200 (132 SMs), session 39: the non-gate|up shapes
- * and whether mode 4 takes M = 1536, 2048, 4096 (docs/PERFORMANCE.md
- * "Session 39": measured 0.80-0.98x dequantize + cuBLAS where taken, 1.11x
- * on Qwen3-8B o / down at 1536, 1.02-1.35x on the tp = 4 q|k|v shards at
- * M >= 2048; the rule takes one measured loss, Qwen3-32B tp = 2 down at
- * 2048, 1.17x) */
+ * (K, N) and whether mode 4 takes M = 1536, 2048, 4096 (docs/PERFORMANCE.md
+ * "Session 39" item 5: measured 0.80-0.98x dequantize + cuBLAS at every
+ * point taken; the points left: Qwen3-8B o / down at 1536 1.11x, Qwen3-32B
+ * tp = 2 down at 2048 1.17x, the tp = 4 q|k|v shards 0.81-0.84x at 1536
+ * but 0.985-1.35x from 2048, Qwen3-32B down at 2048 0.98x) */
 static const struct wide_case {
     const char *what;
-    int n;
+    int k, n;
     int takes[3];
 } wide[] = {
-    {"Qwen3-8B q|k|v", 6144, {1, 1, 1}},
-    {"Qwen3-8B o", 4096, {0, 1, 1}}, /* 192 tiles at 1536: 1.45 waves */
-    {"Qwen3-8B down", 4096, {0, 1, 1}},
-    {"Qwen3-32B q|k|v", 10240, {1, 1, 1}},
-    {"Qwen3-32B o / down, tp = 2 q|k|v / o / down, tp = 4 o / down", 5120, {1, 1, 1}}, /* 240 tiles: 1.82 */
-    {"Qwen3-32B / Llama-3-70B tp = 4 q|k|v", 2560, {0, 0, 0}},
-    {"Llama-3-70B q|k|v", 10240, {1, 1, 1}},
-    {"Llama-3-70B o / down, tp = 2 o / down, tp = 4 o / down", 8192, {1, 1, 1}},
-    {"Llama-3-70B tp = 2 q|k|v", 5120, {1, 1, 1}},
+    {"Qwen3-8B q|k|v", 4096, 6144, {1, 1, 1}},
+    {"Qwen3-8B o", 4096, 4096, {0, 1, 1}}, /* 192 tiles at 1536: 1.45 waves */
+    {"Qwen3-8B down", 12288, 4096, {0, 1, 1}},
+    {"Qwen3-32B q|k|v", 5120, 10240, {1, 1, 1}},
+    {"Qwen3-32B o", 8192, 5120, {1, 1, 1}},
+    {"Qwen3-32B down", 25600, 5120, {1, 0, 1}}, /* 2048: x 100 MB, 320 whole tiles in 3 rounds */
+    {"Qwen3-32B tp=2 q|k|v", 5120, 5120, {1, 1, 1}},
+    {"Qwen3-32B tp=2 o", 4096, 5120, {1, 1, 1}},
+    {"Qwen3-32B tp=2 down", 12800, 5120, {1, 0, 1}}, /* 2048: x 50 MB, 3 rounds (1.17x measured) */
+    {"Qwen3-32B tp=4 q|k|v", 5120, 2560, {0, 0, 0}},
+    {"Qwen3-32B tp=4 o", 2048, 5120, {1, 1, 1}},
+    {"Qwen3-32B tp=4 down", 6400, 5120, {1, 1, 1}},
+    {"Llama-3-70B q|k|v", 8192, 10240, {1, 1, 1}},
+    {"Llama-3-70B o", 8192, 8192, {1, 1, 1}},
+    {"Llama-3-70B down", 28672, 8192, {1, 1, 1}},
+    {"Llama-3-70B tp=2 q|k|v", 8192, 5120, {1, 1, 1}},
+    {"Llama-3-70B tp=2 o", 4096, 8192, {1, 1, 1}},
+    {"Llama-3-70B tp=2 down", 14336, 8192, {1, 1, 1}},
+    {"Llama-3-70B tp=4 q|k|v", 8192, 2560, {0, 0, 0}},
+    {"Llama-3-70B tp=4 o", 2048, 8192, {1, 1, 1}},
+    {"Llama-3-70B tp=4 down", 7168, 8192, {1, 1, 1}},
 };
 
 TEST(nat_rule, above_1024_on_the_h200) {
     static const int ms[3] = {1536, 2048, 4096};
     for (int i = 0; i < (int)(sizeof wide / sizeof wide[0]); i++)
         for (int j = 0; j < 3; j++)
-            ASSERT_MSG(nat_wide_takes(ms[j], wide[i].n, 132, 1) == wide[i].takes[j], "H200 %s (N %d) M=%d: mode 4 %s",
-                       wide[i].what, wide[i].n, ms[j], wide[i].takes[j] ? "expected" : "not expected");
-    /* the M range, the H100 (not measured), and the 1.8-wave edge: 32 x 8 = 256 tiles on 142 SMs
-       (255.6 needed) in, on 143 (257.4) out */
-    ASSERT(!nat_wide_takes(1024, 6144, 132, 1));
-    ASSERT(nat_wide_takes(1025, 6144, 132, 1));
-    ASSERT(!nat_wide_takes(4097, 6144, 132, 1));
-    ASSERT(!nat_wide_takes(2048, 6144, 132, 0));
-    ASSERT(nat_wide_takes(2048, 4096, 142, 1));
-    ASSERT(!nat_wide_takes(2048, 4096, 143, 1));
-    ASSERT(!nat_wide_takes(2048, 4080, 132, 1));
+            ASSERT_MSG(nat_wide_takes(ms[j], wide[i].k, wide[i].n, 132, 1) == wide[i].takes[j],
+                       "H200 %s (K %d, N %d) M=%d: mode 4 %s", wide[i].what, wide[i].k, wide[i].n, ms[j],
+                       wide[i].takes[j] ? "expected" : "not expected");
+    /* the M range, the H100 (not measured), N */
+    ASSERT(!nat_wide_takes(1024, 4096, 6144, 132, 1));
+    ASSERT(nat_wide_takes(1025, 4096, 6144, 132, 1));
+    ASSERT(!nat_wide_takes(4097, 4096, 6144, 132, 1));
+    ASSERT(!nat_wide_takes(2048, 4096, 6144, 132, 0));
+    ASSERT(!nat_wide_takes(2048, 4096, 4080, 132, 1));
+    /* the 1.8-wave edge: 32 x 8 = 256 tiles on 142 SMs (255.6 needed) in, on 143 (257.4) out */
+    ASSERT(nat_wide_takes(2048, 4096, 4096, 142, 1));
+    ASSERT(!nat_wide_takes(2048, 4096, 4096, 143, 1));
+    /* stream-K's x limit (32 MiB: M K 2 bytes), then whole rounds >= 90% full: 320 tiles in 3 rounds
+       of 132 out, 256 in 2 in */
+    ASSERT(nat_wide_takes(2048, 8192, 5120, 132, 1));  /* x = 32 MiB: stream-K */
+    ASSERT(!nat_wide_takes(2048, 8193, 5120, 132, 1)); /* x > 32 MiB, 320 tiles */
+    ASSERT(nat_wide_takes(2048, 8193, 4096, 132, 1));  /* 256 tiles in 2 rounds */
 }

@@ -65,23 +65,29 @@ static inline int nat_mid_takes(int m, int k, long long n, int hbm_big) {
  * dequantize + cuBLAS, back to back, two or three alternating rounds, every
  * non-gate|up shape of Qwen3-8B, Qwen3-32B, Llama-3-70B and their tp = 2 / 4
  * shards at M = 1536 / 2048 / 4096 (Qwen3-8B also 3072): 0.80-0.98x the time
- * wherever N >= 4096 and the grid has >= 1.8 waves of 1 x 256 tiles (128
- * columns x 256 rows of x), except Qwen3-32B tp = 2 down at M = 2048 (1.17x;
- * 0.88x at 1536, 0.90x at 4096). It lost at fewer tiles (Qwen3-8B o and
- * down at 1536: 192 tiles on 132 SMs, 1.11x) and on the N = 2560 shards
- * (the tp = 4 q|k|v: 1.02-1.35x at M >= 2048, though 0.81-0.84x at 1536).
+ * where N >= 4096 and the grid of 1 x 256 tiles (128 columns x 256 rows of
+ * x) fills >= 1.8 waves of the SMs, and either stream-K evens its last waves
+ * (x within W4A16_GEMM_SK_X_MAX_BYTES) or whole tiles leave the last round
+ * >= 90% full. It lost with fewer tiles (Qwen3-8B o and down at 1536: 192
+ * tiles on 132 SMs, 1.11x) and with whole tiles in 2.42 rounds (x too large
+ * for stream-K: Qwen3-32B tp = 2 down at 2048 1.17x, the N = 2560 tp = 4
+ * q|k|v shards at 4096 1.11 / 1.35x; Qwen3-32B down at 2048 0.98x, a tie).
  * gate|up takes M <= 4096 without this rule (w4a16.cu). */
 #define NAT_WIDE_MIN_M 1025
 #define NAT_WIDE_MAX_M 4096
 #define NAT_WIDE_MIN_N 4096
+#define NAT_WIDE_SK_X_MAX (32ll << 20) /* = W4A16_GEMM_SK_X_MAX_BYTES (checked in w4a16.cu) */
 
-/* Whether mode 4 takes M = NAT_WIDE_MIN_M..NAT_WIDE_MAX_M on a weight of N
- * columns on a device of sms SMs; hbm_big: the H200 (the H100 was not
- * measured: AWQD_W4A16_NAT_BIG=1 applies the rule there). */
-static inline int nat_wide_takes(int m, long long n, int sms, int hbm_big) {
-    if (!hbm_big || m < NAT_WIDE_MIN_M || m > NAT_WIDE_MAX_M || n < NAT_WIDE_MIN_N) return 0;
+/* Whether mode 4 takes M = NAT_WIDE_MIN_M..NAT_WIDE_MAX_M on a K x N weight
+ * on a device of sms SMs; hbm_big: the H200 (the H100 was not measured:
+ * AWQD_W4A16_NAT_BIG=1 applies the rule there). */
+static inline int nat_wide_takes(int m, int k, long long n, int sms, int hbm_big) {
+    if (!hbm_big || m < NAT_WIDE_MIN_M || m > NAT_WIDE_MAX_M || n < NAT_WIDE_MIN_N || sms < 1) return 0;
     const long long tiles = (n + 127) / 128 * (long long)((m + 255) / 256);
-    return tiles * 5 >= (long long)sms * 9; /* >= 1.8 waves */
+    if (tiles * 5 < (long long)sms * 9) return 0;             /* < 1.8 waves */
+    if ((long long)m * k * 2 <= NAT_WIDE_SK_X_MAX) return 1; /* stream-K */
+    const long long rounds = (tiles + sms - 1) / sms;
+    return tiles * 10 >= rounds * sms * 9; /* whole tiles: >= 90% of the rounds' slots */
 }
 
 #endif

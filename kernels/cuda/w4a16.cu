@@ -1598,8 +1598,9 @@ static int gemm_env(void) {
  * dequantize + cuBLAS at M = 3072 / 4096 0.915 / 0.951x on Qwen3-8B, 0.93-0.98x
  * on Qwen3-32B and its tp = 2 / 4 shards, 0.98-1.02x on Llama-3-70B's (the
  * H100 tied there in session 19). Session 39 (H200, the consumers trimmed):
- * the other layouts to 4096 too where N >= 4096 and the 1 x 256 tiles fill
- * >= 1.8 waves (nat_wide_takes, kernels/cuda/nat_rule.h: 0.80-0.98x). */
+ * the other layouts to 4096 too where N >= 4096, the 1 x 256 tiles fill
+ * >= 1.8 waves and stream-K or whole rounds even the last wave
+ * (nat_wide_takes, kernels/cuda/nat_rule.h: 0.80-0.98x). */
 #define DISPATCH_NAT_MIN_M 65
 #define DISPATCH_NAT_ALL_MAX_M 384    /* without stream-K (AWQD_W4A16_GEMM_SK=0) */
 #define DISPATCH_NAT_BIG_MAX_M 768    /* where K N >= 48 Mi, or with stream-K any shape */
@@ -1625,7 +1626,8 @@ static int nat_window(const struct w4a16_weight *w, int m) {
     if (m <= DISPATCH_NAT_BIG_MAX_M && (sk || (long long)w->k * w->n16 * 16 >= DISPATCH_NAT_BIG_KN)) return 1;
     if (m <= DISPATCH_NAT_SK_MAX_M && sk && (size_t)m * w->k * 2 <= W4A16_GEMM_SK_X_MAX_BYTES) return 1;
     if (m <= DISPATCH_NAT_GU_MAX_M && w->layout == W4A16_LAYOUT_GATE_UP) return 1;
-    return m > DISPATCH_NAT_SK_MAX_M && nat_wide_takes(m, (long long)w->n16 * 16, w->sms, nat_big(w));
+    static_assert(NAT_WIDE_SK_X_MAX == (long long)W4A16_GEMM_SK_X_MAX_BYTES, "nat_rule.h: stream-K's x limit");
+    return m > DISPATCH_NAT_SK_MAX_M && nat_wide_takes(m, w->k, (long long)w->n16 * 16, w->sms, nat_big(w));
 }
 
 static int gemm_fallback_ok(const struct w4a16_weight *w, int m) {

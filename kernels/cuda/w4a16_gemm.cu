@@ -951,22 +951,9 @@ static __device__ __forceinline__ void tma_g2s_2d(uint32_t dst, const void *tmap
 static __device__ __forceinline__ uint32_t g_quad_lane(int r, int c) {
     return (uint32_t)(r * 64 + ((r >> 1) << 4) + (c >> 1) * 4);
 }
-/* a0: the tile's 512-aligned shared address + g_quad_lane(r, c) */
-static __device__ __forceinline__ void g_quad_gather(uint32_t a0, uint32_t g[8]) {
-#pragma unroll
-    for (int t = 0; t < 4; t++) {
-        const uint32_t at = a0 ^ (uint32_t)(t << 4);
-        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(g[2 * t]) : "r"(at) : "memory");
-        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(g[2 * t + 1]) : "r"(at + 8) : "memory");
-    }
-}
-/* v in a register from here on: ptxas cannot recompute an asm's result */
-static __device__ __forceinline__ uint32_t g_keep(uint32_t v) {
-    asm volatile("" : "+r"(v));
-    return v;
-}
-/* a stage's scales and zeros at 32-bit shared addresses (after the stage's
- * full wait: volatile, as the gathers) */
+/* one word / byte at a 32-bit shared address, after the stage's full wait
+ * (volatile, with a memory clobber: not hoisted above it): the gathered
+ * weight words, a stage's scales and zeros */
 static __device__ __forceinline__ uint32_t g_lds32(uint32_t at) {
     uint32_t v;
     asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(at) : "memory");
@@ -975,6 +962,20 @@ static __device__ __forceinline__ uint32_t g_lds32(uint32_t at) {
 static __device__ __forceinline__ uint32_t g_lds8(uint32_t at) {
     uint32_t v;
     asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(at) : "memory");
+    return v;
+}
+/* a0: the tile's 512-aligned shared address + g_quad_lane(r, c) */
+static __device__ __forceinline__ void g_quad_gather(uint32_t a0, uint32_t g[8]) {
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const uint32_t at = a0 ^ (uint32_t)(t << 4);
+        g[2 * t] = g_lds32(at);
+        g[2 * t + 1] = g_lds32(at + 8);
+    }
+}
+/* v in a register from here on: ptxas cannot recompute an asm's result */
+static __device__ __forceinline__ uint32_t g_keep(uint32_t v) {
+    asm volatile("" : "+r"(v));
     return v;
 }
 /* g_quad_gather's 8 words -> lane (r, c)'s 4 natural-k words, one prmt each;

@@ -138,12 +138,11 @@ struct g_deq {
 };
 static __device__ __forceinline__ g_deq g_deq_make(uint32_t s2, uint32_t z) {
     g_deq d;
-    uint32_t lo = 0x6400u | (z & 15u); /* 1024 + z(r) */
-    d.mlo = lo | (lo << 16);
-    uint32_t hi = 0xd400u | ((z >> 4) << 4); /* -(64 + z(r+8)) */
-    d.nzhi = hi | (hi << 16);
-    d.slo = (s2 & 0xffffu) | (s2 << 16);
-    d.shi = (s2 >> 16) | (s2 & 0xffff0000u);
+    const uint32_t zz = z * 0x10001u;          /* z (a byte) in both halves */
+    d.mlo = (zz & 0x000f000fu) | 0x64006400u;  /* 1024 + z(r) */
+    d.nzhi = (zz & 0x00f000f0u) | 0xd400d400u; /* -(64 + z(r+8)) */
+    d.slo = __byte_perm(s2, s2, 0x1010);
+    d.shi = __byte_perm(s2, s2, 0x3232);
     return d;
 }
 /* A fragment of one k16 step from one repacked word: rows r -> (q - z) s,

@@ -1084,6 +1084,15 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
      * right before its dequantization (holding 8 gathered words a tile
      * through the group made them 1.02-1.03x slower, session 37). */
     constexpr bool GE = PIPE && DR && NWG == 2;
+    /* A ring of ST stages where ST is not a power of two (5 at 1 x 256
+     * without the bulk stores, 7 at 2 x 128): the slot and phase of a chunk
+     * are kept running instead of computed as it % ST and it / ST (a
+     * multiply-high sequence on the consumers' path every chunk). H200, back
+     * to back, against the division (session 40): geometric mean 0.989 over
+     * the 56 points of --set all at M = 256 / 512. Mode 3 (not NAT) keeps
+     * the division (its 2 x 128 spilled with the counters). */
+    constexpr bool POW2 = (ST & (ST - 1)) == 0 || !NAT;
+    static_assert(POW2 || !PIPE, "k_w4gemm_ws: the pipelined loop counts stages by division");
     extern __shared__ unsigned char g_smem_raw[];
     __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST], empty[ST] */
     const uint32_t sraw = smem_u32(g_smem_raw);
@@ -1124,6 +1133,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         const uint32_t xo0 = (2 * pw) * 128 + (((dw >> 2) ^ (2 * pw)) << 4) + (dw & 3) * 4;
         const uint32_t xo1 = (2 * pw + 1) * 128 + (((dw >> 2) ^ (2 * pw + 1)) << 4) + (dw & 3) * 4;
         int it = 0;
+        unsigned ps = 0, pph = 0; /* !POW2: the slot and phase of chunk it */
         bool waited = false;
         ws_work w;
         ws_work_init(w, a, nk);
@@ -1203,11 +1213,16 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
                 }
                 k0 = w.kb + n0;
                 it = n0;
+                ps = n0 == ST ? 0 : n0, pph = n0 == ST;
             }
 #pragma unroll 1
             for (int kk = k0; kk < w.ke; kk++, it++) {
-                const int slot = it % ST;
-                mbar_wait(empty0 + 8 * slot, ((it / ST) & 1) ^ 1);
+                const int slot = POW2 ? it % ST : (int)ps;
+                mbar_wait(empty0 + 8 * slot, (POW2 ? (it / ST) & 1 : pph) ^ 1);
+                if (!POW2) {
+                    ps = ps + 1 == ST ? 0 : ps + 1;
+                    pph ^= ps == 0;
+                }
                 if (!(a.dbg & 32)) load_w(sbase + slot * C::STAGE, kc0 + kk);
                 if (NAT || !(a.dbg & 2)) load_x(sbase + slot * C::STAGE, kc0 + kk, full0 + 8 * slot);
                 mbar_arrive_cp_async(full0 + 8 * slot);
@@ -1232,6 +1247,9 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     /* chunk counter, unsigned (never negative): a stage's slot and phase
      * without the signed division's corrections */
     unsigned it = 0;
+    /* !POW2 (the plain loop only): chunk it's slot and phase, and the
+     * previous chunk's slot */
+    unsigned cs = 0, cph = 0, cprev = ST - 1;
     /* A registers and wgmma groups.
      *   MT = 1: one group per chunk, A double-buffered by chunk parity, at
      *     most one group pending while the next chunk is dequantized.
@@ -1263,8 +1281,8 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
      * an experiment: a dummy HGMMA.64x8x16 + DEPBAR after every group). */
     auto chunk = [&](auto bufc, int kk) {
         constexpr int B = decltype(bufc)::value < NB ? decltype(bufc)::value : 0;
-        const unsigned slot = it % ST;
-        mbar_wait(f0 + 8 * slot, (it / ST) & 1);
+        const unsigned slot = POW2 ? it % ST : cs;
+        mbar_wait(f0 + 8 * slot, POW2 ? (it / ST) & 1 : cph);
         if (it == 0) ST_MARK(1);
         /* mode 3: x by cp.async (generic proxy) -> wgmma's reads (async
          * proxy). NAT: x by TMA (async proxy), the weights read by ld.shared:
@@ -1298,14 +1316,14 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
             issue(std::integral_constant<int, 0>());
             wg_commit();
             wg_wait<1>();
-            if (kk > w.kb && lane == 0) mbar_arrive(e0 + 8 * ((it - 1) % ST));
+            if (kk > w.kb && lane == 0) mbar_arrive(e0 + 8 * (POW2 ? (it - 1) % ST : cprev));
         } else {
             deq(std::integral_constant<int, 0>());
             wg_fence();
             issue(std::integral_constant<int, 0>());
             wg_commit();
             wg_wait<1>(); /* (kk - 1, 1) has completed: the previous stage is free */
-            if (kk > w.kb && lane == 0) mbar_arrive(e0 + 8 * ((it - 1) % ST));
+            if (kk > w.kb && lane == 0) mbar_arrive(e0 + 8 * (POW2 ? (it - 1) % ST : cprev));
             deq(std::integral_constant<int, 1>());
             wg_fence();
             issue(std::integral_constant<int, 1>());
@@ -1313,6 +1331,11 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
             wg_wait<1>(); /* (kk, 0) has completed */
         }
         it++;
+        if (!POW2) {
+            cprev = cs;
+            cs = cs + 1 == ST ? 0 : cs + 1;
+            cph ^= cs == 0;
+        }
     };
     if (a.dbg & 64) { /* timing experiment: the consumers only pass the stages on */
         unsigned total = 0;
@@ -1419,7 +1442,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
 #if !WG_ENABLED
         __trap(); /* never launched: w4a16_gemm_available() is 0 without sm_90a code */
 #endif
-        if (w.ke > w.kb && lane == 0) mbar_arrive(e0 + 8 * ((it - 1) % ST));
+        if (w.ke > w.kb && lane == 0) mbar_arrive(e0 + 8 * (POW2 ? (it - 1) % ST : cprev));
         if (!CL && w.kb > 0) { /* stream-K: not the tile's head */
             ws_sk_park<MT, BN>(a, acc, tid);
             continue;

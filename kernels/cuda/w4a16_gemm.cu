@@ -972,6 +972,13 @@ static __device__ __forceinline__ void g_quad_gather(uint32_t a0, uint32_t g[8])
         g[2 * t + 1] = g_lds32(at + 8);
     }
 }
+/* the next stage of a ring of ST stages: its slot, and the phase that
+ * flips at each wrap (k_w4gemm_ws where ST is not a power of two) */
+template <int ST>
+static __device__ __forceinline__ void ring_next(unsigned &slot, unsigned &phase) {
+    slot = slot + 1 == ST ? 0 : slot + 1;
+    phase ^= slot == 0;
+}
 /* v in a register from here on: ptxas cannot recompute an asm's result */
 static __device__ __forceinline__ uint32_t g_keep(uint32_t v) {
     asm volatile("" : "+r"(v));
@@ -1219,10 +1226,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
             for (int kk = k0; kk < w.ke; kk++, it++) {
                 const int slot = POW2 ? it % ST : (int)ps;
                 mbar_wait(empty0 + 8 * slot, (POW2 ? (it / ST) & 1 : pph) ^ 1);
-                if (!POW2) {
-                    ps = ps + 1 == ST ? 0 : ps + 1;
-                    pph ^= ps == 0;
-                }
+                if (!POW2) ring_next<ST>(ps, pph);
                 if (!(a.dbg & 32)) load_w(sbase + slot * C::STAGE, kc0 + kk);
                 if (NAT || !(a.dbg & 2)) load_x(sbase + slot * C::STAGE, kc0 + kk, full0 + 8 * slot);
                 mbar_arrive_cp_async(full0 + 8 * slot);
@@ -1333,8 +1337,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         it++;
         if (!POW2) {
             cprev = cs;
-            cs = cs + 1 == ST ? 0 : cs + 1;
-            cph ^= cs == 0;
+            ring_next<ST>(cs, cph);
         }
     };
     if (a.dbg & 64) { /* timing experiment: the consumers only pass the stages on */

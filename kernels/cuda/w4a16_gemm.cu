@@ -1130,6 +1130,11 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         /* ---------------- producer warpgroup ---------------- */
         ws_setmaxnreg<false, NWG == 2 ? WS_REGS_PRODUCER : WS3_REGS_PRODUCER>();
         const int pt = tid - 32 * NCW, pw = warp - NCW;
+        int it = 0;
+        unsigned ps = 0, pph = 0; /* !POW2: the slot and phase of chunk it */
+        bool waited = false;
+        ws_work w;
+        ws_work_init(w, a, nk);
         /* x: warp pw copies the rows n with n & 7 in {2 pw, 2 pw + 1}; lane
          * copies source word `lane` of each row (k = 2 lane, 2 lane + 1) to
          * its permuted, swizzled word (header of k_w4gemm) */
@@ -1139,43 +1144,54 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         const int wl = lane ^ ((lane >> 3) & 3);
         const uint32_t xo0 = (2 * pw) * 128 + (((dw >> 2) ^ (2 * pw)) << 4) + (dw & 3) * 4;
         const uint32_t xo1 = (2 * pw + 1) * 128 + (((dw >> 2) ^ (2 * pw + 1)) << 4) + (dw & 3) * 4;
-        int it = 0;
-        unsigned ps = 0, pph = 0; /* !POW2: the slot and phase of chunk it */
-        bool waited = false;
-        ws_work w;
-        ws_work_init(w, a, nk);
+        const uint32_t kc256 = (uint32_t)a.KC * 256u; /* a column block's 16-byte units */
         while (ws_work_next(w, a, nk)) {
             const int tile = w.tile;
             const int nb = tile % a.ntn, mb = tile / a.ntn;
             const int nt0 = nb * C::BT, tok0 = mb * BN;
             const int xrows = min(BN, a.m - tok0);
+            /* the block's first n16 tile: column block cb0, half h0 of it
+             * (mode 7's 12 tiles may start in the second half) */
+            const int cb0 = nt0 >> 3, h0 = C::BT % 8 ? (nt0 >> 2) & 1 : 0;
             /* row 2 pw of the tile, word `lane`; rows advance by K halves */
             const uint16_t *xrow = a.x + (size_t)(tok0 + 2 * pw) * a.K + 2 * lane;
-            /* register-lean (the producer has 40 registers): 32-bit offsets,
-             * rolled x loop */
-            auto load_w = [&](uint32_t st, int kc) {
+            /* running, one division a piece (register-lean: the producer
+             * has 40 registers; 32-bit offsets, rolled x loop): the
+             * lane's weight offset of column block cb0 at the next chunk
+             * (16-byte units), that chunk's group offset g n16a and its
+             * chunk within the group */
+            const int kcs = kc0 + w.kb;
+            uint32_t wo = ((uint32_t)cb0 * (uint32_t)a.KC + (uint32_t)kcs) * 256u + (uint32_t)pw * 32u +
+                          (uint32_t)lane;
+            uint32_t go = (uint32_t)(kcs / cpg) * (uint32_t)a.n16a;
+            int gin = kcs % cpg;
+            /* the next chunk's weights, scales and zeros into stage st */
+            auto load_w = [&](uint32_t st) {
+                if (!(a.dbg & 32)) {
 #pragma unroll
-                for (int j = 0; j < C::BT / 4; j++) {
-                    const int nt = nt0 + pw + 4 * j, cb = nt >> 3;
-                    const bool ok = cb < ncb;
-                    const uint32_t off = ((uint32_t)(ok ? cb : 0) * (uint32_t)a.KC + (uint32_t)kc) * 256u +
-                                         (uint32_t)(nt & 7) * 32u + (uint32_t)lane;
-                    g_cp16(st + C::X_BYTES + (NAT ? 128 * j + 32 * pw + wl : pt + 128 * j) * 16, a.qw + off,
-                           ok ? 16 : 0);
+                    for (int j = 0; j < C::BT / 4; j++) {
+                        /* n16 tile nt0 + pw + 4 j: column block cb0 + (h0 + j) / 2, tile pw + 4 ((h0 + j) & 1) in it */
+                        const int q = h0 + j;
+                        const bool ok = cb0 + (q >> 1) < ncb;
+                        const uint32_t off = wo + (uint32_t)(q >> 1) * kc256 + (uint32_t)(q & 1) * 128u;
+                        g_cp16(st + C::X_BYTES + (NAT ? 128 * j + 32 * pw + wl : pt + 128 * j) * 16,
+                               a.qw + (ok ? off : 0u), ok ? 16 : 0);
+                    }
+                    if (pt < 2 * C::BT) {
+                        const bool ok = nt0 + (pt >> 1) < a.n16a;
+                        const uint32_t off = (go + (uint32_t)nt0) * 32u + (uint32_t)pt * 16u;
+                        g_cp16(st + C::X_BYTES + C::W_BYTES + pt * 16,
+                               (const unsigned char *)a.sc + (ok ? off : 0u), ok ? 16 : 0);
+                    }
+                    if (pt < C::BT / 2) {
+                        const bool ok = nt0 + 2 * pt < a.n16a;
+                        const uint32_t off = (go + (uint32_t)nt0) * 8u + (uint32_t)pt * 16u;
+                        g_cp16(st + C::X_BYTES + C::W_BYTES + C::S_BYTES + pt * 16, a.zr + (ok ? off : 0u),
+                               ok ? 16 : 0);
+                    }
                 }
-                const uint32_t g = (uint32_t)(kc / cpg);
-                if (pt < 2 * C::BT) {
-                    const int nt = nt0 + (pt >> 1);
-                    const bool ok = nt < a.n16a;
-                    const uint32_t off = (g * (uint32_t)a.n16a + (uint32_t)(ok ? nt : 0)) * 32u + (pt & 1) * 16u;
-                    g_cp16(st + C::X_BYTES + C::W_BYTES + pt * 16, (const unsigned char *)a.sc + off, ok ? 16 : 0);
-                }
-                if (pt < C::BT / 2) {
-                    const int nt = nt0 + 2 * pt;
-                    const bool ok = nt < a.n16a;
-                    const uint32_t off = (g * (uint32_t)a.n16a + (uint32_t)(ok ? nt : 0)) * 8u;
-                    g_cp16(st + C::X_BYTES + C::W_BYTES + C::S_BYTES + pt * 16, a.zr + off, ok ? 16 : 0);
-                }
+                wo += 256u;
+                if (++gin == cpg) gin = 0, go += (uint32_t)a.n16a;
             };
             auto load_x = [&](uint32_t st, int kc, uint32_t bar) {
                 if (NAT) { /* one box of BN tokens x 64 k; rows past m read as zeros */
@@ -1210,8 +1226,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
             if (!waited) {
                 /* first piece: constant data of the first ring before the wait */
                 const int n0 = min(ST, w.ke - w.kb);
-                for (int s = 0; s < n0; s++)
-                    if (!(a.dbg & 32)) load_w(sbase + s * C::STAGE, kc0 + w.kb + s);
+                for (int s = 0; s < n0; s++) load_w(sbase + s * C::STAGE);
                 pdl_wait();
                 waited = true;
                 for (int s = 0; s < n0; s++) {
@@ -1227,7 +1242,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
                 const int slot = POW2 ? it % ST : (int)ps;
                 mbar_wait(empty0 + 8 * slot, (POW2 ? (it / ST) & 1 : pph) ^ 1);
                 if (!POW2) ring_next<ST>(ps, pph);
-                if (!(a.dbg & 32)) load_w(sbase + slot * C::STAGE, kc0 + kk);
+                load_w(sbase + slot * C::STAGE);
                 if (NAT || !(a.dbg & 2)) load_x(sbase + slot * C::STAGE, kc0 + kk, full0 + 8 * slot);
                 mbar_arrive_cp_async(full0 + 8 * slot);
             }

@@ -82,7 +82,7 @@ static __device__ __forceinline__ void store_h(uint16_t *p, float v) {
 
 /* silu(g) * u in fp32, the gate|up activation of every W4A16 path (one
  * expression, so that each path rounds the same value to fp16) */
-static __device__ __forceinline__ float w4_silu_mul(float g, float u) { return g / (1.f + __expf(-g)) * u; }
+static __device__ __forceinline__ float w4_silu_mul(float g, float u) { return __fdividef(g, 1.f + __expf(-g)) * u; }
 
 /* The output stage of every W4A16 kernel. One thread's mma D fragment of
  * n16 tile nt: d0 = (rho r, m0), d1 = (rho r, m0+1), d2 = (rho r+8, m0),

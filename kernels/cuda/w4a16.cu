@@ -446,7 +446,10 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 /* bytes as its weights), so x goes through L1 (cp.async.ca): the blocks on  */
 /* one SM share its lines. Through L2 only (.cg) Qwen3-8B q|k|v took 5.9 /   */
 /* 7.2 / 8.8 / 9.9 us at M = 1 / 2 / 4 / 8 back to back, through L1 6.0 /    */
-/* 6.1 / 6.4 / 8.0 (H200, session 21; AWQD_W4A16_XCG=1 goes back).           */
+/* 6.1 / 6.4 / 8.0 (H200, session 21; AWQD_W4A16_XCG=1 goes back). From      */
+/* M = 6 (XP) x arrives group by group and the first column's turns wait    */
+/* for their own group only (session 42: 128 KB a block at M = 16 took      */
+/* 2.0-2.4 us, the SM's share of L2 bandwidth; see dc_xp_min_m).             */
 /* ------------------------------------------------------------------------ */
 
 /* DC_WARPS, DC_MAX_M, DC_SMEM_MAX, the shared memory layout and the launch
@@ -501,6 +504,7 @@ struct dc_state {
     const uint8_t *zp;
     size_t gs;          /* elements per group in sc / zr: n16a * 8 */
     const uint16_t *xr[MT]; /* x of the turn's chunk 0 for this lane's rows (+ 16c) */
+    int xw;             /* x still arriving: group g < UG of the range is cp.async group g, the rest group UG */
 };
 
 /* Requests the weights, scales and zeros of group gi + ahead (counted from
@@ -551,6 +555,17 @@ static __device__ __forceinline__ void dc_at_column(dc_state<MT, TB> &s, const u
     s.zp = zr + gw0 * s.gs + t0 * 8 + r;
 }
 
+/* cp.async.wait_group n, n in [0, 4] (a constant once dc_turn is unrolled) */
+static __device__ __forceinline__ void dc_x_wait(int n) {
+    switch (n) {
+    case 4: cp_async_wait<4>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 1: cp_async_wait<1>(); break;
+    default: cp_async_wait<0>(); break;
+    }
+}
+
 /* One ring turn of NG (<= UG) groups; slot contents are refilled with the
  * groups UG later where g0 + gi + UG < ng. XC (the persistent grid's last
  * turn of a column): the state's pointers are already at the block's next
@@ -560,6 +575,10 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
     constexpr int UG = dc_state<MT, TB>::UG, AHEAD = XC ? 0 : UG;
 #pragma unroll
     for (int gi = 0; gi < NG; gi++) {
+        if (s.xw) { /* the first column: this group's x rows (k_decode's x staging, XP) */
+            dc_x_wait(g0 == 0 ? UG - gi : 0);
+            __syncwarp();
+        }
         const int refill = XC ? hn && gi < ng : g0 + gi + UG < ng;
         uint32_t mlo[TB], mhi[TB]; /* deq_raw's subtrahends for rows r, r + 8 */
         float sl[TB], sh[TB];
@@ -754,7 +773,7 @@ static __device__ __forceinline__ void dc_sum_epilogue(const epi_args &ep, const
  * SM, 1 at MT = 2 where it does not (launch_decode) — the MT = 2 persistent
  * grid spilled 108 bytes at 128 registers (session 34, ncu: 242 K local
  * requests on Qwen3-8B gate|up at M = 16) */
-template <int MT, int TB, bool NORM, bool SUM, bool PS = false, bool PF = false, int MINB = 2>
+template <int MT, int TB, bool NORM, bool SUM, bool PS = false, bool PF = false, int MINB = 2, bool XP = false>
 static __global__ void __launch_bounds__(DC_WARPS * 32, MINB)
 k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
@@ -770,6 +789,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     const int gw0 = warp * KG / DC_WARPS, ng = (warp + 1) * KG / DC_WARPS - gw0;
     S s;
     s.gs = (size_t)n16a * 8;
+    s.xw = 0;
     dc_at_column(s, qw, sc, zr, t0, KC, gw0, lane, r);
 #pragma unroll
     for (int i = 0; i < S::NW; i++) s.wr[i] = make_uint4(0, 0, 0, 0);
@@ -800,16 +820,36 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     if (NORM) {
         dc_norm_prologue<PRE>(na, wpre, sx, xs, K, ep.m, k0, n8, warp, lane ST_ARG);
     } else {
+        /* group by group, each of the first UG groups of the range its own
+         * cp.async group (the rest one more): the first column's turns wait
+         * for each group's rows only (s.xw, dc_turn), so its first groups
+         * are multiplied while the later ones arrive. Not at MT >= 2 with
+         * two blocks per SM (128 registers: it spilled there) */
         const bool via_l1 = !(flags & DC_F_XCG);
-        for (int i = lane; i < ep.m * n8; i += 32) {
-            const int row = i / n8, p = i - row * n8;
+        constexpr bool XPIPE = XP && !(MT >= 2 && MINB >= 2);
+#pragma unroll
+        for (int g = 0; g < (XPIPE ? S::UG : 0); g++) {
+            if (g < ng)
+                for (int i = lane; i < ep.m * 16; i += 32) {
+                    const int row = i >> 4, p = g * 16 + (i & 15);
+                    uint16_t *d = sx + row * xs + k0 + p * 8;
+                    const uint16_t *gp = x + (size_t)row * K + k0 + p * 8;
+                    if (via_l1) cp_async16_ca(d, gp);
+                    else cp_async16(d, gp, 16);
+                }
+            cp_async_commit();
+        }
+        const int rest = n8 - 16 * (XPIPE ? S::UG : 0); /* pieces per row past the first UG groups */
+        for (int i = lane; i < ep.m * rest; i += 32) {
+            const int row = i / rest, p = 16 * (XPIPE ? S::UG : 0) + (i - row * rest);
             uint16_t *d = sx + row * xs + k0 + p * 8;
-            const uint16_t *g = x + (size_t)row * K + k0 + p * 8;
-            if (via_l1) cp_async16_ca(d, g);
-            else cp_async16(d, g, 16);
+            const uint16_t *gp = x + (size_t)row * K + k0 + p * 8;
+            if (via_l1) cp_async16_ca(d, gp);
+            else cp_async16(d, gp, 16);
         }
         cp_async_commit();
-        cp_async_wait<0>();
+        if (XPIPE) s.xw = 1;
+        else cp_async_wait<0>();
     }
     __syncwarp();
     ST_MARK(2);
@@ -861,6 +901,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         }
 
         ST_MARK(3);
+        s.xw = 0; /* x is in */
         /* the 8 warps' partials, added in warp order */
         float *red = (float *)(smem + dc_x_bytes(ep.m, K)); /* [TB][MT*4][8][32] */
 #pragma unroll
@@ -1406,7 +1447,7 @@ done:
 extern "C" void w4a16_stamps_dump(void) {
     static const char *const kinds[16] = {"?", "decode", "decode+norm", "decode+sum", "tc", "skinny", "?", "?",
                                           "?", "?", "?", "?", "?", "?", "?", "?"};
-    st_dump("w4a16 (K x N)", kinds, "0 entry, 1 after the PDL wait, 2 x / norm staged (tc: the first chunk in), 3 main loop done, 4 stored (tc, skinny: split-K reduced), 5 norm: first pieces in (tc, skinny: stored), 6 norm: warp 0's pieces summed");
+    st_dump("w4a16 (K x N)", kinds, "0 entry, 1 after the PDL wait, 2 x / norm staged (decode from M = 6: x requested; tc: the first chunk in), 3 main loop done, 4 stored (tc, skinny: split-K reduced), 5 norm: first pieces in (tc, skinny: stored), 6 norm: warp 0's pieces summed");
 }
 #endif
 
@@ -2243,7 +2284,7 @@ static int dc_flags(void) {
 
 /* PS: the persistent grid (dc_ps_plan), each block streaming ncols / grid
  * columns back to back through one register ring (plain and NORM only) */
-template <int MT, int TB, bool PS, bool PF, int MINB = 2>
+template <int MT, int TB, bool PS, bool PF, int MINB = 2, bool XP = false>
 static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
                            const norm_args *na, const w4a16_sum *xs, const struct dc_plan *pl, int grid,
                            cudaStream_t s, char *err, size_t errlen) {
@@ -2281,14 +2322,37 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
                    err, errlen);
         return 0;
     }
-    rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS, PF, MINB>,
+    rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS, PF, MINB, XP>,
                               dc_smem_max(MT), err, errlen);
     if (rc) return rc;
-    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false, PS, PF, MINB>, dim3(grid), dim3(DC_WARPS * 32),
+    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false, PS, PF, MINB, XP>, dim3(grid), dim3(DC_WARPS * 32),
                           pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, flags, ep,
                           none, nosum, pl->blocks),
                err, errlen);
     return 0;
+}
+
+/* The decode kernel stages x group by group (XP) at MT = 1 from this many
+ * rows (MT >= 2 always). H200, session 42, back to back, 28 shapes, the
+ * two stagings of one binary alternated twice: geometric mean 0.965x at M
+ * = 8 (none slower), 0.972x at M = 6 (3 of 28 2-3% slower), 0.985-0.991x
+ * at M = 2-5 but 2-4 points 2-6% slower each, 1.0025x at M = 1 (8 slower);
+ * so from 6. Default DC_XP_MIN_M, AWQD_W4A16_DC_XP_MIN_M=1..99 or
+ * w4a16_decode_x_groups() set it. */
+#define DC_XP_MIN_M 6
+static std::atomic<int> g_dc_xp{-1};
+static int dc_xp_min_m(void) {
+    int v = g_dc_xp.load(std::memory_order_relaxed);
+    if (v < 0) {
+        int expect = -1;
+        g_dc_xp.compare_exchange_strong(expect, dc_env_int("AWQD_W4A16_DC_XP_MIN_M", DC_XP_MIN_M, 1, 99));
+        v = g_dc_xp.load(std::memory_order_relaxed);
+    }
+    return v;
+}
+extern "C" int w4a16_decode_x_groups(int min_m) {
+    if (min_m > 0) g_dc_xp.store(min_m, std::memory_order_relaxed);
+    return dc_xp_min_m();
 }
 
 /* The decode kernel's persistent grid (dc_ps_plan, kernels/cuda/dc_plan.h):
@@ -2343,24 +2407,36 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     static const int reg_cap = dc_env_int("AWQD_W4A16_DC_REG_CAP", 0, 0, 1);
     const struct dc_gpu gpu = dc_gpu_of(w);
     const int one = pl.mt == 3 || (pl.mt == 2 && ((!reg_cap && dc_blocks_per_sm(&gpu, pl.smem) < 2) || pl.tb == 1));
-    switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0) + (pf ? 1000 : 0) + (one ? 10000 : 0)) {
+    /* x staged group by group (XP, k_decode): at MT >= 2 always, at MT = 1
+     * from M = dc_xp_min_m() rows (not the NORM or SUM variants) */
+    const int xp = pl.mt == 1 && !na && !xs && ep.m >= dc_xp_min_m();
+    switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0) + (pf ? 1000 : 0) + (one ? 10000 : 0) + (xp ? 100000 : 0)) {
     case 11: return launch_decode_t<1, 1, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 12: return launch_decode_t<1, 2, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 14: return launch_decode_t<1, 4, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 22: return launch_decode_t<2, 2, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 1011: return launch_decode_t<1, 1, false, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 1012: return launch_decode_t<1, 2, false, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 1014: return launch_decode_t<1, 4, false, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 111: return launch_decode_t<1, 1, true, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 112: return launch_decode_t<1, 2, true, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 114: return launch_decode_t<1, 4, true, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 122: return launch_decode_t<2, 2, true, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 10022: return launch_decode_t<2, 2, false, false, 1>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 10122: return launch_decode_t<2, 2, true, false, 1>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 10032: return launch_decode_t<3, 2, false, false, 1>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 10132: return launch_decode_t<3, 2, true, false, 1>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 100011: return launch_decode_t<1, 1, false, false, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 100012: return launch_decode_t<1, 2, false, false, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 100014: return launch_decode_t<1, 4, false, false, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 101011: return launch_decode_t<1, 1, false, true, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 101012: return launch_decode_t<1, 2, false, true, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 101014: return launch_decode_t<1, 4, false, true, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 100111: return launch_decode_t<1, 1, true, true, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 100112: return launch_decode_t<1, 2, true, true, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 100114: return launch_decode_t<1, 4, true, true, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 22: return launch_decode_t<2, 2, false, false, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 122: return launch_decode_t<2, 2, true, false, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 10022: return launch_decode_t<2, 2, false, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 10122: return launch_decode_t<2, 2, true, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 10032: return launch_decode_t<3, 2, false, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 10132: return launch_decode_t<3, 2, true, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     /* MT = 2 on the persistent grid, one tile per block (dc_ps_tb1) */
-    case 10121: return launch_decode_t<2, 1, true, false, 1>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 10121: return launch_decode_t<2, 1, true, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     }
     return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan mt=%d tb=%d", pl.mt, pl.tb);
 }

@@ -256,6 +256,13 @@ int w4a16_decode_applies(const struct w4a16_weight *w, int m);
  * one block's 8 warps in the same order: where the tiles per block stay
  * the same, the results are bitwise those of the plain grid. */
 int w4a16_decode_persistent(int mode);
+/* From how many rows the decode kernel stages x group by group at M <= 8
+ * (each of a warp's first groups its own cp.async group, so that its first
+ * column multiplies them while the later ones arrive; at M >= 9 always):
+ * min_m >= 1 sets it (process-wide), 0 only queries; returns the value in
+ * effect (default 6 unless AWQD_W4A16_DC_XP_MIN_M says otherwise). The
+ * values are bitwise the same either way. */
+int w4a16_decode_x_groups(int min_m);
 /* The decode kernel's launch for (w, m) as it would run now: tiles per
  * block, column blocks (of tb tiles) and the grid (= cols for the plain
  * grid, < cols for the persistent one). 0 where the kernel does not apply.

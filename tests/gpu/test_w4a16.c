@@ -449,6 +449,60 @@ TEST(w4a16, decode_persistent_grid) {
                applied, same_tb);
 }
 
+/* x staged group by group (w4a16_decode_x_groups: each of a warp's first
+ * ring-turn groups its own cp.async group, waited for in the first column's
+ * turns) changes no value: at M = 1-8 the kernel is run with it from M = 1
+ * and with it off (min M 99), bitwise the same, on plain and persistent
+ * grids and on warp ranges shorter than a ring turn (K = 640: 0-1 groups a
+ * warp; K = 3072: 3), of one turn (4096), one turn and a group (5120) and
+ * several (12288), with a bias and gate|up; the run with it on also against
+ * the CPU reference. At M >= 9 it is always on (decode_kernel_shapes checks
+ * those M against the reference). */
+TEST(w4a16, decode_x_groups_bitwise) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    static const struct { int k, n, gate_up, bias; } shp[] = {
+        {640, 272, 1, 1}, {3072, 1040, 0, 1}, {4096, 6144, 0, 0}, {5120, 1280, 0, 0},
+        {12288, 4096, 0, 0}, {4096, 24576, 1, 0},
+    };
+    static const int ms[] = {1, 2, 6, 7, 8};
+    const int xp0 = w4a16_decode_x_groups(0);
+    for (int si = 0; si < NM(shp); si++) {
+        struct ref_layer h;
+        layer_make(&h, shp[si].k, shp[si].n, 128, shp[si].bias);
+        struct w4a16_weight *dw = NULL;
+        char err[256], what[64];
+        ASSERT_MSG(w4a16_upload(&h.l, shp[si].gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &dw, err,
+                                sizeof err) == 0, "%s", err);
+        float *wref = ref_dequant(&h.l);
+        ASSERT(wref);
+        const int epi = (shp[si].gate_up ? W4A16_EPI_SILU_MUL : 0) | (shp[si].bias ? W4A16_EPI_BIAS : 0);
+        const int K = shp[si].k, oc = shp[si].gate_up ? shp[si].n / 2 : shp[si].n;
+        snprintf(what, sizeof what, "x groups K%d N%d%s", K, shp[si].n, shp[si].gate_up ? " gate_up" : "");
+        for (int i = 0; i < NM(ms); i++) {
+            const int M = ms[i];
+            if (!w4a16_decode_applies(dw, M)) continue;
+            w4a16_decode_x_groups(1);
+            if ((size_t)K * shp[si].n <= (size_t)64 << 20 || M == 8) { /* the CPU reference is slow */
+                check_case(&h, wref, dw, shp[si].gate_up, M, epi, W4A16_KERNEL_DECODE, 0, what);
+                ASSERT_OK_SO_FAR();
+            }
+            uint16_t *hx = malloc((size_t)M * K * 2), *y1 = malloc((size_t)M * oc * 2), *y0 = malloc((size_t)M * oc * 2);
+            ASSERT(hx && y1 && y0);
+            for (size_t j = 0; j < (size_t)M * K; j++) hx[j] = h_from_f(2.f * rnd_unit() - 1.f);
+            decode_run(dw, hx, M, K, oc, epi, y1, what);
+            ASSERT(w4a16_decode_x_groups(99) == 99);
+            decode_run(dw, hx, M, K, oc, epi, y0, what);
+            ASSERT_MSG(memcmp(y0, y1, (size_t)M * oc * 2) == 0, "%s M=%d: x by groups and x at once differ", what, M);
+            free(hx), free(y1), free(y0);
+            ASSERT_OK_SO_FAR();
+        }
+        free(wref);
+        w4a16_free(dw);
+        ref_layer_free(&h);
+    }
+    w4a16_decode_x_groups(xp0);
+}
+
 /* The automatic dispatch follows the decode kernel's rule
  * (kernels/cuda/dc_plan.h, sessions 21-23; its expectations on the measured
  * shapes are pinned by the CPU test dc_plan.dispatch_rule_on_measured_shapes):

@@ -1,61 +1,70 @@
-/* test_nat_rule.c — where the wgmma GEMM takes M = 28-64 from tc64 and the
+/* test_nat_rule.c — where the wgmma GEMM takes M = 17-64 from tc64 and the
  * skinny kernel (kernels/cuda/nat_rule.h), on the CPU: the H100's rule
- * (session 19) and the H200's (session 28), written out for the real layer
- * shapes of Qwen3-8B, Qwen3-32B and Llama-3-70B and their tp = 2 / 4 shards,
- * as the back-to-back audit of session 28 measured them
- * (docs/PERFORMANCE.md "Session 28", item 2). */
+ * (session 19) and the H200's (sessions 28 and 42), written out for the real
+ * layer shapes of Qwen3-8B, Qwen3-32B and Llama-3-70B and their tp = 2 / 4
+ * shards, as the back-to-back audits of sessions 28 and 42 measured them
+ * (docs/PERFORMANCE.md "Session 28" item 2, "Session 42" item 6). */
 #include "tests/harness/test.h"
 
 #include "kernels/cuda/nat_rule.h"
 
 /* K, N (all the weight's columns; gate|up 2 x intermediate); then
- * whether mode 4 takes M = 28, 32, 40, 64 on an H200 and M = 32, 40, 64 on
+ * whether mode 4 takes M = 17-27 on an H200 (session 42's audit: N >= 5120,
+ * K >= 5120 and K >= 6144 or K N >= 96 Mi; at M = 28-32 the same or, as
+ * before, K >= 14336), whether it takes M = 28, 32, 40, 64 on an H200 and M = 32, 40, 64 on
  * an H100; then whether nat_wide_takes gives it M = 1536, 2048, 4096 on an
  * H200 (132 SMs; -1: not asked, gate|up takes M <= 4096 by its own rule in
  * w4a16.cu) */
 static const struct nat_case {
     const char *what;
     int k, n;
+    int low;     /* H200, M = 17-27 (session 42) */
     int h200[4];
     int h100[3];
     int wide[3];
 } cases[] = {
-    {"Qwen3-8B q|k|v", 4096, 6144, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Qwen3-8B q|k|v", 4096, 6144, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
     /* K N = 16 Mi: the edge, in; 192 tiles at 1536: 1.45 waves */
-    {"Qwen3-8B o", 4096, 4096, {0, 0, 1, 1}, {0, 0, 0}, {0, 1, 1}},
-    {"Qwen3-8B gate|up", 4096, 24576, {0, 0, 1, 1}, {0, 0, 0}, {-1, -1, -1}}, /* H200: a tie until session 36's loop */
-    {"Qwen3-8B down", 12288, 4096, {0, 0, 1, 1}, {0, 0, 0}, {0, 1, 1}},
-    {"Qwen3-32B q|k|v", 5120, 10240, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Qwen3-32B o", 8192, 5120, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Qwen3-32B gate|up", 5120, 51200, {0, 0, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
-    {"Qwen3-32B down", 25600, 5120, {1, 1, 1, 1}, {0, 1, 1}, {1, 0, 1}}, /* 2048: x 100 MB, 320 whole tiles in 3 rounds */
-    {"Qwen3-32B tp=2 q|k|v", 5120, 5120, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Qwen3-32B tp=2 o", 4096, 5120, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Qwen3-32B tp=2 gate|up", 5120, 25600, {0, 0, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
-    /* K < 14336: skinny at 28-32; 2048: x 50 MB, 3 rounds (1.17x measured) */
-    {"Qwen3-32B tp=2 down", 12800, 5120, {0, 0, 1, 1}, {0, 0, 0}, {1, 0, 1}},
-    {"Qwen3-32B tp=4 q|k|v", 5120, 2560, {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}}, /* N = 2560: tc64 won */
-    {"Qwen3-32B tp=4 o", 2048, 5120, {0, 0, 0, 0}, {0, 0, 0}, {1, 1, 1}}, /* K N = 10 Mi: tc64 won */
-    {"Qwen3-32B tp=4 gate|up", 5120, 12800, {0, 0, 1, 1}, {0, 0, 0}, {-1, -1, -1}},
-    {"Qwen3-32B tp=4 down", 6400, 5120, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Llama-3-70B q|k|v", 8192, 10240, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Llama-3-70B o", 8192, 8192, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Llama-3-70B gate|up", 8192, 57344, {0, 0, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
-    {"Llama-3-70B down", 28672, 8192, {1, 1, 1, 1}, {0, 1, 1}, {1, 1, 1}},
-    {"Llama-3-70B tp=2 q|k|v", 8192, 5120, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Llama-3-70B tp=2 o", 4096, 8192, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Llama-3-70B tp=2 gate|up", 8192, 28672, {0, 0, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
-    {"Llama-3-70B tp=2 down", 14336, 8192, {1, 1, 1, 1}, {0, 1, 1}, {1, 1, 1}},
-    {"Llama-3-70B tp=4 q|k|v", 8192, 2560, {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}},
-    {"Llama-3-70B tp=4 o", 2048, 8192, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}}, /* K N = 16 Mi: in */
-    {"Llama-3-70B tp=4 gate|up", 8192, 14336, {0, 0, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
-    {"Llama-3-70B tp=4 down", 7168, 8192, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Qwen3-8B o", 4096, 4096, 0, {0, 0, 1, 1}, {0, 0, 0}, {0, 1, 1}},
+    {"Qwen3-8B gate|up", 4096, 24576, 0, {0, 0, 1, 1}, {0, 0, 0}, {-1, -1, -1}}, /* H200: a tie until session 36's loop */
+    {"Qwen3-8B down", 12288, 4096, 0, {0, 0, 1, 1}, {0, 0, 0}, {0, 1, 1}},
+    {"Qwen3-32B q|k|v", 5120, 10240, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Qwen3-32B o", 8192, 5120, 1, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Qwen3-32B gate|up", 5120, 51200, 1, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
+    {"Qwen3-32B down", 25600, 5120, 1, {1, 1, 1, 1}, {0, 1, 1}, {1, 0, 1}}, /* 2048: x 100 MB, 320 whole tiles in 3 rounds */
+    {"Qwen3-32B tp=2 q|k|v", 5120, 5120, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Qwen3-32B tp=2 o", 4096, 5120, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Qwen3-32B tp=2 gate|up", 5120, 25600, 1, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
+    /* session 28: skinny at 28-32 (1.07-1.14x); session 42: mode 4 from 17 (0.82-0.96x at 18-27);
+     * 2048: x 50 MB, 3 rounds (1.17x measured) */
+    {"Qwen3-32B tp=2 down", 12800, 5120, 1, {1, 1, 1, 1}, {0, 0, 0}, {1, 0, 1}},
+    {"Qwen3-32B tp=4 q|k|v", 5120, 2560, 0, {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}}, /* N = 2560: tc64 won */
+    {"Qwen3-32B tp=4 o", 2048, 5120, 0, {0, 0, 0, 0}, {0, 0, 0}, {1, 1, 1}}, /* K N = 10 Mi: tc64 won */
+    {"Qwen3-32B tp=4 gate|up", 5120, 12800, 0, {0, 0, 1, 1}, {0, 0, 0}, {-1, -1, -1}},
+    {"Qwen3-32B tp=4 down", 6400, 5120, 1, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Llama-3-70B q|k|v", 8192, 10240, 1, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Llama-3-70B o", 8192, 8192, 1, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Llama-3-70B gate|up", 8192, 57344, 1, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
+    {"Llama-3-70B down", 28672, 8192, 1, {1, 1, 1, 1}, {0, 1, 1}, {1, 1, 1}},
+    {"Llama-3-70B tp=2 q|k|v", 8192, 5120, 1, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Llama-3-70B tp=2 o", 4096, 8192, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Llama-3-70B tp=2 gate|up", 8192, 28672, 1, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
+    {"Llama-3-70B tp=2 down", 14336, 8192, 1, {1, 1, 1, 1}, {0, 1, 1}, {1, 1, 1}},
+    {"Llama-3-70B tp=4 q|k|v", 8192, 2560, 0, {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}},
+    {"Llama-3-70B tp=4 o", 2048, 8192, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}}, /* K N = 16 Mi: in */
+    {"Llama-3-70B tp=4 gate|up", 8192, 14336, 1, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
+    {"Llama-3-70B tp=4 down", 7168, 8192, 1, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
 };
 
 TEST(nat_rule, real_shapes_on_the_h200_and_the_h100) {
     static const int m200[4] = {28, 32, 40, 64}, m100[3] = {32, 40, 64};
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         const struct nat_case *c = &cases[i];
+        for (int m = 1; m <= 27; m++) {
+            ASSERT_MSG(nat_mid_takes(m, c->k, c->n, 1) == (m >= 17 && c->low), "H200 %s (K %d, N %d) M=%d: mode 4 %s",
+                       c->what, c->k, c->n, m, m >= 17 && c->low ? "expected" : "not expected");
+            ASSERT(!nat_mid_takes(m, c->k, c->n, 0)); /* the H100: from M = 33 only */
+        }
         for (int j = 0; j < 4; j++)
             ASSERT_MSG(nat_mid_takes(m200[j], c->k, c->n, 1) == c->h200[j],
                        "H200 %s (K %d, N %d) M=%d: mode 4 %s", c->what, c->k, c->n, m200[j],
@@ -68,15 +77,23 @@ TEST(nat_rule, real_shapes_on_the_h200_and_the_h100) {
 }
 
 TEST(nat_rule, edges) {
-    /* below M = 28 never; M = 33 with 40 on the H200 (the times are flat there) */
-    ASSERT(!nat_mid_takes(27, 28672, 8192, 1));
+    /* below M = 17 never; M = 17-27 only by session 42's clause (Qwen3-8B down: N = 4096; K = 5120
+     * with K N < 96 Mi); M = 33 with 40 on the H200 (the times are flat there) */
+    ASSERT(!nat_mid_takes(16, 28672, 8192, 1));
+    ASSERT(nat_mid_takes(17, 28672, 8192, 1));
+    ASSERT(!nat_mid_takes(27, 12288, 4096, 1));
+    ASSERT(nat_mid_takes(27, 6144, 5120, 1));
+    ASSERT(!nat_mid_takes(27, 6143, 5120, 1));
+    ASSERT(nat_mid_takes(20, 5120, 19661, 1));
+    ASSERT(!nat_mid_takes(20, 5120, 19660, 1));
+    ASSERT(!nat_mid_takes(20, 4096, 1 << 20, 1));
     ASSERT(nat_mid_takes(33, 4096, 6144, 1));
     ASSERT(!nat_mid_takes(32, 4096, 6144, 1));
     /* the H200's K N and N limits, and K >= 14336 at M = 28-32 */
     ASSERT(!nat_mid_takes(48, 4096, 4080, 1));
     ASSERT(!nat_mid_takes(48, 4080, 4096, 1));
     ASSERT(nat_mid_takes(30, 14336, 1024, 1));
-    ASSERT(!nat_mid_takes(30, 14335, 1 << 20, 1));
+    ASSERT(!nat_mid_takes(30, 14335, 4096, 1));
     /* K = 4096 (any layout, gate|up too since session 36) on the H200, not on the H100 */
     ASSERT(nat_mid_takes(64, 4096, 1 << 16, 1));
     ASSERT(!nat_mid_takes(64, 4096, 1 << 16, 0));

@@ -23,6 +23,7 @@
 #define DC_SMEM_MAX_MT3 (224 * 1024) /* MT = 3: one block per SM anyway (x of 24 rows at K = 4096) */
 #define DC_DISPATCH_MAX_M 24     /* the dispatch's last M (session 35; 16 in session 22, 8 in session 21) */
 #define DC_MT2_MAX_K 4096        /* M = 9..24: the largest K taken on any grid (sessions 34, 35) */
+#define DC_MT2_WAVES3_MAX_K 5120 /* M = 9..24: above DC_MT2_MAX_K, on <= 3 x SMs blocks (session 42) */
 
 /* Shared memory of a decode block: x [m][K + 8] fp16 (the 16-byte pad puts
  * the 8 rows' LDS.128 on distinct banks), then the reduction area
@@ -222,7 +223,19 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
  * 5120 and M <= 19: the tp = 4 q|k|v shard (80 blocks, one wave) 0.77x
  * taken; not taken: Qwen3-32B q|k|v (320 blocks, 3 waves; it won there,
  * 0.83x), its tp = 2 shard (1.00-1.01x), gate|up and its shards (4-13 waves:
- * 1.03-1.11x). */
+ * 1.03-1.11x).
+ *
+ * Session 42 (x staged group by group; H200, bench kernels --b2b-audit at M
+ * = 9-27, two runs): above K = 4096 also K = 5120 on at most 3 x SMs blocks
+ * (DC_MT2_WAVES3_MAX_K): Qwen3-32B q|k|v (320 blocks) 0.84-0.94x the skinny
+ * kernel at M = 9-16 and 0.83x at 17-18, its tp = 2 shard (160) 0.88-0.98x
+ * at M = 10-16 and 0.97-1.0x at 17-18; not its gate|up shards (400-1600
+ * blocks: 1.06-1.26x). Qwen3-32B end to end batch 16 (q|k|v the only
+ * change) +0.6%. The grids the persistent grid takes at K = 8192 also won
+ * back to back (Llama-3-70B q|k|v 0.81-0.86x, gate|up and its shards
+ * 0.83-0.95x, Qwen3-32B o 0.95-1.0x at M = 9-11) but Qwen3-32B end to end
+ * at batch 10, with its o on the decode kernel too, was 0.6% slower: not
+ * taken (docs/PERFORMANCE.md "Session 42"). */
 #define DC_ONE_WAVE_WBYTES (256 * 1024)
 #define DC_WAVE_FILL_PCT 80
 DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const struct dc_gpu *g) {
@@ -234,7 +247,9 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
         if (two && pl->blocks <= g->sms) return 0; /* two per SM on a part of the SMs */
         if (pl->k <= DC_MT2_MAX_K) return 1;
         const int slots = (two ? 2 : 1) * g->sms, waves = (pl->blocks + slots - 1) / slots;
-        return waves == 1 || (waves == 2 && 10 * pl->blocks >= 9 * waves * slots);
+        if (waves == 1 || (waves == 2 && 10 * pl->blocks >= 9 * waves * slots)) return 1;
+        /* session 42 (x group by group): K = 5120 on at most 3 SMs' worth of blocks */
+        return pl->k <= DC_MT2_WAVES3_MAX_K && pl->blocks <= 3 * g->sms;
     }
     if (two) return 1;
     if (pl->blocks > g->sms) { /* one block per SM, several waves */

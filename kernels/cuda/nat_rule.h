@@ -1,10 +1,11 @@
 /* nat_rule.h — where the wgmma GEMM (mode 4 with stream-K, w4a16_gemm.cu)
- * takes the middle M range, 28-64, from tc64 and the skinny kernel, and
+ * takes the middle M range, 17-64, from tc64 and the skinny kernel, and
  * M = 1025-4096 from dequantize + cuBLAS (kernels/cuda/w4a16.cu,
  * nat_window). Plain integer arithmetic, shared by
  * the CUDA backend and a CPU test (tests/test_nat_rule.c), so that the
  * measured rules are checked in CI. Measurements: docs/PERFORMANCE.md
- * "Session 19" (the H100 rule) and "Session 28" (the H200 rule), and
+ * "Session 19" (the H100 rule), "Session 28" and "Session 42" (the H200
+ * rule), and
  * docs/KERNELS.md "Mode 4". */
 #ifndef AWQD_NAT_RULE_H
 #define AWQD_NAT_RULE_H
@@ -45,6 +46,25 @@
 #define NAT_BIG_MIN_KN (16ll << 20)
 #define NAT_BIG_SKINNY_MIN_M 28
 #define NAT_BIG_SKINNY_MIN_K 14336
+/* The H200, session 42 (bench kernels --b2b-audit at M = 17-27, two runs,
+ * the 28 shapes; docs/PERFORMANCE.md "Session 42"): below M = 33 the wgmma
+ * GEMM (sessions 36-41 made it 0.85x faster at M = 40-64) now beats the
+ * skinny kernel wherever N >= 5120, K >= 5120 and either K >= 6144 or K N
+ * >= 96 Mi: 0.73-0.99x at M = 18-27 (Qwen3-32B o, gate|up, down and their
+ * tp = 2 gate|up / down and tp = 4 down shards, every Llama-3-70B shape with
+ * N >= 5120; Llama-3-70B q|k|v 1.03x at M = 17, 0.95-1.0x above). It lost
+ * on Qwen3-8B down (N = 4096: 1.08-1.13x at M <= 24), the Qwen3-32B q|k|v tp
+ * = 2 shard (K N = 25 Mi: 1.04-1.09x) and its tp = 4 gate|up (62 Mi:
+ * 1.00-1.10x), and won on Qwen3-32B q|k|v (50 Mi, 0.91-0.97x: left to the
+ * decode kernel to M = 19, 0.83x). Where the decode kernel takes M = 17-24
+ * (K <= 4096, Qwen3-32B q|k|v and its tp = 2 shard) this rule does not
+ * apply (K < 5120 or K N < 96 Mi), so the order of the questions does not
+ * matter. */
+#define NAT_BIG_LOW_MIN_M 17
+#define NAT_BIG_LOW_MIN_N 5120
+#define NAT_BIG_LOW_MIN_K 5120
+#define NAT_BIG_LOW_K 6144
+#define NAT_BIG_LOW_KN (96ll << 20)
 
 /* Whether mode 4 takes M < 65 on a K x N weight (N: all output columns of
  * the weight, 2 x the intermediate size for gate|up; no rule tells gate|up
@@ -55,7 +75,9 @@ static inline int nat_mid_takes(int m, int k, long long n, int hbm_big) {
     if (hbm_big) {
         if (m >= NAT_SK_MIN_M)
             return n >= NAT_BIG_MIN_N && kn >= NAT_BIG_MIN_KN;
-        return m >= NAT_BIG_SKINNY_MIN_M && k >= NAT_BIG_SKINNY_MIN_K;
+        if (m >= NAT_BIG_SKINNY_MIN_M && k >= NAT_BIG_SKINNY_MIN_K) return 1;
+        return m >= NAT_BIG_LOW_MIN_M && n >= NAT_BIG_LOW_MIN_N && k >= NAT_BIG_LOW_MIN_K &&
+               (k >= NAT_BIG_LOW_K || kn >= NAT_BIG_LOW_KN);
     }
     return m >= NAT_SK_MIN_M && k >= NAT_SK_MIN_K && kn >= NAT_SK_KN;
 }

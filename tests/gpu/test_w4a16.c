@@ -354,6 +354,34 @@ static int dc_gpu_here(struct dc_gpu *g) {
            cudaDeviceGetAttribute(&g->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess;
 }
 
+/* One layer of the decode-kernel tests: the host reference, its upload, the
+ * dequantized reference weights, the epilogue flags and output columns. */
+struct dc_layer {
+    struct ref_layer h;
+    struct w4a16_weight *dw;
+    float *wref;
+    int k, n, gate_up, epi, oc;
+    char what[64];
+};
+static void dc_layer_make(struct dc_layer *L, int k, int n, int gate_up, int bias, const char *tag) {
+    char err[256];
+    memset(L, 0, sizeof *L);
+    layer_make(&L->h, k, n, 128, bias);
+    ASSERT_MSG(w4a16_upload(&L->h.l, gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &L->dw, err, sizeof err) == 0,
+               "%s", err);
+    L->wref = ref_dequant(&L->h.l);
+    ASSERT(L->wref);
+    L->k = k, L->n = n, L->gate_up = gate_up;
+    L->epi = (gate_up ? W4A16_EPI_SILU_MUL : 0) | (bias ? W4A16_EPI_BIAS : 0);
+    L->oc = gate_up ? n / 2 : n;
+    snprintf(L->what, sizeof L->what, "%s K%d N%d%s", tag, k, n, gate_up ? " gate_up" : "");
+}
+static void dc_layer_free(struct dc_layer *L) {
+    free(L->wref);
+    w4a16_free(L->dw);
+    ref_layer_free(&L->h);
+}
+
 /* One call of the decode kernel on x (M x K) into the host buffer y. */
 static void decode_run(struct w4a16_weight *dw, const uint16_t *hx, int M, int K, int oc, int epi,
                        uint16_t *hy, const char *what) {
@@ -369,6 +397,20 @@ static void decode_run(struct w4a16_weight *dw, const uint16_t *hx, int M, int K
     CK(cudaMemcpy(hy, dy, (size_t)M * oc * 2, cudaMemcpyDeviceToHost));
     CK(cudaFree(dx));
     CK(cudaFree(dy));
+}
+
+/* x random (M rows); the decode kernel as things stand (y1), then with
+ * set(off) (y0), then set(on) again: y0 and y1 bitwise the same. */
+static void dc_same_bits(const struct dc_layer *L, int M, int (*set)(int), int off, int on, const char *how) {
+    uint16_t *hx = malloc((size_t)M * L->k * 2), *y1 = malloc((size_t)M * L->oc * 2), *y0 = malloc((size_t)M * L->oc * 2);
+    ASSERT(hx && y1 && y0);
+    for (size_t j = 0; j < (size_t)M * L->k; j++) hx[j] = h_from_f(2.f * rnd_unit() - 1.f);
+    decode_run(L->dw, hx, M, L->k, L->oc, L->epi, y1, L->what);
+    set(off);
+    decode_run(L->dw, hx, M, L->k, L->oc, L->epi, y0, L->what);
+    set(on);
+    ASSERT_MSG(memcmp(y0, y1, (size_t)M * L->oc * 2) == 0, "%s M=%d: %s differ", L->what, M, how);
+    free(hx), free(y1), free(y0);
 }
 
 /* The decode kernel's persistent grid (dc_ps_plan): it is launched exactly
@@ -396,17 +438,12 @@ TEST(w4a16, decode_persistent_grid) {
     const int ps0 = w4a16_decode_persistent(1);
     int applied = 0, same_tb = 0;
     for (int si = 0; si < NM(shp); si++) {
-        struct ref_layer h;
-        layer_make(&h, shp[si].k, shp[si].n, 128, shp[si].bias);
-        struct w4a16_weight *dw = NULL;
-        char err[256], what[64];
-        ASSERT_MSG(w4a16_upload(&h.l, shp[si].gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &dw, err,
-                                sizeof err) == 0, "%s", err);
-        float *wref = ref_dequant(&h.l);
-        ASSERT(wref);
-        const int epi = (shp[si].gate_up ? W4A16_EPI_SILU_MUL : 0) | (shp[si].bias ? W4A16_EPI_BIAS : 0);
-        const int K = shp[si].k, oc = shp[si].gate_up ? shp[si].n / 2 : shp[si].n;
-        snprintf(what, sizeof what, "persistent K%d N%d%s", K, shp[si].n, shp[si].gate_up ? " gate_up" : "");
+        struct dc_layer L;
+        dc_layer_make(&L, shp[si].k, shp[si].n, shp[si].gate_up, shp[si].bias, "persistent");
+        ASSERT_OK_SO_FAR();
+        struct w4a16_weight *dw = L.dw;
+        const int K = L.k;
+        const char *what = L.what;
         for (int i = 0; i < NM(ms); i++) {
             const int M = ms[i];
             struct dc_plan pl;
@@ -423,25 +460,17 @@ TEST(w4a16, decode_persistent_grid) {
             ASSERT_MSG(dtb == pl.tb && dcols == pl.blocks, "%s M=%d: TB %d, %d columns; the rule says TB %d, %d", what,
                        M, dtb, dcols, pl.tb, pl.blocks);
             applied++;
-            check_case(&h, wref, dw, shp[si].gate_up, M, epi, W4A16_KERNEL_DECODE, 0, what);
+            check_case(&L.h, L.wref, dw, L.gate_up, M, L.epi, W4A16_KERNEL_DECODE, 0, what);
             ASSERT_OK_SO_FAR();
             if (pl.tb != tb0) continue;
             same_tb++;
-            uint16_t *hx = malloc((size_t)M * K * 2), *y1 = malloc((size_t)M * oc * 2), *y0 = malloc((size_t)M * oc * 2);
-            ASSERT(hx && y1 && y0);
-            for (size_t j = 0; j < (size_t)M * K; j++) hx[j] = h_from_f(2.f * rnd_unit() - 1.f);
-            decode_run(dw, hx, M, K, oc, epi, y1, what);
             w4a16_decode_persistent(0);
             ASSERT(w4a16_decode_describe(dw, M, &dtb, &dcols, &dgrid) && dgrid == dcols);
-            decode_run(dw, hx, M, K, oc, epi, y0, what);
             w4a16_decode_persistent(1);
-            ASSERT_MSG(memcmp(y0, y1, (size_t)M * oc * 2) == 0, "%s M=%d: persistent and plain grids differ", what, M);
-            free(hx), free(y1), free(y0);
+            dc_same_bits(&L, M, w4a16_decode_persistent, 0, 1, "persistent and plain grids");
             ASSERT_OK_SO_FAR();
         }
-        free(wref);
-        w4a16_free(dw);
-        ref_layer_free(&h);
+        dc_layer_free(&L);
     }
     w4a16_decode_persistent(ps0);
     /* on a GPU like the H100 / H200 (132 SMs) the rule applies to most points */
@@ -467,38 +496,21 @@ TEST(w4a16, decode_x_groups_bitwise) {
     static const int ms[] = {1, 2, 6, 7, 8};
     const int xp0 = w4a16_decode_x_groups(0);
     for (int si = 0; si < NM(shp); si++) {
-        struct ref_layer h;
-        layer_make(&h, shp[si].k, shp[si].n, 128, shp[si].bias);
-        struct w4a16_weight *dw = NULL;
-        char err[256], what[64];
-        ASSERT_MSG(w4a16_upload(&h.l, shp[si].gate_up ? W4A16_LAYOUT_GATE_UP : W4A16_LAYOUT_PLAIN, &dw, err,
-                                sizeof err) == 0, "%s", err);
-        float *wref = ref_dequant(&h.l);
-        ASSERT(wref);
-        const int epi = (shp[si].gate_up ? W4A16_EPI_SILU_MUL : 0) | (shp[si].bias ? W4A16_EPI_BIAS : 0);
-        const int K = shp[si].k, oc = shp[si].gate_up ? shp[si].n / 2 : shp[si].n;
-        snprintf(what, sizeof what, "x groups K%d N%d%s", K, shp[si].n, shp[si].gate_up ? " gate_up" : "");
+        struct dc_layer L;
+        dc_layer_make(&L, shp[si].k, shp[si].n, shp[si].gate_up, shp[si].bias, "x groups");
+        ASSERT_OK_SO_FAR();
         for (int i = 0; i < NM(ms); i++) {
             const int M = ms[i];
-            if (!w4a16_decode_applies(dw, M)) continue;
+            if (!w4a16_decode_applies(L.dw, M)) continue;
             w4a16_decode_x_groups(1);
-            if ((size_t)K * shp[si].n <= (size_t)64 << 20 || M == 8) { /* the CPU reference is slow */
-                check_case(&h, wref, dw, shp[si].gate_up, M, epi, W4A16_KERNEL_DECODE, 0, what);
+            if ((size_t)L.k * L.n <= (size_t)64 << 20 || M == 8) { /* the CPU reference is slow */
+                check_case(&L.h, L.wref, L.dw, L.gate_up, M, L.epi, W4A16_KERNEL_DECODE, 0, L.what);
                 ASSERT_OK_SO_FAR();
             }
-            uint16_t *hx = malloc((size_t)M * K * 2), *y1 = malloc((size_t)M * oc * 2), *y0 = malloc((size_t)M * oc * 2);
-            ASSERT(hx && y1 && y0);
-            for (size_t j = 0; j < (size_t)M * K; j++) hx[j] = h_from_f(2.f * rnd_unit() - 1.f);
-            decode_run(dw, hx, M, K, oc, epi, y1, what);
-            ASSERT(w4a16_decode_x_groups(99) == 99);
-            decode_run(dw, hx, M, K, oc, epi, y0, what);
-            ASSERT_MSG(memcmp(y0, y1, (size_t)M * oc * 2) == 0, "%s M=%d: x by groups and x at once differ", what, M);
-            free(hx), free(y1), free(y0);
+            dc_same_bits(&L, M, w4a16_decode_x_groups, 99, 1, "x by groups and x at once");
             ASSERT_OK_SO_FAR();
         }
-        free(wref);
-        w4a16_free(dw);
-        ref_layer_free(&h);
+        dc_layer_free(&L);
     }
     w4a16_decode_x_groups(xp0);
 }

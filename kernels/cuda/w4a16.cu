@@ -820,35 +820,31 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     if (NORM) {
         dc_norm_prologue<PRE>(na, wpre, sx, xs, K, ep.m, k0, n8, warp, lane ST_ARG);
     } else {
-        /* group by group, each of the first UG groups of the range its own
-         * cp.async group (the rest one more): the first column's turns wait
-         * for each group's rows only (s.xw, dc_turn), so its first groups
-         * are multiplied while the later ones arrive. Not at MT >= 2 with
-         * two blocks per SM (128 registers: it spilled there) */
+        /* XP: group by group, each of the first UG groups of the range its
+         * own cp.async group (the rest one more): the first column's turns
+         * wait for each group's rows only (s.xw, dc_turn), so its first
+         * groups are multiplied while the later ones arrive */
         const bool via_l1 = !(flags & DC_F_XCG);
-        constexpr bool XPIPE = XP && !(MT >= 2 && MINB >= 2);
-#pragma unroll
-        for (int g = 0; g < (XPIPE ? S::UG : 0); g++) {
-            if (g < ng)
-                for (int i = lane; i < ep.m * 16; i += 32) {
-                    const int row = i >> 4, p = g * 16 + (i & 15);
-                    uint16_t *d = sx + row * xs + k0 + p * 8;
-                    const uint16_t *gp = x + (size_t)row * K + k0 + p * 8;
-                    if (via_l1) cp_async16_ca(d, gp);
-                    else cp_async16(d, gp, 16);
-                }
-            cp_async_commit();
-        }
-        const int rest = n8 - 16 * (XPIPE ? S::UG : 0); /* pieces per row past the first UG groups */
-        for (int i = lane; i < ep.m * rest; i += 32) {
-            const int row = i / rest, p = 16 * (XPIPE ? S::UG : 0) + (i - row * rest);
+        auto stage = [&](int row, int p) { /* 16-byte piece p of the warp's range of row `row` */
             uint16_t *d = sx + row * xs + k0 + p * 8;
             const uint16_t *gp = x + (size_t)row * K + k0 + p * 8;
             if (via_l1) cp_async16_ca(d, gp);
             else cp_async16(d, gp, 16);
+        };
+        constexpr int G0 = XP ? S::UG : 0; /* the groups staged one by one */
+#pragma unroll
+        for (int g = 0; g < G0; g++) {
+            if (g < ng)
+                for (int i = lane; i < ep.m * 16; i += 32) stage(i >> 4, g * 16 + (i & 15));
+            cp_async_commit();
+        }
+        const int rest = n8 - 16 * G0; /* pieces per row past the first G0 groups */
+        for (int i = lane; i < ep.m * rest; i += 32) {
+            const int row = i / rest;
+            stage(row, 16 * G0 + (i - row * rest));
         }
         cp_async_commit();
-        if (XPIPE) s.xw = 1;
+        if (XP) s.xw = 1;
         else cp_async_wait<0>();
     }
     __syncwarp();
@@ -2407,8 +2403,10 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     static const int reg_cap = dc_env_int("AWQD_W4A16_DC_REG_CAP", 0, 0, 1);
     const struct dc_gpu gpu = dc_gpu_of(w);
     const int one = pl.mt == 3 || (pl.mt == 2 && ((!reg_cap && dc_blocks_per_sm(&gpu, pl.smem) < 2) || pl.tb == 1));
-    /* x staged group by group (XP, k_decode): at MT >= 2 always, at MT = 1
-     * from M = dc_xp_min_m() rows (not the NORM or SUM variants) */
+    /* x staged group by group (XP, k_decode): at MT >= 2 always but where
+     * two MT = 2 blocks share an SM (cases 22, 122: it spilled at 128
+     * registers), at MT = 1 from M = dc_xp_min_m() rows (not the NORM or
+     * SUM variants) */
     const int xp = pl.mt == 1 && !na && !xs && ep.m >= dc_xp_min_m();
     switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0) + (pf ? 1000 : 0) + (one ? 10000 : 0) + (xp ? 100000 : 0)) {
     case 11: return launch_decode_t<1, 1, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
@@ -2429,8 +2427,8 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     case 100111: return launch_decode_t<1, 1, true, true, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 100112: return launch_decode_t<1, 2, true, true, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 100114: return launch_decode_t<1, 4, true, true, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 22: return launch_decode_t<2, 2, false, false, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 122: return launch_decode_t<2, 2, true, false, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 22: return launch_decode_t<2, 2, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 122: return launch_decode_t<2, 2, true, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 10022: return launch_decode_t<2, 2, false, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 10122: return launch_decode_t<2, 2, true, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 10032: return launch_decode_t<3, 2, false, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);

@@ -10,50 +10,52 @@
 
 /* K, N (all the weight's columns; gate|up 2 x intermediate); then
  * whether mode 4 takes M = 17-27 on an H200 (session 42's audit: N >= 5120,
- * K >= 5120 and K >= 6144 or K N >= 96 Mi; at M = 28-32 the same or, as
- * before, K >= 14336), whether it takes M = 28, 32, 40, 64 on an H200 and M = 32, 40, 64 on
- * an H100; then whether nat_wide_takes gives it M = 1536, 2048, 4096 on an
+ * K >= 5120 and K >= 6144 or K N >= 96 Mi), the first M of 25-28 from which
+ * session 43's rule gives it the rest (N >= 4096 and K N >= 96 Mi from 25,
+ * K >= 12288 from 26, K N >= 48 Mi from 28; 0: not by that rule), whether
+ * it takes M = 28, 32, 40, 64 on an H200 and M = 32, 40, 64 on an H100; then whether nat_wide_takes gives it M = 1536, 2048, 4096 on an
  * H200 (132 SMs; -1: not asked, gate|up takes M <= 4096 by its own rule in
  * w4a16.cu) */
 static const struct nat_case {
     const char *what;
     int k, n;
     int low;     /* H200, M = 17-27 (session 42) */
+    int mid;     /* H200, from M = mid (session 43) */
     int h200[4];
     int h100[3];
     int wide[3];
 } cases[] = {
-    {"Qwen3-8B q|k|v", 4096, 6144, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Qwen3-8B q|k|v", 4096, 6144, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
     /* K N = 16 Mi: the edge, in; 192 tiles at 1536: 1.45 waves */
-    {"Qwen3-8B o", 4096, 4096, 0, {0, 0, 1, 1}, {0, 0, 0}, {0, 1, 1}},
-    {"Qwen3-8B gate|up", 4096, 24576, 0, {0, 0, 1, 1}, {0, 0, 0}, {-1, -1, -1}}, /* H200: a tie until session 36's loop */
-    {"Qwen3-8B down", 12288, 4096, 0, {0, 0, 1, 1}, {0, 0, 0}, {0, 1, 1}},
-    {"Qwen3-32B q|k|v", 5120, 10240, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Qwen3-32B o", 8192, 5120, 1, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Qwen3-32B gate|up", 5120, 51200, 1, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
-    {"Qwen3-32B down", 25600, 5120, 1, {1, 1, 1, 1}, {0, 1, 1}, {1, 0, 1}}, /* 2048: x 100 MB, 320 whole tiles in 3 rounds */
-    {"Qwen3-32B tp=2 q|k|v", 5120, 5120, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Qwen3-32B tp=2 o", 4096, 5120, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Qwen3-32B tp=2 gate|up", 5120, 25600, 1, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
+    {"Qwen3-8B o", 4096, 4096, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {0, 1, 1}},
+    {"Qwen3-8B gate|up", 4096, 24576, 0, 25, {1, 1, 1, 1}, {0, 0, 0}, {-1, -1, -1}}, /* H200: a tie until session 36's loop */
+    {"Qwen3-8B down", 12288, 4096, 0, 26, {1, 1, 1, 1}, {0, 0, 0}, {0, 1, 1}},
+    {"Qwen3-32B q|k|v", 5120, 10240, 0, 28, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Qwen3-32B o", 8192, 5120, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Qwen3-32B gate|up", 5120, 51200, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
+    {"Qwen3-32B down", 25600, 5120, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {1, 0, 1}}, /* 2048: x 100 MB, 320 whole tiles in 3 rounds */
+    {"Qwen3-32B tp=2 q|k|v", 5120, 5120, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Qwen3-32B tp=2 o", 4096, 5120, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Qwen3-32B tp=2 gate|up", 5120, 25600, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
     /* session 28: skinny at 28-32 (1.07-1.14x); session 42: mode 4 from 17 (0.82-0.96x at 18-27);
      * 2048: x 50 MB, 3 rounds (1.17x measured) */
-    {"Qwen3-32B tp=2 down", 12800, 5120, 1, {1, 1, 1, 1}, {0, 0, 0}, {1, 0, 1}},
-    {"Qwen3-32B tp=4 q|k|v", 5120, 2560, 0, {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}}, /* N = 2560: tc64 won */
-    {"Qwen3-32B tp=4 o", 2048, 5120, 0, {0, 0, 0, 0}, {0, 0, 0}, {1, 1, 1}}, /* K N = 10 Mi: tc64 won */
-    {"Qwen3-32B tp=4 gate|up", 5120, 12800, 0, {0, 0, 1, 1}, {0, 0, 0}, {-1, -1, -1}},
-    {"Qwen3-32B tp=4 down", 6400, 5120, 1, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Llama-3-70B q|k|v", 8192, 10240, 1, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Llama-3-70B o", 8192, 8192, 1, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Llama-3-70B gate|up", 8192, 57344, 1, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
-    {"Llama-3-70B down", 28672, 8192, 1, {1, 1, 1, 1}, {0, 1, 1}, {1, 1, 1}},
-    {"Llama-3-70B tp=2 q|k|v", 8192, 5120, 1, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Llama-3-70B tp=2 o", 4096, 8192, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Llama-3-70B tp=2 gate|up", 8192, 28672, 1, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
-    {"Llama-3-70B tp=2 down", 14336, 8192, 1, {1, 1, 1, 1}, {0, 1, 1}, {1, 1, 1}},
-    {"Llama-3-70B tp=4 q|k|v", 8192, 2560, 0, {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}},
-    {"Llama-3-70B tp=4 o", 2048, 8192, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}}, /* K N = 16 Mi: in */
-    {"Llama-3-70B tp=4 gate|up", 8192, 14336, 1, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
-    {"Llama-3-70B tp=4 down", 7168, 8192, 1, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Qwen3-32B tp=2 down", 12800, 5120, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 0, 1}},
+    {"Qwen3-32B tp=4 q|k|v", 5120, 2560, 0, 0, {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}}, /* N = 2560: tc64 won */
+    {"Qwen3-32B tp=4 o", 2048, 5120, 0, 0, {0, 0, 0, 0}, {0, 0, 0}, {1, 1, 1}}, /* K N = 10 Mi: tc64 won */
+    {"Qwen3-32B tp=4 gate|up", 5120, 12800, 0, 28, {1, 1, 1, 1}, {0, 0, 0}, {-1, -1, -1}},
+    {"Qwen3-32B tp=4 down", 6400, 5120, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Llama-3-70B q|k|v", 8192, 10240, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Llama-3-70B o", 8192, 8192, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Llama-3-70B gate|up", 8192, 57344, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
+    {"Llama-3-70B down", 28672, 8192, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {1, 1, 1}},
+    {"Llama-3-70B tp=2 q|k|v", 8192, 5120, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Llama-3-70B tp=2 o", 4096, 8192, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Llama-3-70B tp=2 gate|up", 8192, 28672, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
+    {"Llama-3-70B tp=2 down", 14336, 8192, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {1, 1, 1}},
+    {"Llama-3-70B tp=4 q|k|v", 8192, 2560, 0, 0, {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}},
+    {"Llama-3-70B tp=4 o", 2048, 8192, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}}, /* K N = 16 Mi: in */
+    {"Llama-3-70B tp=4 gate|up", 8192, 14336, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
+    {"Llama-3-70B tp=4 down", 7168, 8192, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
 };
 
 TEST(nat_rule, real_shapes_on_the_h200_and_the_h100) {
@@ -61,8 +63,9 @@ TEST(nat_rule, real_shapes_on_the_h200_and_the_h100) {
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         const struct nat_case *c = &cases[i];
         for (int m = 1; m <= 27; m++) {
-            ASSERT_MSG(nat_mid_takes(m, c->k, c->n, 1) == (m >= 17 && c->low), "H200 %s (K %d, N %d) M=%d: mode 4 %s",
-                       c->what, c->k, c->n, m, m >= 17 && c->low ? "expected" : "not expected");
+            const int want = (m >= 17 && c->low) || (c->mid && m >= c->mid);
+            ASSERT_MSG(nat_mid_takes(m, c->k, c->n, 1) == want, "H200 %s (K %d, N %d) M=%d: mode 4 %s", c->what,
+                       c->k, c->n, m, want ? "expected" : "not expected");
             ASSERT(!nat_mid_takes(m, c->k, c->n, 0)); /* the H100: from M = 33 only */
         }
         for (int j = 0; j < 4; j++)
@@ -77,11 +80,11 @@ TEST(nat_rule, real_shapes_on_the_h200_and_the_h100) {
 }
 
 TEST(nat_rule, edges) {
-    /* below M = 17 never; M = 17-27 only by session 42's clause (Qwen3-8B down: N = 4096; K = 5120
+    /* below M = 17 never; M = 17-24 only by session 42's clause (Qwen3-8B down: N = 4096; K = 5120
      * with K N < 96 Mi); M = 33 with 40 on the H200 (the times are flat there) */
     ASSERT(!nat_mid_takes(16, 28672, 8192, 1));
     ASSERT(nat_mid_takes(17, 28672, 8192, 1));
-    ASSERT(!nat_mid_takes(27, 12288, 4096, 1));
+    ASSERT(!nat_mid_takes(24, 12288, 4096, 1));
     ASSERT(nat_mid_takes(27, 6144, 5120, 1));
     ASSERT(!nat_mid_takes(27, 6143, 5120, 1));
     ASSERT(nat_mid_takes(20, 5120, 19661, 1));
@@ -89,11 +92,20 @@ TEST(nat_rule, edges) {
     ASSERT(!nat_mid_takes(20, 4096, 1 << 20, 1));
     ASSERT(nat_mid_takes(33, 4096, 6144, 1));
     ASSERT(!nat_mid_takes(32, 4096, 6144, 1));
-    /* the H200's K N and N limits, and K >= 14336 at M = 28-32 */
+    /* the H200's K N and N limits */
     ASSERT(!nat_mid_takes(48, 4096, 4080, 1));
     ASSERT(!nat_mid_takes(48, 4080, 4096, 1));
-    ASSERT(nat_mid_takes(30, 14336, 1024, 1));
-    ASSERT(!nat_mid_takes(30, 14335, 4096, 1));
+    /* session 43 at M = 25-32 (N >= 4096): K N >= 96 Mi from 25, K >= 12288 from 26, K N >= 48 Mi from 28 */
+    ASSERT(nat_mid_takes(25, 4096, 24576, 1));
+    ASSERT(!nat_mid_takes(24, 4096, 24576, 1));
+    ASSERT(!nat_mid_takes(25, 4096, 24575, 1));
+    ASSERT(nat_mid_takes(26, 12288, 4096, 1));
+    ASSERT(!nat_mid_takes(25, 12288, 4096, 1));
+    ASSERT(!nat_mid_takes(27, 12287, 4096, 1));
+    ASSERT(!nat_mid_takes(30, 14336, 1024, 1)); /* N < 4096 */
+    ASSERT(nat_mid_takes(28, 4096, 12288, 1));  /* 48 Mi */
+    ASSERT(!nat_mid_takes(27, 4096, 12288, 1));
+    ASSERT(!nat_mid_takes(28, 4096, 12287, 1));
     /* K = 4096 (any layout, gate|up too since session 36) on the H200, not on the H100 */
     ASSERT(nat_mid_takes(64, 4096, 1 << 16, 1));
     ASSERT(!nat_mid_takes(64, 4096, 1 << 16, 0));

@@ -4,8 +4,8 @@
  * nat_window). Plain integer arithmetic, shared by
  * the CUDA backend and a CPU test (tests/test_nat_rule.c), so that the
  * measured rules are checked in CI. Measurements: docs/PERFORMANCE.md
- * "Session 19" (the H100 rule), "Session 28" and "Session 42" (the H200
- * rule), and
+ * "Session 19" (the H100 rule), "Session 28", "Session 42" and "Session
+ * 43" (the H200 rule), and
  * docs/KERNELS.md "Mode 4". */
 #ifndef AWQD_NAT_RULE_H
 #define AWQD_NAT_RULE_H
@@ -44,8 +44,8 @@
 #define NAT_BIG_HBM_BYTES (120ull * 1000 * 1000 * 1000)
 #define NAT_BIG_MIN_N 4096
 #define NAT_BIG_MIN_KN (16ll << 20)
-#define NAT_BIG_SKINNY_MIN_M 28
-#define NAT_BIG_SKINNY_MIN_K 14336
+/* (session 28's K >= 14336 clause at M = 28-32 is now part of session 43's
+ * rule below) */
 /* The H200, session 42 (bench kernels --b2b-audit at M = 17-27, two runs,
  * the 28 shapes; docs/PERFORMANCE.md "Session 42"): below M = 33 the wgmma
  * GEMM (sessions 36-41 made it 0.85x faster at M = 40-64) now beats the
@@ -65,6 +65,26 @@
 #define NAT_BIG_LOW_MIN_K 5120
 #define NAT_BIG_LOW_K 6144
 #define NAT_BIG_LOW_KN (96ll << 20)
+/* The H200, session 43 (bench kernels --b2b-audit at M = 25-32 on the 28
+ * shapes; docs/PERFORMANCE.md "Session 43"): where N >= 4096 the wgmma
+ * GEMM also takes
+ *   M = 25-32 where K N >= 96 Mi (Qwen3-8B gate|up: 0.87-0.93x the skinny
+ *     kernel's and tc64's time; every other such shape already took it),
+ *   M = 26-32 where K >= 12288 (Qwen3-8B down: 0.84-0.89x; at M = 25 the
+ *     skinny kernel's 20.2 us beat its 21.8),
+ *   M = 28-32 where K N >= 48 Mi (Qwen3-32B q|k|v 0.88-0.89x, its tp = 4
+ *     gate|up 0.99x; at M = 25-27 both lost 0-5%).
+ * Decode steps run padded to a graph bucket (16, 24, 32, ...), so of these
+ * only M = 32 reaches a decode step: Qwen3-8B batch 25-32 5.27-5.31 ->
+ * 4.98-5.04 ms a step (+5.5%), qwen3-32b batch 25-32 14.30-14.46 ->
+ * 14.14-14.20 ms. M = 25-31 are prefill chunks and eager steps. */
+#define NAT_BIG_MID_MIN_N 4096
+#define NAT_BIG_MID_GU_M 25
+#define NAT_BIG_MID_GU_KN (96ll << 20)
+#define NAT_BIG_MID_DOWN_M 26
+#define NAT_BIG_MID_DOWN_K 12288
+#define NAT_BIG_MID_M 28
+#define NAT_BIG_MID_KN (48ll << 20)
 
 /* Whether mode 4 takes M < 65 on a K x N weight (N: all output columns of
  * the weight, 2 x the intermediate size for gate|up; no rule tells gate|up
@@ -75,7 +95,10 @@ static inline int nat_mid_takes(int m, int k, long long n, int hbm_big) {
     if (hbm_big) {
         if (m >= NAT_SK_MIN_M)
             return n >= NAT_BIG_MIN_N && kn >= NAT_BIG_MIN_KN;
-        if (m >= NAT_BIG_SKINNY_MIN_M && k >= NAT_BIG_SKINNY_MIN_K) return 1;
+        if (n >= NAT_BIG_MID_MIN_N &&
+            ((m >= NAT_BIG_MID_GU_M && kn >= NAT_BIG_MID_GU_KN) ||
+             (m >= NAT_BIG_MID_DOWN_M && k >= NAT_BIG_MID_DOWN_K) || (m >= NAT_BIG_MID_M && kn >= NAT_BIG_MID_KN)))
+            return 1;
         return m >= NAT_BIG_LOW_MIN_M && n >= NAT_BIG_LOW_MIN_N && k >= NAT_BIG_LOW_MIN_K &&
                (k >= NAT_BIG_LOW_K || kn >= NAT_BIG_LOW_KN);
     }

@@ -1851,7 +1851,9 @@ static std::atomic<int> g_skinny_max_m{DISPATCH_SKINNY_MAX_M};
  * 0.73-0.75x, Llama-3-70B and its shards 0.74-0.95x; qwen3-32b batch 32
  * (8 layers) 2.75 -> 2.60 ms at tp = 1, 1.41 -> 1.25 at tp = 4 without it.
  * Hopper only (measured there; tc64 reduces its split in a cluster there),
- * and not where w4a16_skinny_max_m moved the skinny kernel's range.
+ * and not where w4a16_skinny_max_m moved the skinny kernel's range. On an
+ * H200 the wgmma GEMM takes Qwen3-8B gate|up from M = 25 first (session 43,
+ * nat_rule.h: 0.81x tc64's time at M = 28-32), so this applies on the H100.
  * AWQD_W4A16_GU_TC64=0 turns it off. docs/PERFORMANCE.md "Session 20",
  * "Session 27". */
 #define DISPATCH_GU_TC64_MIN_M 28

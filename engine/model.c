@@ -13,8 +13,18 @@
 #include "comm/cuda/comm_cuda.h"
 #endif
 
-/* Rows of logits computed per lm_head call (bounds the logits workspace). */
-#define LOGIT_CHUNK 32
+/* Rows of logits computed per lm_head call (the logits and sampling
+ * workspace hold that many rows: ~1.3 MB a row at a 152 K vocabulary). The
+ * lm_head streams its whole fp16 table once per call whatever the rows
+ * (Qwen3-8B: 1.24 GB, ~295 us on an H200), so a step samples all its rows
+ * in one call where the workspace allows: min(max_seqs, 128) rows by
+ * default (until session 43 a fixed 32: batch 64 took two calls, 590 us;
+ * docs/PERFORMANCE.md "Session 43"). */
+static int logit_chunk_of(const struct model_opts *o) {
+    int c = o->logit_chunk > 0 ? o->logit_chunk : o->max_seqs < MODEL_LOGIT_CHUNK_MAX ? o->max_seqs
+                                                                                      : MODEL_LOGIT_CHUNK_MAX;
+    return c < 1 ? 1 : c;
+}
 /* Adjustment entries the sampling buffers first hold per chunk (doubled as needed). */
 #define SAMPLE_ADJ_CAP0 1024
 /* Most batch-size buckets with a CUDA graph (decode steps). */
@@ -35,6 +45,7 @@ struct model {
     /* this rank's geometry */
     int hidden, nh, nkv, hd, inter;
     int vocab_start, vocab_rows;
+    int logit_chunk;                      /* rows per lm_head call (logit_chunk_of) */
     float eps, attn_scale;
     /* weights */
     struct buf *embed;                    /* W16 [vocab_rows, hidden] */
@@ -62,30 +73,30 @@ struct model {
     struct buf *proj;                     /* ACT [T, hidden] o_proj / down_proj output */
     struct buf *mlp;                      /* ACT [T, inter]; the same buffer as qkv (qkv is
                                              dead after attention, mlp after down_proj) */
-    struct buf *logits;                   /* F32 [LOGIT_CHUNK, vocab_rows] */
+    struct buf *logits;                   /* F32 [logit_chunk, vocab_rows] */
     /* host staging */
     int32_t *h_ids, *h_pos, *h_slots, *h_rows;      /* [T] */
     int32_t *h_q_start, *h_past;                    /* [max_seqs + 1], [max_seqs] */
     int32_t *h_bt;                                  /* [max_seqs * max_blocks_per_seq] */
-    float *h_logits;                                /* [LOGIT_CHUNK * vocab_rows] */
+    float *h_logits;                                /* [logit_chunk * vocab_rows] */
     /* sampling (MODEL_LOGITS_SAMPLE rows), allocated on first use */
     const struct model_out *sout;                   /* the forward's outputs (model_forward_out) */
     int32_t *h_srows;                               /* [max_seqs] batch row of each sample row */
     int n_srows;                                    /* sample rows of the last forward */
     int logits_chunk;                               /* sample chunk m->logits holds, -1: none */
-    struct buf *s_inv_t;                            /* F32 [LOGIT_CHUNK] */
-    struct buf *s_adj_start;                        /* I32 [LOGIT_CHUNK + 1] */
-    struct buf *s_race;                             /* I32 [3 * LOGIT_CHUNK] race triples */
-    struct buf *s_rows;                             /* I32 [LOGIT_CHUNK] x rows of a sample chunk */
+    struct buf *s_inv_t;                            /* F32 [logit_chunk] */
+    struct buf *s_adj_start;                        /* I32 [logit_chunk + 1] */
+    struct buf *s_race;                             /* I32 [3 * logit_chunk] race triples */
+    struct buf *s_rows;                             /* I32 [logit_chunk] x rows of a sample chunk */
     int s_pre;                                      /* chunk 0's inputs went up with the batch */
     int s_pre_mr, s_pre_race;                       /* ... its rows, whether any races */
     size_t s_pre_na;                                /* ... its adjustments */
     struct buf *s_adj;                              /* I32 [2 * s_cap_adj] */
-    struct buf *s_out;                              /* F32 [SAMPLE_OUT_FLOATS(LOGIT_CHUNK, SAMPLE_MAX_K, s_cap_adj)] */
-    struct buf *s_work;                             /* F32 [sample_work_floats(LOGIT_CHUNK, vocab_rows, SAMPLE_MAX_K)] */
+    struct buf *s_out;                              /* F32 [SAMPLE_OUT_FLOATS(logit_chunk, SAMPLE_MAX_K, s_cap_adj)] */
+    struct buf *s_work;                             /* F32 [sample_work_floats(logit_chunk, vocab_rows, SAMPLE_MAX_K)] */
     size_t s_cap_adj;
-    float *h_inv_t;                                 /* [LOGIT_CHUNK] */
-    int32_t *h_adj_start;                           /* [LOGIT_CHUNK + 1] */
+    float *h_inv_t;                                 /* [logit_chunk] */
+    int32_t *h_adj_start;                           /* [logit_chunk + 1] */
     int32_t *h_adj;                                 /* [2 * s_cap_adj] */
     float *h_sout;                                  /* like s_out */
     /* graphs of decode steps (ops->graph_*; none on the CPU backend or with
@@ -178,12 +189,13 @@ void model_workspace(const struct model_config *cfg, int tp, const struct model_
     ws->act_unshared = T * ((size_t)3 * H + (size_t)(nh + 2 * nkv) * hd + (size_t)nh * hd + inter) *
                        act_bytes;
     ws->batch = (4 * T + 2 * S + 1 + S * mbps) * sizeof(int32_t);
-    ws->logit_chunk = LOGIT_CHUNK;
-    ws->logits = (size_t)LOGIT_CHUNK * V * sizeof(float);
-    ws->sample = sample_work_floats(LOGIT_CHUNK, (int)V, SAMPLE_MAX_K) * sizeof(float) +
-                 (LOGIT_CHUNK + LOGIT_CHUNK + 1 + 3 * LOGIT_CHUNK + LOGIT_CHUNK) * 4 +
+    const int LC = logit_chunk_of(o);
+    ws->logit_chunk = LC;
+    ws->logits = (size_t)LC * V * sizeof(float);
+    ws->sample = sample_work_floats(LC, (int)V, SAMPLE_MAX_K) * sizeof(float) +
+                 ((size_t)LC + LC + 1 + 3 * (size_t)LC + LC) * 4 +
                  (2 * SAMPLE_ADJ_CAP0) * sizeof(int32_t) +
-                 SAMPLE_OUT_FLOATS(LOGIT_CHUNK, SAMPLE_MAX_K, SAMPLE_ADJ_CAP0) * sizeof(float);
+                 SAMPLE_OUT_FLOATS(LC, SAMPLE_MAX_K, SAMPLE_ADJ_CAP0) * sizeof(float);
     ws->total = ws->act + ws->batch + ws->logits + ws->sample;
 }
 
@@ -281,6 +293,7 @@ int model_init(const struct model_weights *w, struct ops *ops, struct comm *comm
     m->inter = w->intermediate;
     m->vocab_start = w->vocab_start;
     m->vocab_rows = w->vocab_rows;
+    m->logit_chunk = logit_chunk_of(&o);
     m->eps = (float)cfg->rms_eps;
     m->attn_scale = (float)(1.0 / sqrt((double)cfg->head_dim));
     void *c = ops->ctx;
@@ -356,7 +369,7 @@ int model_init(const struct model_weights *w, struct ops *ops, struct comm *comm
         !(m->x = ops->alloc(c, BUF_ACT, (size_t)T * xa_cols(H, m->nh, m->hd))) ||
         !(m->qkv = ops->alloc(c, BUF_ACT, (size_t)T * qm_cols(m->nh, m->nkv, m->hd, m->inter))) ||
         !(m->proj = ops->alloc(c, BUF_ACT, (size_t)T * H)) ||
-        !(m->logits = ops->alloc(c, BUF_F32, (size_t)LOGIT_CHUNK * m->vocab_rows)))
+        !(m->logits = ops->alloc(c, BUF_F32, (size_t)m->logit_chunk * m->vocab_rows)))
         goto oom;
     m->att = m->x;   /* shared: see struct model */
     m->mlp = m->qkv;
@@ -367,7 +380,7 @@ int model_init(const struct model_weights *w, struct ops *ops, struct comm *comm
     m->h_q_start = malloc(((size_t)S + 1) * sizeof(int32_t));
     m->h_past = malloc((size_t)S * sizeof(int32_t));
     m->h_bt = calloc(btn, sizeof(int32_t)); /* rows past a batch's sequences: valid ids */
-    m->h_logits = malloc((size_t)LOGIT_CHUNK * m->vocab_rows * sizeof(float));
+    m->h_logits = malloc((size_t)m->logit_chunk * m->vocab_rows * sizeof(float));
     if (!m->h_ids || !m->h_pos || !m->h_slots || !m->h_rows || !m->h_q_start || !m->h_past ||
         !m->h_bt || !m->h_logits)
         goto oom;
@@ -702,8 +715,8 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
     int V = m->cfg.vocab;
     int cols = m->vocab_rows;
     if (m->vocab_start + cols > V) cols = V - m->vocab_start;
-    for (int r0 = 0; r0 < nl; r0 += LOGIT_CHUNK) {
-        int mr = nl - r0 < LOGIT_CHUNK ? nl - r0 : LOGIT_CHUNK;
+    for (int r0 = 0; r0 < nl; r0 += m->logit_chunk) {
+        int mr = nl - r0 < m->logit_chunk ? nl - r0 : m->logit_chunk;
         if (r0 > 0 && (rc = O->upload(c, m->logit_rows, 0, m->h_rows + r0, (size_t)mr)))
             return util_err(err, errlen, rc, "model: upload failed");
         O->lm_head(c, m->logits, m->x, rows_identity(m->h_rows + r0, mr) ? NULL : m->logit_rows, mr,
@@ -755,13 +768,13 @@ static int sample_reserve(struct model *m, size_t n_adj) {
     struct ops *O = m->ops;
     void *c = O->ctx;
     if (!m->s_work) {
-        m->s_work = O->alloc(c, BUF_F32, sample_work_floats(LOGIT_CHUNK, m->vocab_rows, SAMPLE_MAX_K));
-        m->s_inv_t = O->alloc(c, BUF_F32, LOGIT_CHUNK);
-        m->s_adj_start = O->alloc(c, BUF_I32, LOGIT_CHUNK + 1);
-        m->s_race = O->alloc(c, BUF_I32, 3 * LOGIT_CHUNK);
-        m->s_rows = O->alloc(c, BUF_I32, LOGIT_CHUNK);
-        m->h_inv_t = malloc(sizeof(float) * LOGIT_CHUNK);
-        m->h_adj_start = malloc(sizeof(int32_t) * (LOGIT_CHUNK + 1));
+        m->s_work = O->alloc(c, BUF_F32, sample_work_floats(m->logit_chunk, m->vocab_rows, SAMPLE_MAX_K));
+        m->s_inv_t = O->alloc(c, BUF_F32, (size_t)m->logit_chunk);
+        m->s_adj_start = O->alloc(c, BUF_I32, (size_t)m->logit_chunk + 1);
+        m->s_race = O->alloc(c, BUF_I32, 3 * (size_t)m->logit_chunk);
+        m->s_rows = O->alloc(c, BUF_I32, (size_t)m->logit_chunk);
+        m->h_inv_t = malloc(sizeof(float) * (size_t)m->logit_chunk);
+        m->h_adj_start = malloc(sizeof(int32_t) * ((size_t)m->logit_chunk + 1));
         if (!m->s_work || !m->s_inv_t || !m->s_adj_start || !m->s_race || !m->s_rows ||
             !m->h_inv_t || !m->h_adj_start)
             return -ENOMEM;
@@ -774,9 +787,9 @@ static int sample_reserve(struct model *m, size_t n_adj) {
         free(m->h_adj);
         free(m->h_sout);
         m->s_adj = O->alloc(c, BUF_I32, 2 * cap);
-        m->s_out = O->alloc(c, BUF_F32, SAMPLE_OUT_FLOATS(LOGIT_CHUNK, SAMPLE_MAX_K, cap));
+        m->s_out = O->alloc(c, BUF_F32, SAMPLE_OUT_FLOATS(m->logit_chunk, SAMPLE_MAX_K, cap));
         m->h_adj = malloc(sizeof(int32_t) * 2 * cap);
-        m->h_sout = malloc(sizeof(float) * SAMPLE_OUT_FLOATS(LOGIT_CHUNK, SAMPLE_MAX_K, cap));
+        m->h_sout = malloc(sizeof(float) * SAMPLE_OUT_FLOATS(m->logit_chunk, SAMPLE_MAX_K, cap));
         m->s_cap_adj = m->s_adj && m->s_out && m->h_adj && m->h_sout ? cap : 0;
         if (!m->s_cap_adj) return -ENOMEM;
     }
@@ -786,7 +799,8 @@ static int sample_reserve(struct model *m, size_t n_adj) {
 /* lm_head of sample chunk ci into m->logits. */
 static int sample_chunk_logits(struct model *m, int ci, int rows_uploaded) {
     struct ops *O = m->ops;
-    int c0 = ci * LOGIT_CHUNK, mr = m->n_srows - c0 < LOGIT_CHUNK ? m->n_srows - c0 : LOGIT_CHUNK;
+    const int LC = m->logit_chunk;
+    int c0 = ci * LC, mr = m->n_srows - c0 < LC ? m->n_srows - c0 : LC;
     int rc = rows_uploaded ? 0 : O->upload(O->ctx, m->s_rows, 0, m->h_srows + c0, (size_t)mr);
     if (rc) return rc;
     O->lm_head(O->ctx, m->logits, m->x, rows_identity(m->h_srows + c0, mr) ? NULL : m->s_rows,
@@ -810,7 +824,7 @@ static int sample_stage(struct model *m, int c0, struct buf **dst, const void **
                         int *mr_out, size_t *na_out, int *race_out) {
     const struct model_out *o = m->sout;
     int ns = m->n_srows;
-    int mr = ns - c0 < LOGIT_CHUNK ? ns - c0 : LOGIT_CHUNK;
+    int mr = ns - c0 < m->logit_chunk ? ns - c0 : m->logit_chunk;
     int chunk_off = o->adj_start ? o->adj_start[c0] : 0;
     size_t na = o->adj_start ? (size_t)(o->adj_start[c0 + mr] - chunk_off) : 0;
     int rc = sample_reserve(m, na);
@@ -853,7 +867,7 @@ static int sample_rows(struct model *m, const struct batch *b, int cols, char *e
     int k = o->k, rank = m->comm->rank;
     size_t RF = SAMPLE_ROW_FLOATS(k);
     if (cols < 0) cols = 0;
-    for (int c0 = 0; c0 < ns; c0 += LOGIT_CHUNK) {
+    for (int c0 = 0; c0 < ns; c0 += m->logit_chunk) {
         int mr, race;
         size_t na;
         int chunk_off = o->adj_start ? o->adj_start[c0] : 0;
@@ -870,7 +884,7 @@ static int sample_rows(struct model *m, const struct batch *b, int cols, char *e
             if ((rc = upload_parts(O, dst, src, cnt, 5)))
                 return util_err(err, errlen, rc, "model: upload failed");
         }
-        if ((rc = sample_chunk_logits(m, c0 / LOGIT_CHUNK, 1)))
+        if ((rc = sample_chunk_logits(m, c0 / m->logit_chunk, 1)))
             return util_err(err, errlen, rc, "model: upload failed");
         struct sample_batch sb = {.m = mr, .k = k, .ld = m->vocab_rows, .n_cols = cols,
                                   .vocab_start = m->vocab_start, .inv_t = m->s_inv_t,
@@ -897,10 +911,10 @@ int model_sample_row_logits(struct model *m, int i, float *row, char *err, size_
     if (i < 0 || i >= m->n_srows)
         return util_err(err, errlen, -EINVAL, "model: no sampling row %d in the last forward", i);
     struct ops *O = m->ops;
-    int rc, ci = i / LOGIT_CHUNK;
+    int rc, ci = i / m->logit_chunk;
     if (m->logits_chunk != ci && (rc = sample_chunk_logits(m, ci, 0)))
         return util_err(err, errlen, rc, "model: upload failed");
-    if ((rc = O->download(O->ctx, m->h_logits, m->logits, (size_t)(i - ci * LOGIT_CHUNK) * m->vocab_rows,
+    if ((rc = O->download(O->ctx, m->h_logits, m->logits, (size_t)(i - ci * m->logit_chunk) * m->vocab_rows,
                           (size_t)m->vocab_rows)))
         return util_err(err, errlen, rc, "model: download of logits failed");
     int V = m->cfg.vocab, cols = m->vocab_rows;

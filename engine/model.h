@@ -61,7 +61,12 @@ struct model_opts {
     int max_tokens;               /* most rows (new tokens) in one forward (default 512) */
     int max_seqs;                 /* most sequences in one forward (default 64) */
     int max_blocks_per_seq;       /* block table width (default: max_position / block_size) */
+    int logit_chunk;              /* rows per lm_head call (0, the default: min(max_seqs,
+                                     MODEL_LOGIT_CHUNK_MAX); tests set it small) */
 };
+
+/* Most rows one lm_head call computes when model_opts.logit_chunk is 0. */
+#define MODEL_LOGIT_CHUNK_MAX 128
 
 struct batch_seq {
     const int32_t *tokens;        /* [n_tokens] new token ids */

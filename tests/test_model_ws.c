@@ -87,7 +87,18 @@ TEST(model_ws, matches_allocations) {
     size_t rope = (size_t)cfg->head_dim / 2;
     ASSERT_MSG(elems[BUF_F32] - rope == ws.logits / 4, "logits: %zu elements allocated, %zu planned",
                elems[BUF_F32] - rope, ws.logits / 4);
-    ASSERT_EQ_INT(ws.logit_chunk, 32);
+    ASSERT_EQ_INT(ws.logit_chunk, 5); /* min(max_seqs, MODEL_LOGIT_CHUNK_MAX) */
+    {
+        struct model_opts big = o;
+        struct model_ws w2;
+        big.max_seqs = 300;
+        model_workspace(cfg, 1, &big, 4, &w2);
+        ASSERT_EQ_INT(w2.logit_chunk, MODEL_LOGIT_CHUNK_MAX);
+        big.logit_chunk = 3;
+        model_workspace(cfg, 1, &big, 4, &w2);
+        ASSERT_EQ_INT(w2.logit_chunk, 3);
+        ASSERT(w2.logits < ws.logits);
+    }
     model_weights_free(&w);
 
     /* a forward with one SAMPLE row allocates the sampling buffers */

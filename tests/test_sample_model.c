@@ -2,7 +2,8 @@
  * fixtures (CPU backend, tp 1 and 2): the candidates of a mixed batch match
  * the full logits of the same rows, sampler_finish on them equals
  * sampler_sample on the full row, model_group_sample_row_logits returns the
- * row exactly, and tp = 2 gives the candidates of tp = 1. */
+ * row exactly, tp = 2 gives the candidates of tp = 1, and lm_head calls of
+ * 2 rows (two sample chunks) give tp = 1's candidates bit for bit. */
 #include "tests/harness/test.h"
 
 #include <errno.h>
@@ -38,10 +39,10 @@ static void params_for(int i, struct sampling_params *p) {
     p->n_logprobs = 5;
 }
 
-static void run_group(struct mt_fixture *f, int tp, const struct sampler_hist *h,
-                      const int32_t *adj, const int32_t *adj_start, struct run *out) {
+static void run_group(struct mt_fixture *f, int tp, int logit_chunk, const int32_t *adj,
+                      const int32_t *adj_start, struct run *out) {
     struct model_group *g = NULL;
-    if (mt_group(f, "cpu", tp, 64, 256, &g)) return;
+    if (mt_group_chunk(f, "cpu", tp, 64, 256, logit_chunk, &g)) return;
     int V = f->vocab;
     size_t RF = SAMPLE_ROW_FLOATS(K);
     struct kv kv;
@@ -88,7 +89,6 @@ static void run_group(struct mt_fixture *f, int tp, const struct sampler_hist *h
     }
     ASSERT(model_group_sample_row_logits(g, 3, one, err, sizeof err) == -EINVAL);
     free(one);
-    (void)h;
     for (int i = 0; i < 4; i++) kv_seq_free(&kv, &seq[i]);
     kv_free(&kv);
     model_group_free(g);
@@ -115,9 +115,15 @@ static void check_fixture(const char *name) {
         p.n_logit_bias = 1;
         adj_start[i + 1] = adj_start[i] + sampler_adj_build(&p, &h[i], V, adj + 2 * adj_start[i]);
     }
-    struct run r1 = {0}, r2 = {0};
-    run_group(&f, 1, NULL, adj, adj_start, &r1);
-    if (!test_failed()) run_group(&f, 2, NULL, adj, adj_start, &r2);
+    struct run r1 = {0}, r2 = {0}, rc2 = {0};
+    run_group(&f, 1, 0, adj, adj_start, &r1);
+    if (!test_failed()) run_group(&f, 2, 0, adj, adj_start, &r2);
+    if (!test_failed()) run_group(&f, 1, 2, adj, adj_start, &rc2); /* rows {0, 1} and {2} */
+    for (int i = 0; i < 3 && !test_failed(); i++) {
+        ASSERT(memcmp(rc2.cands, r1.cands, sizeof(float) * 3 * RF) == 0);
+        ASSERT(memcmp(rc2.row[i], r1.row[i], sizeof(float) * (size_t)V) == 0);
+    }
+    ASSERT(!test_failed() && memcmp(rc2.adj_raw, r1.adj_raw, sizeof(float) * (size_t)adj_start[3]) == 0);
     struct sampler s;
     sampler_init(&s, V);
     for (int tpi = 0; tpi < 2 && !test_failed(); tpi++) {
@@ -190,7 +196,11 @@ static void check_fixture(const char *name) {
         sampler_hist_free(&h[i]);
         free(r1.row[i]);
         free(r2.row[i]);
+        free(rc2.row[i]);
     }
+    free(rc2.full);
+    free(rc2.cands);
+    free(rc2.adj_raw);
     free(r1.full);
     free(r2.full);
     free(r1.cands);

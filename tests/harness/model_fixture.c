@@ -77,6 +77,11 @@ int mt_fixture_open(const char *name, struct mt_fixture *f) {
 
 int mt_group(struct mt_fixture *f, const char *backend, int tp, int n_blocks, int max_tokens,
              struct model_group **g) {
+    return mt_group_chunk(f, backend, tp, n_blocks, max_tokens, 0, g);
+}
+
+int mt_group_chunk(struct mt_fixture *f, const char *backend, int tp, int n_blocks, int max_tokens,
+                   int logit_chunk, struct model_group **g) {
     struct model_group_opts o;
     model_group_opts_default(&o);
     o.backend = backend;
@@ -87,6 +92,7 @@ int mt_group(struct mt_fixture *f, const char *backend, int tp, int n_blocks, in
     o.model.max_tokens = max_tokens;
     o.model.max_seqs = 8;
     o.model.max_blocks_per_seq = 16;
+    o.model.logit_chunk = logit_chunk;
     char err[512];
     int rc = model_group_init(f->ck, &o, g, err, sizeof err);
     if (rc) test_fail(__FILE__, __LINE__, "model_group_init %s %s tp %d: %s", f->name, backend, tp, err);

@@ -50,6 +50,9 @@ void mt_fixture_close(struct mt_fixture *f);
  * blocks of 16 and max_tokens rows per step. 0 or the init error. */
 int mt_group(struct mt_fixture *f, const char *backend, int tp, int n_blocks, int max_tokens,
              struct model_group **g);
+/* mt_group with rows per lm_head call = logit_chunk (0: the default) */
+int mt_group_chunk(struct mt_fixture *f, const char *backend, int tp, int n_blocks, int max_tokens,
+                   int logit_chunk, struct model_group **g);
 
 /* Runs the prompts as a scheduler would (see the definition); checks that
  * every KV block is free afterwards. */

@@ -204,6 +204,8 @@ attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *
             }
 #pragma unroll
             for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+            __syncwarp(); /* every lane's read of ms[h] before lane 0 writes it (compute-sanitizer's
+                             racecheck flagged the pair without a warp barrier) */
             if (lane == 0) {
                 float a = m_new == -INFINITY ? 1.0f : exp2f(m_old - m_new);
                 as[h] = a;

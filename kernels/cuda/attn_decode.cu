@@ -11,8 +11,9 @@
  * (min_keys: c->dec_min_keys, 32; AWQD_CUDA_DEC_MIN_KEYS for tuning — on an
  * H100, Qwen3-8B batch 1 / context 512, 8 and 16 were even, 128 / 256 /
  * 1024 slower: 345, 312, 266 against 364 tok/s).
- * ns = ops_cuda__attn_decode_splits(S, nkv): ~2 CTAs per SM when S * nkv
- * alone gives fewer than 4, else 1.
+ * ns = ops_cuda__attn_decode_splits(S, nkv) (kernels/cuda/dec_split.h):
+ * ~2 CTAs per SM when S * nkv alone gives fewer than 4, else 1, but 3 where
+ * S * nkv is just over one wave of 4 a SM (session 43).
  *
  * GQA: all G = nh / nkv query heads of the group share every K/V tile the
  * CTA loads, so each KV head is read once per sequence. K and V tiles of TK
@@ -51,6 +52,7 @@
 
 #include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dec_split.h"
 #include "kernels/cuda/ops_cuda_internal.h"
 
 extern "C" {
@@ -61,6 +63,7 @@ extern "C" {
 
 #define DEC_NT 128
 #define DEC_MAX_SPLITS 64
+static_assert(DEC_MAX_SPLITS == DEC_SPLIT_MAX, "dec_split.h");
 /* From this many splits the tensor-core kernel's splits without keys write
  * only the empty state and exit (batch 1 on 4-8 KV heads: 33-64 splits, of
  * which a context of 512 fills 16; 4x H200, session 29: qwen3-32b batch 1
@@ -639,12 +642,10 @@ int ops_cuda__attn_decode_splits(const struct cuda_ctx *c, int n_seqs, int nkv) 
      * whole model: batch 1 327 -> 366 tok/s, batch 32 / context 4096 2191 ->
      * 2509), equal at 64; 4,1 and 4,8 were no better at batch 1.
      * AWQD_CUDA_DEC_SPLIT=lo,hi overrides (tuning); AWQD_CUDA_DEC_NS=n forces
-     * n splits (tuning) */
+     * n splits (tuning); AWQD_CUDA_DEC_WAVE=0 drops the just-over-one-wave
+     * clause (dec_split.h) */
     if (c->dec_ns > 0) return c->dec_ns < DEC_MAX_SPLITS ? c->dec_ns : DEC_MAX_SPLITS;
-    int ctas = n_seqs * nkv;
-    if (ctas >= c->dec_lo * c->n_sms) return 1;
-    int ns = (c->dec_hi * c->n_sms + ctas - 1) / ctas;
-    return ns < DEC_MAX_SPLITS ? ns : DEC_MAX_SPLITS;
+    return dec_split_rule(n_seqs * nkv, c->n_sms, c->dec_lo, c->dec_hi, c->dec_wave);
 }
 
 void ops_cuda__attn_decode_free(struct cuda_ctx *c) {

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dec_split.h"
 #include "kernels/cuda/w4a16_gemm.h"
 
 extern "C" {
@@ -122,15 +123,15 @@ extern "C" int cuda_mem_plan_make(const struct model_config *cfg, int tp, int de
         p->ws_linear = lin;
     }
     /* attention (attn_decode.cu dec_reserve, attn.cu build_list): decode
-     * partials for every batch up to max(64, max_seqs) sequences (exact, the
-     * split rule at its default 4,4), prefill partials < 4 x SMs x 64 pairs */
+     * partials for every batch up to max(64, max_seqs) sequences (the split
+     * rule of dec_split.h at 4,4: a bound of the default 4,2), prefill
+     * partials < 4 x SMs x 64 pairs */
     {
         uint64_t dec = 0;
         int smax = max_seqs > 64 ? max_seqs : 64;
         for (int s = 1; s <= smax; s++) {
             uint64_t ctas = (uint64_t)s * nkv;
-            uint64_t ns = ctas >= 4 * (uint64_t)sms ? 1 : (4 * (uint64_t)sms + ctas - 1) / ctas;
-            if (ns > 64) ns = 64;
+            uint64_t ns = (uint64_t)dec_split_rule((int)ctas, (int)sms, 4, 4, 1);
             uint64_t f = ns > 1 ? (uint64_t)s * nh * ns * (hd + 2) * 4 : 0;
             if (f > dec) dec = f;
         }

@@ -1373,6 +1373,7 @@ extern "C" int ops_cuda_create(int device, struct ops **out, char *err, size_t e
     if (skip_env && *skip_env) parse_skip(c, skip_env);
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     c->dec_prewait = !util_env_is_zero("AWQD_CUDA_DEC_PREWAIT");
+    c->dec_wave = !util_env_is_zero("AWQD_CUDA_DEC_WAVE");
     /* OPS_EARLY_* bits, default both (session 31, H200, docs/PERFORMANCE.md "Session 31"): the
      * merge's made Qwen3-8B batch 1-2 1-2% faster; the q/k-norm's made the tp = 4 rank proxy 3%
      * faster at contexts 256-1024 and 1% slower at 2048, Qwen3-8B batch 2 1% slower from 1024:

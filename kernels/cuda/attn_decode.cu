@@ -81,9 +81,16 @@ static __device__ __forceinline__ void dec_tile_load(__half (*dst)[HD + 8], cons
                                                      int block_size, int nkv, int g) {
     if (t0 < ke) {
         constexpr int CH = HD / 8; /* 16-byte chunks per key */
+        if ((block_size & (block_size - 1)) == 0) { /* uniform: one path compiled each side */
+            const int sh = __ffs(block_size) - 1;
 #pragma unroll
-        for (int it = 0; it < TK * CH / DEC_NT; it++)
-            kv_chunk_load<HD>(dst, cache, tid + it * DEC_NT, t0, ke, bt, block_size, nkv, g);
+            for (int it = 0; it < TK * CH / DEC_NT; it++)
+                kv_chunk_load<HD, true>(dst, cache, tid + it * DEC_NT, t0, ke, bt, block_size, nkv, g, sh);
+        } else {
+#pragma unroll
+            for (int it = 0; it < TK * CH / DEC_NT; it++)
+                kv_chunk_load<HD>(dst, cache, tid + it * DEC_NT, t0, ke, bt, block_size, nkv, g);
+        }
     }
     cp_async_commit();
 }

@@ -124,8 +124,7 @@ attn_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
      * scores run: wait_group 1 always leaves exactly the newest group pending */
     auto load = [&](__half (*dst)[HD + 8], const __half *cache, int t0) {
         if (t0 < ke)
-            for (int e = tid; e < ATT_TK * (HD / 8); e += ATT_NT) /* keys >= ke zero-filled */
-                kv_chunk_load<HD>(dst, cache, e, t0, ke, bt, block_size, nkv, g);
+            kv_tile_load<HD, ATT_TK, ATT_NT>(dst, cache, tid, t0, ke, bt, block_size, nkv, g); /* keys >= ke zero-filled */
         cp_async_commit();
     };
     load(sm.k, kc, kb);
@@ -321,8 +320,7 @@ attn_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *v
 
     auto load = [&](__half (*dst)[HD + 8], const __half *cache, int t0) {
         if (t0 < ke)
-            for (int e = tid; e < ATT_TK * (HD / 8); e += ATT_NT) /* keys >= ke zero-filled */
-                kv_chunk_load<HD>(dst, cache, e, t0, ke, bt, block_size, nkv, g);
+            kv_tile_load<HD, ATT_TK, ATT_NT>(dst, cache, tid, t0, ke, bt, block_size, nkv, g); /* keys >= ke zero-filled */
         cp_async_commit();
     };
     load(sm.k, kc, kb);

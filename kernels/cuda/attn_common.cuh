@@ -31,20 +31,40 @@ static __device__ __forceinline__ void cp_async_wait0(void) {
  * of KV head g, copied from the paged cache (slot = block_table[key /
  * block_size] * block_size + key % block_size; cache [slots][nkv][HD]) into
  * dst[key - t0][...]; keys >= ke are zero-filled. The callers' loops over e
- * make the whole tile. */
-template <int HD>
+ * make the whole tile. P2: block_size == 1 << bs_shift, so the slot is a
+ * shift and a mask instead of a 32-bit division by the runtime block size
+ * (~25 instructions a copy; callers pick P2 once per tile, kv_tile_load). */
+template <int HD, bool P2 = false>
 static __device__ __forceinline__ void kv_chunk_load(__half (*dst)[HD + 8], const __half *cache,
                                                      int e, int t0, int ke, const int *bt,
-                                                     int block_size, int nkv, int g) {
+                                                     int block_size, int nkv, int g, int bs_shift = 0) {
     int t = e / (HD / 8), dc = e % (HD / 8), ta = t0 + t;
     const __half *src = cache;
     int bytes = 0;
     if (ta < ke) {
-        size_t sl = (size_t)bt[ta / block_size] * block_size + ta % block_size;
+        size_t sl = P2 ? (size_t)bt[ta >> bs_shift] * block_size + (ta & (block_size - 1))
+                       : (size_t)bt[ta / block_size] * block_size + ta % block_size;
         src = cache + (sl * nkv + g) * HD + dc * 8;
         bytes = 16;
     }
     cp_async16(&dst[t][dc * 8], src, bytes);
+}
+
+/* A whole TK-key tile from NT threads (thread tid takes chunks tid, tid +
+ * NT, ...), by kv_chunk_load; the power-of-two test is uniform, so each
+ * side compiles its own loop. */
+template <int HD, int TK, int NT>
+static __device__ __forceinline__ void kv_tile_load(__half (*dst)[HD + 8], const __half *cache, int tid,
+                                                    int t0, int ke, const int *bt, int block_size, int nkv,
+                                                    int g) {
+    if ((block_size & (block_size - 1)) == 0) {
+        const int sh = __ffs(block_size) - 1;
+        for (int e = tid; e < TK * (HD / 8); e += NT)
+            kv_chunk_load<HD, true>(dst, cache, e, t0, ke, bt, block_size, nkv, g, sh);
+    } else {
+        for (int e = tid; e < TK * (HD / 8); e += NT)
+            kv_chunk_load<HD>(dst, cache, e, t0, ke, bt, block_size, nkv, g);
+    }
 }
 
 /* c[4] += A (16x16 fp16, row) * B (16x8 fp16, col), fp32 accumulate. */

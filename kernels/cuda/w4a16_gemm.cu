@@ -183,6 +183,21 @@ static __device__ __forceinline__ void wgmma_n64(float *d, const uint32_t *a, ui
 #endif
 }
 
+/* m64n96k16: the 80 / 96-row decode buckets (M = 65-96) without the
+ * m64n128 tile's idle quarter (session 44) */
+static __device__ __forceinline__ void wgmma_n96(float *d, const uint32_t *a, uint64_t desc) {
+#if WG_ENABLED
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, "
+                 "{%48,%49,%50,%51}, %52, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+    (void)d, (void)a, (void)desc;
+#endif
+}
+
 static __device__ __forceinline__ void wgmma_n128(float *d, const uint32_t *a, uint64_t desc) {
 #if WG_ENABLED
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
@@ -213,8 +228,9 @@ static __device__ __forceinline__ void wgmma_n256(float *d, const uint32_t *a, u
 /* d += A B for one m64 tile and the block's BN tokens */
 template <int BN>
 static __device__ __forceinline__ void wgmma_tile(float *d, const uint32_t *a, uint64_t desc) {
-    static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma_tile: BN");
+    static_assert(BN == 64 || BN == 96 || BN == 128 || BN == 256, "wgmma_tile: BN");
     if (BN == 64) wgmma_n64(d, a, desc);
+    else if (BN == 96) wgmma_n96(d, a, desc);
     else if (BN == 128) wgmma_n128(d, a, desc);
     else wgmma_n256(d, a, desc);
 }
@@ -1078,7 +1094,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     /* NWG = 3 (mode 7, session 36; picked since session 37): three consumer
      * warpgroups of one m64 tile each, 192 weight rows a block; only with
      * the pipelined loop and mode 6's split */
-    static_assert(NWG == 2 || (NWG == 3 && MT == 1 && BN == 64 && NAT && PIPE && DR && !CL && !TS),
+    static_assert(NWG == 2 || (NWG == 3 && MT == 1 && (BN == 64 || BN == 96) && NAT && PIPE && DR && !CL && !TS),
                   "k_w4gemm_ws: three consumer warpgroups only as mode 7");
     typedef gk_cfg<MT, BN, ST, NWG> C;
     constexpr int NCW = 4 * NWG; /* consumer warps */
@@ -1738,6 +1754,7 @@ k_w4gemm_ss(const gk_args a, const __grid_constant__ CUtensorMap tmx) {
 /* Ring depth per tile shape (fits 227 KB of shared memory, one block per SM). */
 #define GK_ST_1_64 8
 #define GK_ST_2_64 8
+#define GK_ST_1_96 8
 #define GK_ST_1_128 8
 #define GK_ST_2_128 7
 #define GK_ST_1_256 5 /* modes 3 and 4 (6 before session 17; 5 leaves room for the staging slices; 4 with the
@@ -1754,9 +1771,11 @@ struct gk_choice {
 static std::atomic<int> g_force_set{-1}; /* -1: env not read yet, 0: auto, 1: forced */
 static gk_choice g_force = {0, 0, 0, 0, 0};
 
-/* tiles of every mode; 1 x 256 (m64n256 wgmma) in modes 3, 4 and 5 only */
+/* tiles of every mode; 1 x 256 (m64n256 wgmma) in modes 3, 4 and 5 only;
+ * 1 x 96 (m64n96) in modes 3, 4, 6 and 7 */
 static int cfg_valid(int mt, int bn, int mode) {
-    return ((mt == 1 || mt == 2) && (bn == 64 || bn == 128)) || (mt == 1 && bn == 256 && mode >= 3);
+    return ((mt == 1 || mt == 2) && (bn == 64 || bn == 128)) || (mt == 1 && bn == 256 && mode >= 3) ||
+           (mt == 1 && bn == 96 && mode >= 3 && mode != 5);
 }
 
 extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
@@ -1765,7 +1784,7 @@ extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
         return 0;
     }
     if (ksplit == 0 && mode != 4) return -EINVAL; /* stream-K: mode 4 only */
-    if (mode >= 6 && (bn != 64 || ksplit < 2 || ksplit > GK_DR_MAX_SPLIT || (mode == 7 && mt != 1))) return -EINVAL;
+    if (mode >= 6 && ((bn != 64 && bn != 96) || ksplit < 2 || ksplit > GK_DR_MAX_SPLIT || (mode == 7 && mt != 1))) return -EINVAL;
     if (!cfg_valid(mt, bn, mode) || ksplit < 0 || ksplit > 64 || mode < 0 || mode > 7) return -EINVAL;
     if (mode >= 3 && ksplit > GK_CLUSTER_MAX) return -EINVAL; /* its split is reduced in a cluster only */
     g_force.mt = mt;
@@ -1932,6 +1951,19 @@ static int ws_cluster_cap(int dev, int ks, int sms) {
     return n;
 }
 
+/* the tile's index in gk_cost4's tables */
+static int gk_cost_index(int mt, int bn) {
+    return bn == 256 ? 4 : bn == 128 ? 2 + (mt - 1) : bn == 96 ? 5 : mt - 1;
+}
+
+/* BN = 96 (wgmma m64n96) at M = 65-96, the 80 and 96 decode buckets, where
+ * the 1 x 128 tile computes a quarter or more of zero rows (session 44);
+ * AWQD_W4A16_GEMM_BN96=0 leaves them to 1 x 128 / 1 x 64 (read once) */
+static int bn96_default(void) {
+    static const int on = !util_env_is_zero("AWQD_W4A16_GEMM_BN96");
+    return on;
+}
+
 /* Mode 4's modelled time (µs) of tile mt x bn with split ks: launch + rounds
  * x (chunks per block x chunk cost + tile cost) + the cluster reduction. A
  * round is one tile per SM (persistent grid, ks = 1) or one cluster per
@@ -1941,10 +1973,12 @@ static int ws_cluster_cap(int dev, int ks, int sms) {
  * 14, docs/PERFORMANCE.md): the choice is within 5% of the measured best at
  * 123 of the 128 (shape, M) points, at worst 1.27x. */
 static double gk_cost4(const struct w4a16_gemm_args *a, int mt, int bn, int ks, const int *caps) {
-    static const double chunk[5] = {0.391, 0.658, 0.474, 0.908, 0.717}; /* 1x64 2x64 1x128 2x128 1x256 */
-    static const double tile[5] = {5.70, 8.16, 7.82, 14.15, 13.44};
-    static const double red[5] = {2.52, 2.68, 3.83, 8.71, 10.85};
-    const int ti = bn == 256 ? 4 : bn == 128 ? 2 + (mt - 1) : mt - 1;
+    /* 1 x 96 (index 5): halfway between 1 x 64 and 1 x 128, not fitted
+     * (gk_choose_cfg4 weighs it only at M = 65-96) */
+    static const double chunk[6] = {0.391, 0.658, 0.474, 0.908, 0.717, 0.433}; /* 1x64 2x64 1x128 2x128 1x256 1x96 */
+    static const double tile[6] = {5.70, 8.16, 7.82, 14.15, 13.44, 6.76};
+    static const double red[6] = {2.52, 2.68, 3.83, 8.71, 10.85, 3.18};
+    const int ti = gk_cost_index(mt, bn);
     const int sms = a->sms > 0 ? a->sms : 1;
     const int cps = cdiv(a->kc, ks), kse = cdiv(a->kc, cps), tiles = tiles_of(a, mt, bn);
     const int rounds = kse == 1 ? cdiv(tiles, sms) : cdiv(tiles, caps[kse]);
@@ -1959,10 +1993,10 @@ static double gk_cost4(const struct w4a16_gemm_args *a, int mt, int bn, int ks, 
  * shards (H200), session 19: geometric mean 1.007, worst 1.12 over 104
  * points (docs/PERFORMANCE.md). */
 static double gk_cost4_sk(const struct w4a16_gemm_args *a, int mt, int bn) {
-    static const double chunk[5] = {0.391, 0.658, 0.474, 0.908, 0.717}; /* as gk_cost4 */
-    static const double tile[5] = {5.70, 8.16, 7.82, 14.15, 13.44};
-    static const double fix[5] = {0.0, 0.0, 2.0, -2.0, 0.0};
-    const int ti = bn == 256 ? 4 : bn == 128 ? 2 + (mt - 1) : mt - 1;
+    static const double chunk[6] = {0.391, 0.658, 0.474, 0.908, 0.717, 0.433}; /* as gk_cost4 */
+    static const double tile[6] = {5.70, 8.16, 7.82, 14.15, 13.44, 6.76};
+    static const double fix[6] = {0.0, 0.0, 2.0, -2.0, 0.0, 1.0};
+    const int ti = gk_cost_index(mt, bn);
     const double g = sk_grid(a), tiles = tiles_of(a, mt, bn);
     return 2.84 + tiles * a->kc / g * chunk[ti] + (tiles / g + 1.0) * tile[ti] + fix[ti];
 }
@@ -1982,7 +2016,8 @@ extern "C" unsigned long w4a16_gemm_dr_launches(void) { return g_dr_launches.loa
 extern "C" unsigned long w4a16_gemm_sk_launches(void) { return g_sk_launches.load(std::memory_order_relaxed); }
 
 static gk_choice gk_choose_cfg4(const struct w4a16_gemm_args *a) {
-    static const int cands[5][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}};
+    static const int cands[6][2] = {{1, 64}, {2, 64}, {1, 128}, {2, 128}, {1, 256}, {1, 96}};
+    const int nc = a->m > 64 && a->m <= 96 && bn96_default() ? 6 : 5;
     gk_choice ch = {1, 64, 1, 4, 0};
     /* the device and its cluster slots once per choice (a host hot path) */
     int dev = -1;
@@ -1993,7 +2028,7 @@ static gk_choice gk_choose_cfg4(const struct w4a16_gemm_args *a) {
     int caps[GK_CLUSTER_MAX + 1];
     for (int ks = 2; ks <= GK_CLUSTER_MAX; ks++) caps[ks] = ws_cluster_cap(dev, ks, a->sms > 0 ? a->sms : 1);
     double best = 1e30;
-    for (int ci = 0; ci < 5; ci++) {
+    for (int ci = 0; ci < nc; ci++) {
         for (int ks = 1; ks <= GK_CLUSTER_MAX && ks <= a->kc; ks++) {
             if (cdiv(a->kc, cdiv(a->kc, ks)) != ks) continue;
             const double t = gk_cost4(a, cands[ci][0], cands[ci][1], ks, caps);
@@ -2089,16 +2124,16 @@ static int use_cluster(const gk_choice &ch, int kse) {
  * tiles of 12 n16 tiles = 192 rows), else 2; a tile is 4 x that x mt n16
  * tiles, the consumers 128 x that threads */
 static int gk_nwg(int mode) { return mode == 7 ? 3 : 2; }
-static int dr_tiles(const struct w4a16_gemm_args *a, int mt, int mode) {
-    return cdiv(a->n16, 4 * gk_nwg(mode) * mt) * cdiv(a->m, 64);
+static int dr_tiles(const struct w4a16_gemm_args *a, int mt, int bn, int mode) {
+    return cdiv(a->n16, 4 * gk_nwg(mode) * mt) * cdiv(a->m, bn);
 }
-static size_t dr_bytes(const struct w4a16_gemm_args *a, int mt, int ks, int mode = 6) {
-    return (size_t)dr_tiles(a, mt, mode) * ks * (mt * 32) * (128 * gk_nwg(mode)) * sizeof(float);
+static size_t dr_bytes(const struct w4a16_gemm_args *a, int mt, int bn, int ks, int mode) {
+    return (size_t)dr_tiles(a, mt, bn, mode) * ks * (mt * bn / 2) * (128 * gk_nwg(mode)) * sizeof(float);
 }
-static int dr_fits(const struct w4a16_gemm_args *a, int mt, int ks, size_t ws_bytes, int mode = 6) {
-    const int sms = a->sms > 0 ? a->sms : 1, lim = ws_ctx_sms(), tiles = dr_tiles(a, mt, mode);
+static int dr_fits(const struct w4a16_gemm_args *a, int mt, int bn, int ks, size_t ws_bytes, int mode) {
+    const int sms = a->sms > 0 ? a->sms : 1, lim = ws_ctx_sms(), tiles = dr_tiles(a, mt, bn, mode);
     return ks >= 2 && ks <= GK_DR_MAX_SPLIT && cdiv(a->kc, cdiv(a->kc, ks)) == ks && (long long)tiles * ks <= sms &&
-           !(lim > 0 && lim < sms) && tiles <= a->cnt_len && dr_bytes(a, mt, ks, mode) <= ws_bytes &&
+           !(lim > 0 && lim < sms) && tiles <= a->cnt_len && dr_bytes(a, mt, bn, ks, mode) <= ws_bytes &&
            (mode == 6 || mt == 1);
 }
 /* AWQD_W4A16_GEMM_WG3=0: the automatic choice never runs mode 7 (its
@@ -2117,21 +2152,34 @@ static int dr_default(void) {
  * real shapes by tests/test_gemm_sk.c), where this call can run it. */
 static int dr_pick(const struct w4a16_gemm_args *a, size_t ws_bytes, gk_choice *out) {
     int mt = 1, mode = 6;
+    const int bn = a->m > 64 ? 96 : 64;
     const int ks = gk_dr_pick(a->kc, a->n16, a->sms > 0 ? a->sms : 1, wg3_default(), &mt, &mode);
-    if (!ks || !dr_fits(a, mt, ks, ws_bytes, mode)) return 0;
-    *out = gk_choice{mt, 64, ks, mode, 0};
+    /* at 96 tokens only the picks of one m64 tile a warpgroup: 2 x 96 spills
+     * (152 bytes of stack) and was 1.03-1.34x mode 4's 1 x 96 at M = 80 on
+     * the 11 shapes of --set all that pick it, 1 x 96 0.74-0.94x on 7 of 8
+     * (H200, session 44) */
+    if (!ks || (bn == 96 && mt != 1) || !dr_fits(a, mt, bn, ks, ws_bytes, mode)) return 0;
+    *out = gk_choice{mt, bn, ks, mode, 0};
     return 1;
+}
+/* Modes 6 / 7 also at M = 65-96 (one token tile of 96, session 44) where
+ * BN = 96 is on; AWQD_W4A16_GEMM_DR96=0 leaves those M to mode 4 (read
+ * once) */
+static int dr96_default(void) {
+    static const int on = !util_env_is_zero("AWQD_W4A16_GEMM_DR96");
+    return on;
 }
 static int pipe_default(void);
 #define GK_PIPE_MAX_M 64
 static int dr_auto(const struct w4a16_gemm_args *a, size_t ws_bytes, gk_choice *out) {
     gk_choice f;
-    return !forced(&f) && a->ksplit <= 0 && w4a16_gemm_auto_mode() == 4 && a->m <= GK_PIPE_MAX_M &&
-           pipe_default() && dr_default() && dr_pick(a, ws_bytes, out);
+    const int mmax = bn96_default() && dr96_default() ? 96 : GK_PIPE_MAX_M;
+    return !forced(&f) && a->ksplit <= 0 && w4a16_gemm_auto_mode() == 4 && a->m <= mmax && pipe_default() &&
+           dr_default() && dr_pick(a, ws_bytes, out);
 }
 
 static size_t ws_of(const struct w4a16_gemm_args *a, const gk_choice &ch) {
-    if (ch.mode == 6 || ch.mode == 7) return dr_bytes(a, ch.mt, ch.ks, ch.mode);
+    if (ch.mode == 6 || ch.mode == 7) return dr_bytes(a, ch.mt, ch.bn, ch.ks, ch.mode);
     if (ch.sk) return sk_fits(a, ch.mt, ch.bn) ? ws_sk_bytes(a, ch.mt, ch.bn) : 0;
     const int kse = cdiv(a->kc, cdiv(a->kc, ch.ks));
     if (kse <= 1 || use_cluster(ch, kse)) return 0;
@@ -2362,6 +2410,7 @@ static int ss_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pd
  * never at 2 x 128. */
 #define GK_TS_ST_1_64 GK_ST_1_64
 #define GK_TS_ST_2_64 GK_ST_2_64
+#define GK_TS_ST_1_96 GK_ST_1_96
 #define GK_TS_ST_1_128 GK_ST_1_128
 #define GK_TS_ST_1_256 4
 static bool ws_bulk_store(const gk_choice &ch, const gk_args &ka) {
@@ -2384,9 +2433,14 @@ static int pipe_default(void) {
 template <bool CL, bool NAT>
 static int ws_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
                        char *err, size_t errlen) {
-    if (NAT && !CL && ch.mode == 7) /* mode 6 with three consumer warpgroups (192-row tiles) */
+    if (NAT && !CL && ch.mode == 7) { /* mode 6 with three consumer warpgroups (192-row tiles) */
+        if (ch.bn == 96)
+            return ws_launch<1, 96, GK_ST_1_96, false, true, false, true, true, 3>(ka, grid, pdl, s, err, errlen);
         return ws_launch<1, 64, GK_ST_1_64, false, true, false, true, true, 3>(ka, grid, pdl, s, err, errlen);
+    }
     if (NAT && !CL && ch.mode == 6) { /* the pipelined loop, the split reduced by all its blocks */
+        if (ch.bn == 96) /* 1 x 96 only (w4a16_gemm_config, dr_pick) */
+            return ws_launch<1, 96, GK_ST_1_96, false, true, false, true, true>(ka, grid, pdl, s, err, errlen);
         if (ch.mt == 1) return ws_launch<1, 64, GK_ST_1_64, false, true, false, true, true>(ka, grid, pdl, s, err, errlen);
         return ws_launch<2, 64, GK_ST_2_64, false, true, false, true, true>(ka, grid, pdl, s, err, errlen);
     }
@@ -2406,12 +2460,14 @@ static int ws_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pd
         return ws_launch<M_, N_, GK_TS_ST_##M_##_##N_, false, true, true>(ka, grid, pdl, s, err, errlen);
         TS_CASE(1, 64)
         TS_CASE(2, 64)
+        TS_CASE(1, 96)
         TS_CASE(1, 128)
         TS_CASE(1, 256)
 #undef TS_CASE
     }
     if (ch.mt == 1 && ch.bn == 64) return ws_launch<1, 64, GK_ST_1_64, CL, NAT>(ka, grid, pdl, s, err, errlen);
     if (ch.mt == 2 && ch.bn == 64) return ws_launch<2, 64, GK_ST_2_64, CL, NAT>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 1 && ch.bn == 96) return ws_launch<1, 96, GK_ST_1_96, CL, NAT>(ka, grid, pdl, s, err, errlen);
     if (ch.mt == 1 && ch.bn == 128) return ws_launch<1, 128, GK_ST_1_128, CL, NAT>(ka, grid, pdl, s, err, errlen);
     if (ch.mt == 2 && ch.bn == 128) return ws_launch<2, 128, GK_ST_2_128, CL, NAT>(ka, grid, pdl, s, err, errlen);
     if (ch.mt == 1 && ch.bn == 256) return ws_launch<1, 256, GK_ST_1_256, CL, NAT>(ka, grid, pdl, s, err, errlen);
@@ -2443,8 +2499,8 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
         gk_choice d;
         if (dr_auto(a, ws ? ws_bytes : 0, &d)) ch = d;
         const int kse = cdiv(a->kc, cdiv(a->kc, ch.ks > 0 ? ch.ks : 1));
-        if (ch.mode == 7 && !(ws && dr_fits(a, ch.mt, kse, ws_bytes, 7))) ch.mode = 6;
-        if (ch.mode == 6 && !(ws && dr_fits(a, ch.mt, kse, ws_bytes))) ch.mode = 4;
+        if (ch.mode == 7 && !(ws && dr_fits(a, ch.mt, ch.bn, kse, ws_bytes, 7))) ch.mode = 6;
+        if (ch.mode == 6 && !(ws && dr_fits(a, ch.mt, ch.bn, kse, ws_bytes, 6))) ch.mode = 4;
     }
     /* split: in a cluster (no workspace), else what fits the workspace and
      * the counters */

@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include "engine/ckpt.h"
+#include "engine/util.h"
 #include "kernels/cuda/w4a16.h"
 #include "kernels/cuda/w4a16_gemm.h"
 #include "kernels/cuda/w4a16_repack.h"
@@ -591,17 +592,78 @@ TEST(w4a16_gemm, configs_stream_k) {
     glayer_free(&h);
 }
 
+/* The 1 x 96 tile (wgmma m64n96, modes 3 and 4, session 44) against the
+ * reference: split 1 (bulk-store and staged tile ends: ldy % 8 == 0 and a
+ * gate|up with an odd output count), a split in a cluster, stream-K, on a
+ * ragged N and on M below, at and above one token tile; then the automatic
+ * choice takes it at M = 65-96 only, on the Qwen3-8B shapes. */
+TEST(w4a16_gemm, configs_bn96) {
+    NEED_GEMM();
+    static const struct { int k, n, gate_up, bias; } sh[] = {{1024, 1000, 0, 1}, {4096, 1000, 0, 0},
+                                                              {2048, 2 * 1400, 1, 1}, {1024, 2 * 1016, 1, 0}};
+    static const int ms[] = {1, 65, 80, 96, 100, 257};
+    for (int s = 0; s < 4 && !test_failed(); s++) {
+        struct glayer h;
+        glayer_make(&h, sh[s].k, sh[s].n, 128, sh[s].gate_up, sh[s].bias);
+        ASSERT_OK_SO_FAR();
+        /* tile rows, split (0: stream-K), mode; modes 6 / 7 counted by their launches */
+        static const int cf[6][3] = {{1, 1, 4}, {1, 3, 4}, {1, 0, 4}, {1, 1, 3}, {1, 3, 6}, {1, 4, 7}};
+        for (int c = 0; c < 6 && !test_failed(); c++) {
+            ASSERT(w4a16_gemm_config(cf[c][0], 96, cf[c][1], cf[c][2]) == 0);
+            char what[96];
+            snprintf(what, sizeof what, "%dx96 mode %d split %d K=%d N=%d%s", cf[c][0], cf[c][2], cf[c][1], sh[s].k,
+                     sh[s].n, sh[s].gate_up ? " gate|up" : "");
+            const unsigned long dr0 = w4a16_gemm_dr_launches();
+            for (int i = 0; i < 6 && !test_failed(); i++) /* the split passed too: workspace for modes 6 / 7 */
+                gcheck(&h, sh[s].gate_up, ms[i], sh[s].bias, W4A16_KERNEL_WGMMA, cf[c][2] >= 6 ? cf[c][1] : 0, 0,
+                       what);
+            if (cf[c][2] >= 6) /* two calls a point; at least the M <= 96 points fit their grid */
+                ASSERT_MSG(w4a16_gemm_dr_launches() - dr0 >= 8, "%s: %lu mode 6/7 launches", what,
+                           w4a16_gemm_dr_launches() - dr0);
+        }
+        w4a16_gemm_config(0, 0, 0, 0);
+        glayer_free(&h);
+    }
+    ASSERT(w4a16_gemm_config(1, 96, 1, 5) == -EINVAL); /* not in mode 5 */
+    ASSERT(w4a16_gemm_config(2, 96, 1, 4) == -EINVAL);
+    ASSERT(w4a16_gemm_config(2, 96, 3, 6) == -EINVAL);
+    int dev = 0, sms = 0;
+    GCK(cudaGetDevice(&dev));
+    GCK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    static const struct { int k, n, gate_up; } q8[] = {{4096, 6144, 0}, {4096, 4096, 0}, {4096, 24576, 1}, {12288, 4096, 0}};
+    for (int s = 0; s < 4; s++) {
+        struct w4a16_dims dims;
+        ASSERT(w4a16_dims_of(q8[s].k, q8[s].n, 128, q8[s].gate_up, &dims) == 0);
+        struct w4a16_gemm_args ga;
+        memset(&ga, 0, sizeof ga);
+        ga.n16 = dims.n16;
+        ga.n16a = dims.n16a;
+        ga.kc = dims.kc;
+        ga.sms = sms;
+        ga.cnt_len = 4096;
+        static const int mm[] = {64, 65, 80, 96, 97, 128};
+        for (int i = 0; i < 6; i++) {
+            ga.m = mm[i];
+            int mt, bn, ks, mode;
+            w4a16_gemm_choice(&ga, &mt, &bn, &ks, &mode);
+            if (mode >= 4) /* the automatic modes unless overridden by the environment */
+                ASSERT_MSG((bn == 96) == (mm[i] > 64 && mm[i] <= 96 && !util_env_is_zero("AWQD_W4A16_GEMM_BN96")),
+                           "K=%d N=%d M=%d: %dx%d split %d mode %d", q8[s].k, q8[s].n, mm[i], mt, bn, ks, mode);
+        }
+    }
+}
+
 /* Qwen3-8B q|k|v, o, gate|up (silu epilogue), down at the M values. */
 TEST(w4a16_gemm, qwen3_8b_shapes) {
     NEED_GEMM();
     static const struct { const char *name; int k, n, gate_up; } sh[] = {
         {"qkv", 4096, 6144, 0}, {"o", 4096, 4096, 0}, {"gate_up", 4096, 24576, 1}, {"down", 12288, 4096, 0}};
-    static const int ms[] = {64, 100, 128, 257, 1000, 2048, 4096};
+    static const int ms[] = {64, 80, 96, 100, 128, 257, 1000, 2048, 4096};
     for (int s = 0; s < 4; s++) {
         struct glayer h;
         glayer_make(&h, sh[s].k, sh[s].n, 128, sh[s].gate_up, 0);
         ASSERT_OK_SO_FAR();
-        for (int i = 0; i < 7 && !test_failed(); i++) {
+        for (int i = 0; i < 9 && !test_failed(); i++) {
             gcheck(&h, sh[s].gate_up, ms[i], 0, W4A16_KERNEL_WGMMA, 0, 0, sh[s].name);
             if (!test_failed()) /* the automatic dispatch without workspace (M >= 512: this kernel) */
                 gcheck(&h, sh[s].gate_up, ms[i], 0, W4A16_KERNEL_AUTO, 0, 1, sh[s].name);

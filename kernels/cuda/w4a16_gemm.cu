@@ -1094,7 +1094,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     /* NWG = 3 (mode 7, session 36; picked since session 37): three consumer
      * warpgroups of one m64 tile each, 192 weight rows a block; only with
      * the pipelined loop and mode 6's split */
-    static_assert(NWG == 2 || (NWG == 3 && MT == 1 && (BN == 64 || BN == 96) && NAT && PIPE && DR && !CL && !TS),
+    static_assert(NWG == 2 || (NWG == 3 && MT == 1 && (BN == 64 || BN == 96 || BN == 128) && NAT && PIPE && DR && !CL && !TS),
                   "k_w4gemm_ws: three consumer warpgroups only as mode 7");
     typedef gk_cfg<MT, BN, ST, NWG> C;
     constexpr int NCW = 4 * NWG; /* consumer warps */
@@ -1784,7 +1784,7 @@ extern "C" int w4a16_gemm_config(int mt, int bn, int ksplit, int mode) {
         return 0;
     }
     if (ksplit == 0 && mode != 4) return -EINVAL; /* stream-K: mode 4 only */
-    if (mode >= 6 && ((bn != 64 && bn != 96) || ksplit < 2 || ksplit > GK_DR_MAX_SPLIT || (mode == 7 && mt != 1))) return -EINVAL;
+    if (mode >= 6 && (bn == 256 || (bn != 64 && mt != 1) || ksplit < 2 || ksplit > GK_DR_MAX_SPLIT || (mode == 7 && mt != 1))) return -EINVAL;
     if (!cfg_valid(mt, bn, mode) || ksplit < 0 || ksplit > 64 || mode < 0 || mode > 7) return -EINVAL;
     if (mode >= 3 && ksplit > GK_CLUSTER_MAX) return -EINVAL; /* its split is reduced in a cluster only */
     g_force.mt = mt;
@@ -2152,29 +2152,38 @@ static int dr_default(void) {
  * real shapes by tests/test_gemm_sk.c), where this call can run it. */
 static int dr_pick(const struct w4a16_gemm_args *a, size_t ws_bytes, gk_choice *out) {
     int mt = 1, mode = 6;
-    const int bn = a->m > 64 ? 96 : 64;
+    const int bn = a->m > 96 ? 128 : a->m > 64 ? 96 : 64;
     const int ks = gk_dr_pick(a->kc, a->n16, a->sms > 0 ? a->sms : 1, wg3_default(), &mt, &mode);
-    /* at 96 tokens only the picks of one m64 tile a warpgroup: 2 x 96 spills
+    /* above 64 tokens only the picks of one m64 tile a warpgroup: 2 x 96 spills
      * (152 bytes of stack) and was 1.03-1.34x mode 4's 1 x 96 at M = 80 on
      * the 11 shapes of --set all that pick it, 1 x 96 0.74-0.94x on 7 of 8
      * (H200, session 44) */
-    if (!ks || (bn == 96 && mt != 1) || !dr_fits(a, mt, bn, ks, ws_bytes, mode)) return 0;
+    if (!ks || (bn > 64 && mt != 1) || !dr_fits(a, mt, bn, ks, ws_bytes, mode)) return 0;
     *out = gk_choice{mt, bn, ks, mode, 0};
     return 1;
 }
-/* Modes 6 / 7 also at M = 65-96 (one token tile of 96, session 44) where
- * BN = 96 is on; AWQD_W4A16_GEMM_DR96=0 leaves those M to mode 4 (read
- * once) */
+/* Modes 6 / 7 also at M = 65-96 (one token tile of 96) where BN = 96 is
+ * on, and at M = 97-128 (one tile of 128), at one m64 tile a warpgroup
+ * (session 44, H200, back to back against mode 4, --set all: at 65-96
+ * 0.64-0.99x on 81 of 84 points with BN = 96; at 97-128 0.76-1.0x but for
+ * Llama-3-70B o tp = 2 (mode 7, 1.07-1.09x), Qwen3-8B batch 112 / 128 -1.5%
+ * at context 512). AWQD_W4A16_GEMM_DR96=0 / _DR128=0 leave those M to mode
+ * 4 (read once) */
 static int dr96_default(void) {
     static const int on = !util_env_is_zero("AWQD_W4A16_GEMM_DR96");
+    return on;
+}
+static int dr128_default(void) {
+    static const int on = !util_env_is_zero("AWQD_W4A16_GEMM_DR128");
     return on;
 }
 static int pipe_default(void);
 #define GK_PIPE_MAX_M 64
 static int dr_auto(const struct w4a16_gemm_args *a, size_t ws_bytes, gk_choice *out) {
     gk_choice f;
-    const int mmax = bn96_default() && dr96_default() ? 96 : GK_PIPE_MAX_M;
-    return !forced(&f) && a->ksplit <= 0 && w4a16_gemm_auto_mode() == 4 && a->m <= mmax && pipe_default() &&
+    const int m_ok = a->m <= GK_PIPE_MAX_M || (a->m <= 96 && bn96_default() && dr96_default()) ||
+                     (a->m > 96 && a->m <= 128 && dr128_default());
+    return !forced(&f) && a->ksplit <= 0 && w4a16_gemm_auto_mode() == 4 && m_ok && pipe_default() &&
            dr_default() && dr_pick(a, ws_bytes, out);
 }
 
@@ -2436,11 +2445,15 @@ static int ws_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pd
     if (NAT && !CL && ch.mode == 7) { /* mode 6 with three consumer warpgroups (192-row tiles) */
         if (ch.bn == 96)
             return ws_launch<1, 96, GK_ST_1_96, false, true, false, true, true, 3>(ka, grid, pdl, s, err, errlen);
+        if (ch.bn == 128)
+            return ws_launch<1, 128, GK_ST_1_128, false, true, false, true, true, 3>(ka, grid, pdl, s, err, errlen);
         return ws_launch<1, 64, GK_ST_1_64, false, true, false, true, true, 3>(ka, grid, pdl, s, err, errlen);
     }
     if (NAT && !CL && ch.mode == 6) { /* the pipelined loop, the split reduced by all its blocks */
         if (ch.bn == 96) /* 1 x 96 only (w4a16_gemm_config, dr_pick) */
             return ws_launch<1, 96, GK_ST_1_96, false, true, false, true, true>(ka, grid, pdl, s, err, errlen);
+        if (ch.bn == 128)
+            return ws_launch<1, 128, GK_ST_1_128, false, true, false, true, true>(ka, grid, pdl, s, err, errlen);
         if (ch.mt == 1) return ws_launch<1, 64, GK_ST_1_64, false, true, false, true, true>(ka, grid, pdl, s, err, errlen);
         return ws_launch<2, 64, GK_ST_2_64, false, true, false, true, true>(ka, grid, pdl, s, err, errlen);
     }

@@ -606,18 +606,20 @@ TEST(w4a16_gemm, configs_bn96) {
         struct glayer h;
         glayer_make(&h, sh[s].k, sh[s].n, 128, sh[s].gate_up, sh[s].bias);
         ASSERT_OK_SO_FAR();
-        /* tile rows, split (0: stream-K), mode; modes 6 / 7 counted by their launches */
-        static const int cf[6][3] = {{1, 1, 4}, {1, 3, 4}, {1, 0, 4}, {1, 1, 3}, {1, 3, 6}, {1, 4, 7}};
-        for (int c = 0; c < 6 && !test_failed(); c++) {
-            ASSERT(w4a16_gemm_config(cf[c][0], 96, cf[c][1], cf[c][2]) == 0);
+        /* tile (mt x bn), split (0: stream-K), mode; modes 6 / 7 counted by their launches (1 x 128 in
+         * modes 6 / 7: M = 97-128, session 44) */
+        static const int cf[8][4] = {{1, 96, 1, 4}, {1, 96, 3, 4}, {1, 96, 0, 4}, {1, 96, 1, 3},
+                                     {1, 96, 3, 6}, {1, 96, 4, 7},  {1, 128, 3, 6}, {1, 128, 4, 7}};
+        for (int c = 0; c < 8 && !test_failed(); c++) {
+            ASSERT(w4a16_gemm_config(cf[c][0], cf[c][1], cf[c][2], cf[c][3]) == 0);
             char what[96];
-            snprintf(what, sizeof what, "%dx96 mode %d split %d K=%d N=%d%s", cf[c][0], cf[c][2], cf[c][1], sh[s].k,
-                     sh[s].n, sh[s].gate_up ? " gate|up" : "");
+            snprintf(what, sizeof what, "%dx%d mode %d split %d K=%d N=%d%s", cf[c][0], cf[c][1], cf[c][3], cf[c][2],
+                     sh[s].k, sh[s].n, sh[s].gate_up ? " gate|up" : "");
             const unsigned long dr0 = w4a16_gemm_dr_launches();
             for (int i = 0; i < 6 && !test_failed(); i++) /* the split passed too: workspace for modes 6 / 7 */
-                gcheck(&h, sh[s].gate_up, ms[i], sh[s].bias, W4A16_KERNEL_WGMMA, cf[c][2] >= 6 ? cf[c][1] : 0, 0,
+                gcheck(&h, sh[s].gate_up, ms[i], sh[s].bias, W4A16_KERNEL_WGMMA, cf[c][3] >= 6 ? cf[c][2] : 0, 0,
                        what);
-            if (cf[c][2] >= 6) /* two calls a point; at least the M <= 96 points fit their grid */
+            if (cf[c][3] >= 6) /* two calls a point; at least the M <= 96 points fit their grid */
                 ASSERT_MSG(w4a16_gemm_dr_launches() - dr0 >= 8, "%s: %lu mode 6/7 launches", what,
                            w4a16_gemm_dr_launches() - dr0);
         }
@@ -627,6 +629,8 @@ TEST(w4a16_gemm, configs_bn96) {
     ASSERT(w4a16_gemm_config(1, 96, 1, 5) == -EINVAL); /* not in mode 5 */
     ASSERT(w4a16_gemm_config(2, 96, 1, 4) == -EINVAL);
     ASSERT(w4a16_gemm_config(2, 96, 3, 6) == -EINVAL);
+    ASSERT(w4a16_gemm_config(2, 128, 3, 6) == -EINVAL);
+    ASSERT(w4a16_gemm_config(1, 256, 3, 6) == -EINVAL);
     int dev = 0, sms = 0;
     GCK(cudaGetDevice(&dev));
     GCK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));

@@ -13,7 +13,8 @@
  * 1024 slower: 345, 312, 266 against 364 tok/s).
  * ns = ops_cuda__attn_decode_splits(S, nkv) (kernels/cuda/dec_split.h):
  * ~2 CTAs per SM when S * nkv alone gives fewer than 4, else 1, but 3 where
- * S * nkv is just over one wave of 4 a SM (session 43).
+ * S * nkv is just over one wave of 4 a SM (to 1.25 waves, session 43) and 2
+ * from there to 1.5 waves (session 44).
  *
  * GQA: all G = nh / nkv query heads of the group share every K/V tile the
  * CTA loads, so each KV head is read once per sequence. K and V tiles of TK

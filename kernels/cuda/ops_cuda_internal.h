@@ -107,7 +107,7 @@ struct cuda_ctx {
     int dec_off;                  /* AWQD_CUDA_DECODE_ATTN=0: eager decode uses the general kernel */
     int dec_simt;                 /* AWQD_CUDA_DECODE_ATTN=simt: the decode kernel without tensor cores */
     int dec_lo, dec_hi;           /* split rule (attn_decode.cu), AWQD_CUDA_DEC_SPLIT=lo,hi */
-    int dec_wave;                 /* three splits just over one wave (dec_split.h; AWQD_CUDA_DEC_WAVE, 1) */
+    int dec_wave;                 /* 3 / 2 splits just over one wave (dec_split.h; AWQD_CUDA_DEC_WAVE, 1) */
     int dec_min_keys;             /* keys a decode split covers at least (AWQD_CUDA_DEC_MIN_KEYS) */
     int dec_ns;                   /* > 0: splits forced (AWQD_CUDA_DEC_NS=1..64, tuning) */
     int dec_wide;                 /* the wide combine kernel from this many splits (0: never;

@@ -592,11 +592,13 @@ TEST(w4a16_gemm, configs_stream_k) {
     glayer_free(&h);
 }
 
-/* The 1 x 96 tile (wgmma m64n96, modes 3 and 4, session 44) against the
- * reference: split 1 (bulk-store and staged tile ends: ldy % 8 == 0 and a
- * gate|up with an odd output count), a split in a cluster, stream-K, on a
- * ragged N and on M below, at and above one token tile; then the automatic
- * choice takes it at M = 65-96 only, on the Qwen3-8B shapes. */
+/* The tiles of session 44 against the reference: 1 x 96 (wgmma m64n96) in
+ * modes 3 (staged tile end) and 4 (bulk-store tile end) at split 1, a split
+ * in a cluster and stream-K, in modes 6 / 7 with their splits, and 1 x 128
+ * in modes 6 / 7; plain (ragged N = 1000, with and without bias) and
+ * gate|up layouts; M below, at and above one token tile. Then the
+ * automatic choice takes 96-token tiles at M = 65-96 only, on the Qwen3-8B
+ * shapes. */
 TEST(w4a16_gemm, configs_bn96) {
     NEED_GEMM();
     static const struct { int k, n, gate_up, bias; } sh[] = {{1024, 1000, 0, 1}, {4096, 1000, 0, 0},

@@ -2147,21 +2147,6 @@ static int dr_default(void) {
     static const int on = !util_env_is_zero("AWQD_W4A16_GEMM_DR");
     return on;
 }
-/* The automatic choice's mode 6 / 7 at M <= GK_PIPE_MAX_M (one token tile):
- * gk_dr_pick's tile, split and mode (kernels/cuda/gemm_sk.h, checked on the
- * real shapes by tests/test_gemm_sk.c), where this call can run it. */
-static int dr_pick(const struct w4a16_gemm_args *a, size_t ws_bytes, gk_choice *out) {
-    int mt = 1, mode = 6;
-    const int bn = a->m > 96 ? 128 : a->m > 64 ? 96 : 64;
-    const int ks = gk_dr_pick(a->kc, a->n16, a->sms > 0 ? a->sms : 1, wg3_default(), &mt, &mode);
-    /* above 64 tokens only the picks of one m64 tile a warpgroup: 2 x 96 spills
-     * (152 bytes of stack) and was 1.03-1.34x mode 4's 1 x 96 at M = 80 on
-     * the 11 shapes of --set all that pick it, 1 x 96 0.74-0.94x on 7 of 8
-     * (H200, session 44) */
-    if (!ks || (bn > 64 && mt != 1) || !dr_fits(a, mt, bn, ks, ws_bytes, mode)) return 0;
-    *out = gk_choice{mt, bn, ks, mode, 0};
-    return 1;
-}
 /* Modes 6 / 7 also at M = 65-96 (one token tile of 96) where BN = 96 is
  * on, and at M = 97-128 (one tile of 128), at one m64 tile a warpgroup
  * (session 44, H200, back to back against mode 4, --set all: at 65-96
@@ -2179,12 +2164,31 @@ static int dr128_default(void) {
 }
 static int pipe_default(void);
 #define GK_PIPE_MAX_M 64
+/* The token tile modes 6 / 7 take for m rows (one tile), 0 where they do not run */
+static int dr_bn(int m) {
+    if (m <= GK_PIPE_MAX_M) return 64;
+    if (m <= 96) return bn96_default() && dr96_default() ? 96 : 0;
+    return m <= 128 && dr128_default() ? 128 : 0;
+}
+/* The automatic choice's mode 6 / 7 at one token tile (dr_bn): gk_dr_pick's
+ * tile, split and mode (kernels/cuda/gemm_sk.h, checked on the real shapes
+ * by tests/test_gemm_sk.c), where this call can run it. */
+static int dr_pick(const struct w4a16_gemm_args *a, size_t ws_bytes, gk_choice *out) {
+    int mt = 1, mode = 6;
+    const int bn = dr_bn(a->m);
+    const int ks = gk_dr_pick(a->kc, a->n16, a->sms > 0 ? a->sms : 1, wg3_default(), &mt, &mode);
+    /* above 64 tokens only the picks of one m64 tile a warpgroup: 2 x 96 spills
+     * (152 bytes of stack) and was 1.03-1.34x mode 4's 1 x 96 at M = 80 on
+     * the 11 shapes of --set all that pick it, 1 x 96 0.74-0.94x on 7 of 8
+     * (H200, session 44) */
+    if (!bn || !ks || (bn > 64 && mt != 1) || !dr_fits(a, mt, bn, ks, ws_bytes, mode)) return 0;
+    *out = gk_choice{mt, bn, ks, mode, 0};
+    return 1;
+}
 static int dr_auto(const struct w4a16_gemm_args *a, size_t ws_bytes, gk_choice *out) {
     gk_choice f;
-    const int m_ok = a->m <= GK_PIPE_MAX_M || (a->m <= 96 && bn96_default() && dr96_default()) ||
-                     (a->m > 96 && a->m <= 128 && dr128_default());
-    return !forced(&f) && a->ksplit <= 0 && w4a16_gemm_auto_mode() == 4 && m_ok && pipe_default() &&
-           dr_default() && dr_pick(a, ws_bytes, out);
+    return !forced(&f) && a->ksplit <= 0 && w4a16_gemm_auto_mode() == 4 && pipe_default() && dr_default() &&
+           dr_pick(a, ws_bytes, out);
 }
 
 static size_t ws_of(const struct w4a16_gemm_args *a, const gk_choice &ch) {

@@ -30,40 +30,56 @@ static __device__ __forceinline__ void cp_async_wait0(void) {
 /* Chunk e of a KV tile: key t0 + e / (HD / 8), dims (e % (HD / 8)) * 8 ..+7
  * of KV head g, copied from the paged cache (slot = block_table[key /
  * block_size] * block_size + key % block_size; cache [slots][nkv][HD]) into
- * dst[key - t0][...]; keys >= ke are zero-filled. The callers' loops over e
- * make the whole tile. P2: block_size == 1 << bs_shift, so the slot is a
- * shift and a mask instead of a 32-bit division by the runtime block size
- * (~25 instructions a copy; callers pick P2 once per tile, kv_tile_load). */
-template <int HD, bool P2 = false>
+ * dst[key - t0][...]; keys >= ke are zero-filled. Any block size (a 32-bit
+ * division, ~25 instructions a copy); kv_tile_load takes a shift and a mask
+ * instead where the block size is a power of two. */
+template <int HD>
 static __device__ __forceinline__ void kv_chunk_load(__half (*dst)[HD + 8], const __half *cache,
                                                      int e, int t0, int ke, const int *bt,
-                                                     int block_size, int nkv, int g, int bs_shift = 0) {
+                                                     int block_size, int nkv, int g) {
     int t = e / (HD / 8), dc = e % (HD / 8), ta = t0 + t;
     const __half *src = cache;
     int bytes = 0;
     if (ta < ke) {
-        size_t sl = P2 ? (size_t)bt[ta >> bs_shift] * block_size + (ta & (block_size - 1))
-                       : (size_t)bt[ta / block_size] * block_size + ta % block_size;
+        size_t sl = (size_t)bt[ta / block_size] * block_size + ta % block_size;
         src = cache + (sl * nkv + g) * HD + dc * 8;
         bytes = 16;
     }
     cp_async16(&dst[t][dc * 8], src, bytes);
 }
 
-/* A whole TK-key tile from NT threads (thread tid takes chunks tid, tid +
- * NT, ...), by kv_chunk_load; the power-of-two test is uniform, so each
- * side compiles its own loop. */
-template <int HD, int TK, int NT>
+/* A whole TK-key tile from key t0 (< ke: the callers skip tiles past the
+ * end) by NT threads, keys >= ke zero-filled; no commit (the callers group
+ * it). The power-of-two test is uniform, so each side compiles its own
+ * loop. block_size = 1 << sh: thread tid copies dim chunk tid % CH of keys
+ * t0 + tid / CH + (NT / CH) it; a key past the end reads the last key's
+ * block entry (in bounds) and copies 0 bytes (zero fill), so the loop has
+ * no branch and each copy ~20 instructions (session 44). UNROLL: the whole
+ * loop unrolled, its block-table loads hoisted (the decode kernel, which
+ * has the registers); the general kernels keep a rolled loop, whose
+ * registers bound their occupancy. */
+template <int HD, int TK, int NT, bool UNROLL = false>
 static __device__ __forceinline__ void kv_tile_load(__half (*dst)[HD + 8], const __half *cache, int tid,
                                                     int t0, int ke, const int *bt, int block_size, int nkv,
                                                     int g) {
+    constexpr int CH = HD / 8; /* 16-byte chunks per key */
+    static_assert(NT % CH == 0 && (TK * CH) % NT == 0, "a thread copies one dim chunk of whole key rows");
+    constexpr int UF = UNROLL ? TK * CH / NT : 1;
     if ((block_size & (block_size - 1)) == 0) {
-        const int sh = __ffs(block_size) - 1;
-        for (int e = tid; e < TK * (HD / 8); e += NT)
-            kv_chunk_load<HD, true>(dst, cache, e, t0, ke, bt, block_size, nkv, g, sh);
+        const int sh = __ffs(block_size) - 1, dc = tid % CH;
+        const __half *base = cache + (size_t)g * HD + dc * 8;
+        const size_t row = (size_t)nkv * HD; /* halves per cache slot */
+#pragma unroll(UF)
+        for (int it = 0; it < TK * CH / NT; it++) {
+            const int t = tid / CH + it * (NT / CH), ta = t0 + t;
+            const int tc = ta < ke ? ta : ke - 1;
+            const unsigned slot = ((unsigned)bt[tc >> sh] << sh) | (unsigned)(tc & (block_size - 1));
+            cp_async16(&dst[t][dc * 8], base + (size_t)slot * row, ta < ke ? 16 : 0);
+        }
     } else {
-        for (int e = tid; e < TK * (HD / 8); e += NT)
-            kv_chunk_load<HD>(dst, cache, e, t0, ke, bt, block_size, nkv, g);
+#pragma unroll(UF)
+        for (int it = 0; it < TK * CH / NT; it++)
+            kv_chunk_load<HD>(dst, cache, tid + it * NT, t0, ke, bt, block_size, nkv, g);
     }
 }
 

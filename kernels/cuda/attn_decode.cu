@@ -80,30 +80,7 @@ template <int HD, int TK>
 static __device__ __forceinline__ void dec_tile_load(__half (*dst)[HD + 8], const __half *cache,
                                                      int t0, int ke, int tid, const int *bt,
                                                      int block_size, int nkv, int g) {
-    if (t0 < ke) {
-        constexpr int CH = HD / 8; /* 16-byte chunks per key */
-        static_assert(DEC_NT % CH == 0, "a thread copies one dim chunk of every key it takes");
-        if ((block_size & (block_size - 1)) == 0) { /* uniform: one path compiled each side */
-            /* block_size = 1 << sh: thread tid copies dim chunk tid % CH of
-             * keys t0 + tid / CH + (DEC_NT / CH) it; past the split's end it
-             * reads the last key's block entry (in bounds) and copies 0
-             * bytes (zero fill), so no branch */
-            const int sh = __ffs(block_size) - 1, dc = tid % CH;
-            const __half *base = cache + (size_t)g * HD + dc * 8;
-            const size_t row = (size_t)nkv * HD; /* halves per cache slot */
-#pragma unroll
-            for (int it = 0; it < TK * CH / DEC_NT; it++) {
-                const int t = tid / CH + it * (DEC_NT / CH), ta = t0 + t;
-                const int tc = ta < ke ? ta : ke - 1;
-                const unsigned slot = ((unsigned)bt[tc >> sh] << sh) | (unsigned)(tc & (block_size - 1));
-                cp_async16(&dst[t][dc * 8], base + (size_t)slot * row, ta < ke ? 16 : 0);
-            }
-        } else {
-#pragma unroll
-            for (int it = 0; it < TK * CH / DEC_NT; it++)
-                kv_chunk_load<HD>(dst, cache, tid + it * DEC_NT, t0, ke, bt, block_size, nkv, g);
-        }
-    }
+    if (t0 < ke) kv_tile_load<HD, TK, DEC_NT, true>(dst, cache, tid, t0, ke, bt, block_size, nkv, g);
     cp_async_commit();
 }
 

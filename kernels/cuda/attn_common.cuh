@@ -16,6 +16,15 @@ static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes)
                  : "memory");
 }
+/* cp_async16 issued only where pred (a predicated instruction, not a
+ * branch: the compiler still requests a tile's block-table entries together
+ * before its copies) */
+static __device__ __forceinline__ void cp_async16_if(void *smem, const void *gmem, int src_bytes, bool pred) {
+    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p cp.async.cg.shared.global [%0], [%1], 16, %2;\n}\n" ::"r"(sa),
+                 "l"(gmem), "r"(src_bytes), "r"((int)pred)
+                 : "memory");
+}
 static __device__ __forceinline__ void cp_async_commit(void) {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -31,41 +40,53 @@ static __device__ __forceinline__ void cp_async_wait0(void) {
  * of KV head g, copied from the paged cache (slot = block_table[key /
  * block_size] * block_size + key % block_size; cache [slots][nkv][HD]) into
  * dst[key - t0][...]; keys >= ke are zero-filled. Any block size (a 32-bit
- * division, ~25 instructions a copy); kv_tile_load takes a shift and a mask
- * instead where the block size is a power of two. */
-template <int HD>
+ * division, ~25 instructions a copy); P2: block_size == 1 << bs_shift, the
+ * slot by a shift and a mask. */
+template <int HD, bool P2 = false>
 static __device__ __forceinline__ void kv_chunk_load(__half (*dst)[HD + 8], const __half *cache,
                                                      int e, int t0, int ke, const int *bt,
-                                                     int block_size, int nkv, int g) {
+                                                     int block_size, int nkv, int g, int bs_shift = 0) {
     int t = e / (HD / 8), dc = e % (HD / 8), ta = t0 + t;
     const __half *src = cache;
     int bytes = 0;
     if (ta < ke) {
-        size_t sl = (size_t)bt[ta / block_size] * block_size + ta % block_size;
+        size_t sl = P2 ? (size_t)bt[ta >> bs_shift] * block_size + (ta & (block_size - 1))
+                       : (size_t)bt[ta / block_size] * block_size + ta % block_size;
         src = cache + (sl * nkv + g) * HD + dc * 8;
         bytes = 16;
     }
     cp_async16(&dst[t][dc * 8], src, bytes);
 }
 
+/* The block-size class a kernel was compiled for: KV_BS_ANY tests it at run
+ * time (both loops compiled), KV_BS_P2 / KV_BS_GEN know it (one loop: the
+ * decode kernel, whose code runs once per CTA at batch 1, keeps only the
+ * path it takes). */
+#define KV_BS_ANY 0
+#define KV_BS_P2 1
+#define KV_BS_GEN 2
+
 /* A whole TK-key tile from key t0 (< ke: the callers skip tiles past the
  * end) by NT threads, keys >= ke zero-filled; no commit (the callers group
- * it). The power-of-two test is uniform, so each side compiles its own
- * loop. block_size = 1 << sh: thread tid copies dim chunk tid % CH of keys
+ * it). block_size = 1 << sh: thread tid copies dim chunk tid % CH of keys
  * t0 + tid / CH + (NT / CH) it; a key past the end reads the last key's
  * block entry (in bounds) and copies 0 bytes (zero fill), so the loop has
  * no branch and each copy ~20 instructions (session 44). UNROLL: the whole
- * loop unrolled, its block-table loads hoisted (the decode kernel, which
- * has the registers); the general kernels keep a rolled loop, whose
- * registers bound their occupancy. */
-template <int HD, int TK, int NT, bool UNROLL = false>
+ * loop unrolled, its block-table loads issued together before the copies
+ * (the decode kernel, which has the registers); the general kernels keep a
+ * rolled loop, whose registers bound their occupancy. SKIP: key `skip` is
+ * not copied at all (a predicated copy, not a branch, so the block-table
+ * loads stay together; the decode kernel's first tile before its PDL wait
+ * leaves out the new key, whose row the previous kernel writes). BS: the
+ * block-size class (KV_BS_*). */
+template <int HD, int TK, int NT, bool UNROLL = false, bool SKIP = false, int BS = KV_BS_ANY>
 static __device__ __forceinline__ void kv_tile_load(__half (*dst)[HD + 8], const __half *cache, int tid,
                                                     int t0, int ke, const int *bt, int block_size, int nkv,
-                                                    int g) {
+                                                    int g, int skip = -1) {
     constexpr int CH = HD / 8; /* 16-byte chunks per key */
     static_assert(NT % CH == 0 && (TK * CH) % NT == 0, "a thread copies one dim chunk of whole key rows");
     constexpr int UF = UNROLL ? TK * CH / NT : 1;
-    if ((block_size & (block_size - 1)) == 0) {
+    if (BS == KV_BS_P2 || (BS == KV_BS_ANY && (block_size & (block_size - 1)) == 0)) {
         const int sh = __ffs(block_size) - 1, dc = tid % CH;
         const __half *base = cache + (size_t)g * HD + dc * 8;
         const size_t row = (size_t)nkv * HD; /* halves per cache slot */
@@ -74,12 +95,14 @@ static __device__ __forceinline__ void kv_tile_load(__half (*dst)[HD + 8], const
             const int t = tid / CH + it * (NT / CH), ta = t0 + t;
             const int tc = ta < ke ? ta : ke - 1;
             const unsigned slot = ((unsigned)bt[tc >> sh] << sh) | (unsigned)(tc & (block_size - 1));
-            cp_async16(&dst[t][dc * 8], base + (size_t)slot * row, ta < ke ? 16 : 0);
+            if (SKIP) cp_async16_if(&dst[t][dc * 8], base + (size_t)slot * row, ta < ke ? 16 : 0, ta != skip);
+            else cp_async16(&dst[t][dc * 8], base + (size_t)slot * row, ta < ke ? 16 : 0);
         }
     } else {
 #pragma unroll(UF)
         for (int it = 0; it < TK * CH / NT; it++)
-            kv_chunk_load<HD>(dst, cache, tid + it * NT, t0, ke, bt, block_size, nkv, g);
+            if (!SKIP || t0 + (tid + it * NT) / CH != skip)
+                kv_chunk_load<HD>(dst, cache, tid + it * NT, t0, ke, bt, block_size, nkv, g);
     }
 }
 

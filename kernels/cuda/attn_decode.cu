@@ -75,12 +75,12 @@ static_assert(DEC_MAX_SPLITS <= DEC_NT, "the combine kernel loads one split per 
 
 /* One K or V tile of TK keys from key t0 (keys >= ke zero-filled) into dst,
  * as one cp.async commit group (an empty group past the split's end, so the
- * callers' wait counts stay fixed). */
-template <int HD, int TK>
+ * callers' wait counts stay fixed). BS: the block-size class (KV_BS_*). */
+template <int HD, int TK, int BS = KV_BS_ANY>
 static __device__ __forceinline__ void dec_tile_load(__half (*dst)[HD + 8], const __half *cache,
                                                      int t0, int ke, int tid, const int *bt,
                                                      int block_size, int nkv, int g) {
-    if (t0 < ke) kv_tile_load<HD, TK, DEC_NT, true>(dst, cache, tid, t0, ke, bt, block_size, nkv, g);
+    if (t0 < ke) kv_tile_load<HD, TK, DEC_NT, true, false, BS>(dst, cache, tid, t0, ke, bt, block_size, nkv, g);
     cp_async_commit();
 }
 
@@ -286,9 +286,21 @@ static __device__ __forceinline__ float dec_split_weight(float m, float M) {
  * split; the 4 are merged through shared memory (the K/V tile area) at the
  * end. Q sits in shared memory (A fragments read per k-step) to keep the
  * registers at <= 128 (4 CTAs per SM; with Q in registers 167, 3 per SM).
- * Same split rule, partials and combine kernel as the SIMT kernel. */
+ * Same split rule, partials and combine kernel as the SIMT kernel.
+ *
+ * P2: compiled for a power-of-two block size (the K/V slots by shift and
+ * mask) or for any other (a division); the host picks by the cache's block
+ * size. One path each, not both behind a run-time test: at batch 1 a CTA
+ * runs its code once (one or two tiles), so every instruction comes cold
+ * from L2, and the untaken division loops interleaved with the taken ones
+ * (8 copies a tile, K and V, before and after the wait) made
+ * <128, 4, true> 92 KB of SASS; specialized 40 KB. H200, session 45
+ * (`s45e`): the warp merge at the end of a CTA took 1.3-1.6 µs the first
+ * time and 0.7-1.0 µs when run again (the same code, warm); specialized,
+ * Qwen3-8B steps 1.4-4.7% faster at batch 1-16, 1-2.5% at 32-128
+ * (docs/PERFORMANCE.md "Session 45"). */
 
-template <int HD, int G, bool EMPTY>
+template <int HD, int G, bool EMPTY, bool P2>
 static __global__ void __launch_bounds__(DEC_NT, 4)
 attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
                    const int *block_table, const int *past, float *part, int nh, int nkv,
@@ -335,7 +347,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
     const int *bt = block_table + (size_t)s * max_blocks;
 
     auto load = [&](__half(*dst)[HD + 8], const __half *cache, int t0) {
-        dec_tile_load<HD, TK>(dst, cache, t0, ke, tid, bt, block_size, nkv, g);
+        dec_tile_load<HD, TK, P2 ? KV_BS_P2 : KV_BS_GEN>(dst, cache, t0, ke, tid, bt, block_size, nkv, g);
     };
     if (prewait) {
         /* past, the block table and every cached key but the new one (ctx
@@ -343,19 +355,31 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
          * step's first kernel: the first tile loads before the wait, less
          * the new key's row, which follows it */
         const int nk = ctx - 1, CH = HD / 8;
-        for (int e = tid; e < TK * CH; e += DEC_NT)
-            if (kb + e / CH != nk) kv_chunk_load<HD>(ks, kc, e, kb, ke, bt, block_size, nkv, g);
-        cp_async_commit();
-        for (int e = tid; e < TK * CH; e += DEC_NT)
-            if (kb + e / CH != nk) kv_chunk_load<HD>(vs, vc, e, kb, ke, bt, block_size, nkv, g);
-        cp_async_commit();
+        if (P2) {
+            /* the block-table loads together, then the copies (the new
+             * key's row predicated off); the division loops below load
+             * an entry and copy in turn, 16 dependent round trips */
+            if (kb < ke)
+                kv_tile_load<HD, TK, DEC_NT, true, true, KV_BS_P2>(ks, kc, tid, kb, ke, bt, block_size, nkv, g, nk);
+            cp_async_commit();
+            if (kb < ke)
+                kv_tile_load<HD, TK, DEC_NT, true, true, KV_BS_P2>(vs, vc, tid, kb, ke, bt, block_size, nkv, g, nk);
+            cp_async_commit();
+        } else {
+            for (int e = tid; e < TK * CH; e += DEC_NT)
+                if (kb + e / CH != nk) kv_chunk_load<HD>(ks, kc, e, kb, ke, bt, block_size, nkv, g);
+            cp_async_commit();
+            for (int e = tid; e < TK * CH; e += DEC_NT)
+                if (kb + e / CH != nk) kv_chunk_load<HD>(vs, vc, e, kb, ke, bt, block_size, nkv, g);
+            cp_async_commit();
+        }
         ops_cuda_pdl_wait();
         ops_cuda_pdl_trigger();
         ST_MARK(1);
         if (nk >= kb && nk < kb + TK) {
             for (int e = tid; e < 2 * CH; e += DEC_NT)
-                kv_chunk_load<HD>(e < CH ? ks : vs, e < CH ? kc : vc, (nk - kb) * CH + e % CH, kb, ke, bt,
-                                  block_size, nkv, g);
+                kv_chunk_load<HD, P2>(e < CH ? ks : vs, e < CH ? kc : vc, (nk - kb) * CH + e % CH, kb, ke, bt,
+                                      block_size, nkv, g, P2 ? __ffs(block_size) - 1 : 0);
         }
         cp_async_commit(); /* waited for (all groups) after Q below */
     } else {
@@ -693,8 +717,10 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
         /* many splits (batch 1-4 by KV heads): the splits without keys skip
          * the work (DEC_EMPTY_NS); else the kernel without that branch (measured
          * 0.3-0.9% faster at batch 8 / 32, where every split has keys) */
-        auto *kern = ns >= DEC_EMPTY_NS ? attn_dec_tc_kernel<HDT, G, true>
-                                        : attn_dec_tc_kernel<HDT, G, false>;
+        const bool p2 = (ab->block_size & (ab->block_size - 1)) == 0; /* the slot by shift and mask */
+        auto *kern = ns >= DEC_EMPTY_NS
+                         ? (p2 ? attn_dec_tc_kernel<HDT, G, true, true> : attn_dec_tc_kernel<HDT, G, true, false>)
+                         : (p2 ? attn_dec_tc_kernel<HDT, G, false, true> : attn_dec_tc_kernel<HDT, G, false, false>);
         e = ops_cuda_launch(c, kern, dim3(ns, nkv, S), dim3(DEC_NT), smem, out, qkv, kc, vc, bt,
                             past, c->dec_part, nh, nkv, ab->max_blocks, ab->block_size, qscale,
                             c->dec_min_keys, c->pdl && c->dec_prewait);

@@ -491,7 +491,9 @@ static void attn_case(int hd, int nh, int nkv, int n_seqs, const int *past, cons
 
 /* decode batches: one row per sequence, contexts from 1 to thousands; the
  * first K/V tile loaded before the PDL wait (the default on sm_90+) and
- * after it (AWQD_CUDA_DEC_PREWAIT=0) */
+ * after it (AWQD_CUDA_DEC_PREWAIT=0); block size 16 (the kernel compiled
+ * for powers of two) and 7 (the one with the division), with and without
+ * the splits that have no keys (batch 1 / 7) */
 TEST(ops_cuda, attention_decode) {
     const int past[] = {0, 15, 16, 100, 3000, 777, 64}, rows[] = {1, 1, 1, 1, 1, 1, 1};
     const int cfg[][3] = {{128, 32, 8}, {128, 8, 8}, {64, 16, 2}, {32, 8, 2}, {256, 8, 1},
@@ -503,6 +505,7 @@ TEST(ops_cuda, attention_decode) {
         for (int i = 0; i < 7 && !test_failed(); i++) attn_case(cfg[i][0], cfg[i][1], cfg[i][2], 7, past, rows, 16);
         for (int i = 0; i < 4 && !test_failed(); i++) attn_case(128, 32, 8, 1, past1[i], rows1, 16);
         if (!test_failed()) attn_case(64, 16, 2, 1, past1[0], rows1, 7);
+        if (!test_failed()) attn_case(128, 32, 8, 7, past, rows, 7);
     }
     unsetenv("AWQD_CUDA_DEC_PREWAIT");
 }

@@ -289,16 +289,16 @@ static __device__ __forceinline__ float dec_split_weight(float m, float M) {
  * Same split rule, partials and combine kernel as the SIMT kernel.
  *
  * P2: compiled for a power-of-two block size (the K/V slots by shift and
- * mask) or for any other (a division); the host picks by the cache's block
+ * mask, the first tile's block-table entries loaded together before the
+ * wait) or for any other (a division); the host picks by the cache's block
  * size. One path each, not both behind a run-time test: at batch 1 a CTA
- * runs its code once (one or two tiles), so every instruction comes cold
- * from L2, and the untaken division loops interleaved with the taken ones
- * (8 copies a tile, K and V, before and after the wait) made
- * <128, 4, true> 92 KB of SASS; specialized 40 KB. H200, session 45
- * (`s45e`): the warp merge at the end of a CTA took 1.3-1.6 µs the first
- * time and 0.7-1.0 µs when run again (the same code, warm); specialized,
- * Qwen3-8B steps 1.4-4.7% faster at batch 1-16, 1-2.5% at 32-128
- * (docs/PERFORMANCE.md "Session 45"). */
+ * runs its code once (one or two tiles), and before this the first tile
+ * went through the division loop whatever the block size (16 dependent
+ * round trips before the wait) and every later tile through the test;
+ * <128, 4, true> was 92 KB of SASS, now 40 KB. H200, session 45: Qwen3-8B
+ * steps 1.4-4.7% faster at batch 1-16, 1-2.5% at 32-128; the pre-wait
+ * loads together alone gave -2% to +1% (docs/PERFORMANCE.md "Session 45"
+ * items 5-8, 11). */
 
 template <int HD, int G, bool EMPTY, bool P2>
 static __global__ void __launch_bounds__(DEC_NT, 4)

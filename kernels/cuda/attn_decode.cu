@@ -316,7 +316,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
     extern __shared__ __align__(16) unsigned char dec_smem[];
     __half(*ks)[HD + 8] = (__half(*)[HD + 8])dec_smem;
     __half(*vs)[HD + 8] = (__half(*)[HD + 8])(dec_smem + TK * (HD + 8) * 2);
-    __shared__ float wm[4][16], wl[4][16];
+    __shared__ __align__(16) float wm[16][4], wl[16][4]; /* [row][warp]: one 16-byte load a row */
     const int k = blockIdx.x, g = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int ns = gridDim.x;
@@ -355,24 +355,15 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
          * step's first kernel: the first tile loads before the wait, less
          * the new key's row, which follows it */
         const int nk = ctx - 1, CH = HD / 8;
-        if (P2) {
-            /* the block-table loads together, then the copies (the new
-             * key's row predicated off); the division loops below load
-             * an entry and copy in turn, 16 dependent round trips */
-            if (kb < ke)
-                kv_tile_load<HD, TK, DEC_NT, true, true, KV_BS_P2>(ks, kc, tid, kb, ke, bt, block_size, nkv, g, nk);
-            cp_async_commit();
-            if (kb < ke)
-                kv_tile_load<HD, TK, DEC_NT, true, true, KV_BS_P2>(vs, vc, tid, kb, ke, bt, block_size, nkv, g, nk);
-            cp_async_commit();
-        } else {
-            for (int e = tid; e < TK * CH; e += DEC_NT)
-                if (kb + e / CH != nk) kv_chunk_load<HD>(ks, kc, e, kb, ke, bt, block_size, nkv, g);
-            cp_async_commit();
-            for (int e = tid; e < TK * CH; e += DEC_NT)
-                if (kb + e / CH != nk) kv_chunk_load<HD>(vs, vc, e, kb, ke, bt, block_size, nkv, g);
-            cp_async_commit();
-        }
+        /* the first tile less the new key's row (kv_tile_load's SKIP):
+         * for a power-of-two block size the block-table entries load
+         * together, then the copies (that row predicated off); for any
+         * other the division loop, an entry and a copy in turn */
+        constexpr int BS = P2 ? KV_BS_P2 : KV_BS_GEN;
+        if (kb < ke) kv_tile_load<HD, TK, DEC_NT, true, true, BS>(ks, kc, tid, kb, ke, bt, block_size, nkv, g, nk);
+        cp_async_commit();
+        if (kb < ke) kv_tile_load<HD, TK, DEC_NT, true, true, BS>(vs, vc, tid, kb, ke, bt, block_size, nkv, g, nk);
+        cp_async_commit();
         ops_cuda_pdl_wait();
         ops_cuda_pdl_trigger();
         ST_MARK(1);
@@ -452,42 +443,54 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
     cp_async_wait0();
     __syncthreads(); /* the tile area is free: it takes the warps' O */
     ST_MARK(3);
-    float(*wo)[16][HD] = (float(*)[16][HD])dec_smem; /* [4 warps][16 rows][HD] */
+    /* The warps' O through shared memory, rows HD + 8 floats apart: a
+     * half-warp's float2 stores (rows gq = 0-3 or 4-7, dims j * 8 + 2 tq)
+     * then cover the 32 banks once. Rows HD floats apart (before session
+     * 46) put every row on the same banks: 4-way (G = 4) to 8-way (G = 8)
+     * conflicts on DT x 2 scalar stores a thread. */
+    constexpr int WS = HD + 8;
+    static_assert(4 * 16 * WS * 4 <= 2 * TK * (HD + 8) * 2, "the warps' O fits in the K/V tile area");
+    float(*wo)[16][WS] = (float(*)[16][WS])dec_smem; /* [4 warps][16 rows][WS] */
     if (tq == 0) {
-        wm[warp][gq] = mrow[0];
-        wm[warp][gq + 8] = mrow[1];
-        wl[warp][gq] = lrow[0];
-        wl[warp][gq + 8] = lrow[1];
+        wm[gq][warp] = mrow[0];
+        wm[gq + 8][warp] = mrow[1];
+        wl[gq][warp] = lrow[0];
+        wl[gq + 8][warp] = lrow[1];
     }
 #pragma unroll
     for (int j = 0; j < DT; j++) {
         int d = j * 8 + 2 * tq;
-        if (gq < G) {
-            wo[warp][gq][d] = o[j][0];
-            wo[warp][gq][d + 1] = o[j][1];
-        }
-        if (gq + 8 < G) {
-            wo[warp][gq + 8][d] = o[j][2];
-            wo[warp][gq + 8][d + 1] = o[j][3];
-        }
+        if (gq < G) *(float2 *)&wo[warp][gq][d] = make_float2(o[j][0], o[j][1]);
+        if (gq + 8 < G) *(float2 *)&wo[warp][gq + 8][d] = make_float2(o[j][2], o[j][3]);
     }
     __syncthreads();
-    for (int e = tid; e < G * HD; e += DEC_NT) {
-        int r = e / HD, d = e % HD;
-        float M = fmaxf(fmaxf(wm[0][r], wm[1][r]), fmaxf(wm[2][r], wm[3][r]));
-        float L = 0.0f, acc = 0.0f;
+    /* 4 dims of a row a thread (G = 4: one pass); the row's weights once
+     * per 4 dims, not per dim */
+    for (int e = tid; e < G * HD / 4; e += DEC_NT) {
+        const int r = e / (HD / 4), d = 4 * (e % (HD / 4));
+        const float4 m4 = *(const float4 *)wm[r], l4 = *(const float4 *)wl[r];
+        const float M = fmaxf(fmaxf(m4.x, m4.y), fmaxf(m4.z, m4.w));
+        const float f[4] = {dec_split_weight(m4.x, M), dec_split_weight(m4.y, M), dec_split_weight(m4.z, M),
+                            dec_split_weight(m4.w, M)};
+        const float L = f[0] * l4.x + f[1] * l4.y + f[2] * l4.z + f[3] * l4.w;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int w = 0; w < 4; w++) {
-            float f = dec_split_weight(wm[w][r], M);
-            L += f * wl[w][r];
-            acc += f * wo[w][r][d];
+            const float4 v = *(const float4 *)&wo[w][r][d];
+            acc.x += f[w] * v.x;
+            acc.y += f[w] * v.y;
+            acc.z += f[w] * v.z;
+            acc.w += f[w] * v.w;
         }
-        int qh = g * G + r;
+        const int qh = g * G + r;
         if (ns == 1) {
-            out[(size_t)s * nh * HD + (size_t)qh * HD + d] = __float2half(L > 0.0f ? acc / L : 0.0f);
+            const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+            __half2 h2[2] = {__floats2half2_rn(acc.x * inv, acc.y * inv), __floats2half2_rn(acc.z * inv, acc.w * inv)};
+            *(uint2 *)(out + (size_t)s * nh * HD + (size_t)qh * HD + d) = *(const uint2 *)h2;
         } else {
-            float *pp = dec_part_at<HD>(part, s, nh, qh, ns, k);
-            pp[d] = acc;
+            float *pp = dec_part_at<HD>(part, s, nh, qh, ns, k); /* 8-byte aligned: HD + 2 floats a split */
+            *(float2 *)(pp + d) = make_float2(acc.x, acc.y);
+            *(float2 *)(pp + d + 2) = make_float2(acc.z, acc.w);
             if (d == 0) {
                 pp[HD] = M;
                 pp[HD + 1] = L;

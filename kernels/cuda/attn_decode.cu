@@ -185,8 +185,16 @@ attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *
                 if (G % C::HPH == 0 || h < G) ss[h * TK + tk] = t0 + tk < ke ? acc[i] : -INFINITY;
             }
         }
-        __syncthreads();
-        load(ks, kc, t0 + TK); /* K is free: the next tile */
+        /* the next tile's K once every warp is done with this one; on a
+         * split's last tile no barrier (the one after the loop guards the
+         * tile area), only the group that keeps the wait counts fixed */
+        const bool more = t0 + TK < ke;
+        if (more) {
+            __syncthreads();
+            load(ks, kc, t0 + TK);
+        } else {
+            cp_async_commit();
+        }
         /* online softmax: one warp per head */
         for (int h = warp; h < G; h += DEC_NT / 32) {
             float mx = -INFINITY;
@@ -416,8 +424,16 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
                 mma16816(sc[j], qa, b0, b1);
             }
         }
-        __syncthreads();
-        load(ks, kc, t0 + TK); /* K is free: the next tile */
+        /* the next tile's K once every warp is done with this one; on a
+         * split's last tile no barrier (the one after the loop guards the
+         * tile area), only the group that keeps the wait counts fixed */
+        const bool more = t0 + TK < ke;
+        if (more) {
+            __syncthreads();
+            load(ks, kc, t0 + TK);
+        } else {
+            cp_async_commit();
+        }
         /* online softmax over this warp's 16 keys (rows gq: e 0,1; gq + 8: e 2,3) */
 #pragma unroll
         for (int j = 0; j < 2; j++)
@@ -437,8 +453,10 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
             pa[3] = pack_half2(sc[1][2], sc[1][3]);
             pv_mma16<DT, HD>(o, pa, vs, kw, lane);
         }
-        __syncthreads();       /* V consumed */
-        load(vs, vc, t0 + TK); /* the next tile's V */
+        if (more) {
+            __syncthreads();       /* V consumed */
+            load(vs, vc, t0 + TK); /* the next tile's V */
+        }
     }
     cp_async_wait0();
     __syncthreads(); /* the tile area is free: it takes the warps' O */

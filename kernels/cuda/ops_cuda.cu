@@ -660,11 +660,18 @@ static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
     if (!live) return;
     size_t width = (size_t)(nh + 2 * nkv) * hd;
     __half *x = qkv + (size_t)r * width + (size_t)head * hd; /* q heads then k heads */
+    /* a K head's V head (copied to the cache below) is loaded with x:
+     * after the stores to x the compiler may not move the loads before them
+     * (the same buffer), and each element's load and store then made a
+     * dependent round trip of its own */
+    const __half *vs = x + (size_t)nkv * hd; /* v head head - nh */
     float v[8];
+    __half vh[8];
     float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         v[i] = i < E ? __half2float(x[lane * E + i]) : 0.0f;
+        vh[i] = i < E && slot >= 0 ? vs[lane * E + i] : __half();
         ss += v[i] * v[i];
     }
     if (nw) {
@@ -687,12 +694,11 @@ static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
     if (slot >= 0) { /* a K head of a real row (slot < 0: a padding row, no K/V) */
         int gk = head - nh;
         size_t dst = ((size_t)slot * nkv + gk) * hd;
-        const __half *vs = x + (size_t)nkv * hd; /* v head gk */
 #pragma unroll
         for (int i = 0; i < 8; i++)
             if (i < E) {
                 kc[dst + lane * E + i] = __float2half(v[i]);
-                vc[dst + lane * E + i] = vs[lane * E + i];
+                vc[dst + lane * E + i] = vh[i];
             }
     }
     ST_MARK(2);

@@ -185,16 +185,8 @@ attn_dec_kernel(__half *out, const __half *qkv, const __half *kc, const __half *
                 if (G % C::HPH == 0 || h < G) ss[h * TK + tk] = t0 + tk < ke ? acc[i] : -INFINITY;
             }
         }
-        /* the next tile's K once every warp is done with this one; on a
-         * split's last tile no barrier (the one after the loop guards the
-         * tile area), only the group that keeps the wait counts fixed */
-        const bool more = t0 + TK < ke;
-        if (more) {
-            __syncthreads();
-            load(ks, kc, t0 + TK);
-        } else {
-            cp_async_commit();
-        }
+        __syncthreads();       /* the scores in ss for the softmax warps, K consumed */
+        load(ks, kc, t0 + TK); /* K is free: the next tile */
         /* online softmax: one warp per head */
         for (int h = warp; h < G; h += DEC_NT / 32) {
             float mx = -INFINITY;

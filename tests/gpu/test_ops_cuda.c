@@ -508,6 +508,13 @@ TEST(ops_cuda, attention_decode) {
         if (!test_failed()) attn_case(128, 32, 8, 7, past, rows, 7);
     }
     unsetenv("AWQD_CUDA_DEC_PREWAIT");
+    /* the SIMT kernel at hd <= 128 (AWQD_CUDA_DECODE_ATTN=simt, a tuning
+     * switch): 64-key tiles, so a head's scores come from two warps and the
+     * barrier between the scores and the softmax is load-bearing */
+    setenv("AWQD_CUDA_DECODE_ATTN", "simt", 1);
+    if (!test_failed()) attn_case(128, 32, 8, 7, past, rows, 16);
+    if (!test_failed()) attn_case(64, 16, 2, 1, past1[0], rows1, 16);
+    unsetenv("AWQD_CUDA_DECODE_ATTN");
 }
 
 /* batch 1 on 1-4 KV heads: 33-64 splits, merged by the wide combine kernel

@@ -664,7 +664,7 @@ static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
      * after the stores to x the compiler may not move the loads before them
      * (the same buffer), and each element's load and store then made a
      * dependent round trip of its own */
-    const __half *vs = x + (size_t)nkv * hd; /* v head head - nh */
+    const __half *vs = x + (size_t)nkv * hd; /* K head head - nh: its V head */
     float v[8];
     __half vh[8];
     float ss = 0.0f;

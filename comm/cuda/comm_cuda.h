@@ -47,7 +47,8 @@
  *                                  threshold, nccl above); off = no
  *                                  communication at all (wrong sums; only to
  *                                  time a step without its all-reduces)
- *   AWQD_P2P_MAX_BYTES=N           the threshold (default COMM_CUDA_P2P_MAX_DEFAULT)
+ *   AWQD_P2P_MAX_BYTES=N           the threshold (default COMM_CUDA_P2P_MAX_TP2
+ *                                  at tp = 2, COMM_CUDA_P2P_MAX_DEFAULT above)
  *   AWQD_P2P_CAP_BYTES=N           largest p2p message (buffer size; default
  *                                  2 MiB, at least the threshold)
  *   AWQD_COMM_TIMEOUT_MS=N         p2p wait limit (default 60000; 0: none)
@@ -70,7 +71,14 @@ extern "C" {
 struct ops;
 
 #define COMM_CUDA_MAX_RANKS 8                  /* p2p path; nccl has no limit */
-#define COMM_CUDA_P2P_MAX_DEFAULT (128 * 1024) /* bytes; in the model p2p wins to ~160 KB, NCCL from ~240 KB (docs/TENSOR_PARALLEL.md) */
+/* The p2p threshold in bytes where AWQD_P2P_MAX_BYTES is not set: 2 MiB (the
+ * default capacity) at tp = 2 (session 47, 2x H200: qwen3-32b decode at
+ * batch 12-128 0.90-0.93x the step with NCCL above 128 KiB, llama3-70b at
+ * batch 16 / 32 0.91 / 0.93x; session 3's slow push kernel above ~160 KB
+ * inside the model is gone), 128 KiB at tp >= 3 (session 3's crossover, 4x
+ * H200, not measured since: no 4x host lent). docs/TENSOR_PARALLEL.md */
+#define COMM_CUDA_P2P_MAX_TP2 (2 * 1024 * 1024)
+#define COMM_CUDA_P2P_MAX_DEFAULT (128 * 1024)
 
 enum comm_cuda_algo {
     COMM_CUDA_AUTO = 0,

@@ -687,7 +687,8 @@ extern "C" int comm_cuda_group(int size, const int *devices, struct comm **out, 
         }
     }
     {
-        long m = env_long("AWQD_P2P_MAX_BYTES", COMM_CUDA_P2P_MAX_DEFAULT);
+        long m = env_long("AWQD_P2P_MAX_BYTES",
+                          g->size == 2 ? COMM_CUDA_P2P_MAX_TP2 : COMM_CUDA_P2P_MAX_DEFAULT);
         if (m < 0) m = 0;
         g->p2p_max = (size_t)m;
         /* the buffers hold batch-decode messages (captured graphs take p2p

@@ -344,6 +344,42 @@ TEST(tp_cuda, allreduce_graph_auto_tp2) { ar_check(2, COMM_CUDA_AUTO, AR_GRAPH, 
 TEST(tp_cuda, allreduce_graph_p2pflags_tp2) { ar_check(2, COMM_CUDA_P2P_FLAGS, AR_GRAPH, 3); }
 TEST(tp_cuda, allreduce_graph_nccl_tp2) { ar_check(2, COMM_CUDA_NCCL, AR_GRAPH, 2); }
 
+/* The p2p threshold's default (comm_cuda.h): 1 MiB at tp = 2, 128 KiB at
+ * tp >= 3 (as many ranks as there are GPUs); AWQD_P2P_MAX_BYTES overrides
+ * both. The sums on either side of it are checked by the auto tests above
+ * (ar_sizes run to ~2 MB). */
+static size_t p2p_max_of(int tp) {
+    struct comm *c[TPC_MAXR];
+    char err[512];
+    if (comm_cuda_group(tp, NULL, c, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "comm_cuda_group(%d): %s", tp, err);
+        return 0;
+    }
+    const size_t m = comm_cuda_p2p_max(c[0]);
+    for (int r = 0; r < tp; r++) comm_free(c[r]);
+    return m;
+}
+TEST(tp_cuda, p2p_threshold_default) {
+    if (n_gpus() < 2) TEST_SKIP("fewer than two GPUs");
+    const char *env = getenv("AWQD_P2P_MAX_BYTES");
+    char *keep = env ? strdup(env) : NULL;
+    unsetenv("AWQD_P2P_MAX_BYTES");
+    alarm(90);
+    size_t m = p2p_max_of(2);
+    ASSERT_MSG(m == COMM_CUDA_P2P_MAX_TP2, "tp=2: p2p_max %zu, want %d", m, COMM_CUDA_P2P_MAX_TP2);
+    for (int tp = 3; tp <= 4 && tp <= n_gpus() && !test_failed(); tp++) {
+        m = p2p_max_of(tp);
+        ASSERT_MSG(m == COMM_CUDA_P2P_MAX_DEFAULT, "tp=%d: p2p_max %zu, want %d", tp, m,
+                   COMM_CUDA_P2P_MAX_DEFAULT);
+    }
+    setenv("AWQD_P2P_MAX_BYTES", "65536", 1);
+    m = p2p_max_of(2);
+    ASSERT_MSG(m == 65536, "tp=2 with AWQD_P2P_MAX_BYTES=65536: p2p_max %zu", m);
+    if (keep) setenv("AWQD_P2P_MAX_BYTES", keep, 1);
+    else unsetenv("AWQD_P2P_MAX_BYTES");
+    free(keep);
+}
+
 /* Many back-to-back small p2p calls without a host sync in between (the
  * decode pattern: 2 per layer), then one check: the epochs must not slip. */
 static void many_calls(int tp) {

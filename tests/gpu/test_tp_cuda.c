@@ -312,8 +312,10 @@ static int ar_run(struct ar_ctx *x) {
     return 0;
 }
 
+/* elements; 1500007 (3 MB) is above every default p2p threshold and the
+ * p2p capacity, so the auto tests take NCCL there at every tp */
 static const size_t ar_sizes[] = {1, 2, 7, 8, 9, 31, 255, 256, 1000, 2047, 4096, 4097, 12289,
-                                  32768, 32771, 65536, 131072, 262143, 524288, 1000003};
+                                  32768, 32771, 65536, 131072, 262143, 524288, 1000003, 1500007};
 
 static void ar_check(int tp, int algo, int mode, int reps) {
     if (n_gpus() < tp) TEST_SKIP("fewer GPUs than ranks");

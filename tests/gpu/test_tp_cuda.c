@@ -346,10 +346,10 @@ TEST(tp_cuda, allreduce_graph_auto_tp2) { ar_check(2, COMM_CUDA_AUTO, AR_GRAPH, 
 TEST(tp_cuda, allreduce_graph_p2pflags_tp2) { ar_check(2, COMM_CUDA_P2P_FLAGS, AR_GRAPH, 3); }
 TEST(tp_cuda, allreduce_graph_nccl_tp2) { ar_check(2, COMM_CUDA_NCCL, AR_GRAPH, 2); }
 
-/* The p2p threshold's default (comm_cuda.h): 1 MiB at tp = 2, 128 KiB at
+/* The p2p threshold's default (comm_cuda.h): 2 MiB at tp = 2, 128 KiB at
  * tp >= 3 (as many ranks as there are GPUs); AWQD_P2P_MAX_BYTES overrides
  * both. The sums on either side of it are checked by the auto tests above
- * (ar_sizes run to ~2 MB). */
+ * (ar_sizes run to 3 MB). */
 static size_t p2p_max_of(int tp) {
     struct comm *c[TPC_MAXR];
     char err[512];

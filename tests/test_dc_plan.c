@@ -280,11 +280,32 @@ TEST(dc_plan, persistent_grid) {
     ASSERT_EQ_INT(pl.tb, 2);
     ASSERT(dc_plan_make(9, 4096, n16_of(6144), 128, &H200, 0, DC_PLAN_HALVE | DC_PLAN_TB1, &pl));
     ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 0);
-    for (int f = 0; f < 2; f++)
+    /* DC_PLAN_TB4 (session 48). Qwen3-32B gate|up M = 16 (K = 5120: TB = 2 has no whole
+     * turns; the plain grid of 1600 one-per-SM blocks, which the dispatch leaves to the
+     * skinny kernel): TB = 4, 800 columns in 7 waves (87%) on 115 blocks, and the
+     * dispatch takes it; without the flag the plain grid, not taken */
+    const int tb4 = DC_PLAN_HALVE | DC_PLAN_TB1 | DC_PLAN_TB4;
+    ASSERT(dc_plan_make(16, 5120, n16_of(51200), 128, &H200, 0, tb4, &pl) && pl.tb == 2 && pl.blocks == 1600);
+    ASSERT(dc_dispatch_takes(16, DC_DISPATCH_MAX_M, &pl, &H200));
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 115);
+    ASSERT(pl.tb == 4 && pl.blocks == 800 && pl.smem == dc_smem_bytes(16, 5120, 4, 2));
+    ASSERT(dc_plan_make(16, 5120, n16_of(51200), 128, &H200, 0, DC_PLAN_HALVE | DC_PLAN_TB1, &pl));
+    ASSERT(!dc_dispatch_takes(16, DC_DISPATCH_MAX_M, &pl, &H200));
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 0);
+    /* Qwen3-8B gate|up M = 16: TB = 4 (384 columns, 3 waves, 97%) ties TB = 2 (768, 6
+     * waves, 97%) and the wider block wins; at M = 9 two blocks fit per SM: TB = 2 */
+    ASSERT(dc_plan_make(16, 4096, n16_of(24576), 128, &H200, 0, tb4, &pl));
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 128);
+    ASSERT(pl.tb == 4 && pl.blocks == 384);
+    ASSERT(dc_plan_make(9, 4096, n16_of(24576), 128, &H200, 0, tb4, &pl));
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 256);
+    ASSERT_EQ_INT(pl.tb, 2);
+    for (int f = 0; f < 3; f++)
         for (int k = 1024; k <= 32768; k += 1024)
             for (int n16 = 8; n16 <= 4096; n16 += 56)
                 for (int m = 1; m <= DC_MAX_M; m++) {
-                    if (!dc_plan_make(m, k, n16, 128, &H200, 0, DC_PLAN_HALVE | (f ? DC_PLAN_TB1 : 0), &pl)) continue;
+                    const int fl = DC_PLAN_HALVE | (f ? DC_PLAN_TB1 : 0) | (f == 2 ? DC_PLAN_TB4 : 0);
+                    if (!dc_plan_make(m, k, n16, 128, &H200, 0, fl, &pl)) continue;
                     const struct dc_plan pl0 = pl;
                     const int g = dc_ps_plan(&pl, &H200, 0);
                     if (!g) {
@@ -295,13 +316,17 @@ TEST(dc_plan, persistent_grid) {
                     ASSERT(pl0.blocks > H200.sms * dc_slots_per_sm(&H200, pl0.smem, pl0.mt));
                     ASSERT((k / 128) % (DC_WARPS * (4 / pl.tb)) == 0 && pl.mt == pl0.mt &&
                            (pl.mt == 1 || pl.tb == 2 ||
-                            (f && pl.mt == 2 && pl.tb == 1 && dc_blocks_per_sm(&H200, pl.smem) == 1)));
+                            (f && pl.mt == 2 && pl.tb == 1 && dc_blocks_per_sm(&H200, pl.smem) == 1) ||
+                            (f == 2 && pl.mt == 2 && pl.tb == 4 && dc_blocks_per_sm(&H200, pl.smem) == 1)));
                     ASSERT(pl.blocks == (n16 + pl.tb - 1) / pl.tb && pl.smem <= dc_smem_max(pl.mt));
                     ASSERT(pl.blocks > slots && g <= slots);
                     if (100L * pl.blocks >= (long)DC_PS_FILL_PCT * waves * slots) { /* full waves */
                         ASSERT((long)g * waves >= pl.blocks && (long)g * (waves - 1) < pl.blocks);
-                    } else { /* ragged: the plan's TB, one block per slot */
+                    } else if ((k / 128) % (DC_WARPS * (4 / pl0.tb)) == 0) { /* ragged: the plan's TB, one block per slot */
                         ASSERT(memcmp(&pl, &pl0, sizeof pl) == 0 && g == slots);
+                    } else { /* MT >= 2 whose plan's TB has no whole turns: the TB that has them */
+                        ASSERT(pl.mt >= 2 && pl.tb != pl0.tb && (long)g * waves >= pl.blocks &&
+                               (long)g * (waves - 1) < pl.blocks);
                     }
                 }
 }

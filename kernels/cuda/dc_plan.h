@@ -46,6 +46,7 @@ struct dc_gpu {
                            blocks per SM counted as since session 22) */
 #define DC_HALVE_MAX_M 4
 #define DC_PLAN_TB1 4   /* dc_ps_plan may give MT = 2 one tile per block where one block fits per SM */
+#define DC_PLAN_TB4 8   /* dc_ps_plan may give MT = 2 four tiles per block where one block fits per SM */
 
 struct dc_plan {
     int mt, tb, blocks, k;
@@ -122,7 +123,8 @@ DC_FN int dc_pf_rule(int mt, const struct dc_gpu *g, size_t smem) {
  * Qwen3-8B down M = 6 15.1 -> 12.2 us, Qwen3-32B o M = 8 15.7 -> 12.4,
  * its down M = 3 36.1 -> 30.7, the tp = 2 down M = 6 22.3 -> 17.6).
  * MT = 2 (M = 9..16) and 3 (M = 17..24) use TB = 2 (TB = 1 spills at 128
- * registers at MT = 2).
+ * registers at MT = 2); the persistent grid may give MT = 2 one or four
+ * (dc_ps_tb1, dc_ps_tb4).
  *
  * Session 21's rules (DC_PLAN_S21): the halving at M <= 2 only, at least 2
  * tiles per block from M = 3 (from session 4, when x went through L2 only:
@@ -236,6 +238,7 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
  * 0.83-0.95x, Qwen3-32B o 0.95-1.0x at M = 9-11) but Qwen3-32B end to end
  * at batch 10, with its o on the decode kernel too, was 0.6% slower: not
  * taken (docs/PERFORMANCE.md "Session 42"). */
+DC_FN int dc_ps_tb4_takes(const struct dc_plan *pl, const struct dc_gpu *g);
 #define DC_ONE_WAVE_WBYTES (256 * 1024)
 #define DC_WAVE_FILL_PCT 80
 DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const struct dc_gpu *g) {
@@ -249,7 +252,10 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
         const int slots = (two ? 2 : 1) * g->sms, waves = (pl->blocks + slots - 1) / slots;
         if (waves == 1 || (waves == 2 && 10 * pl->blocks >= 9 * waves * slots)) return 1;
         /* session 42 (x group by group): K = 5120 on at most 3 SMs' worth of blocks */
-        return pl->k <= DC_MT2_WAVES3_MAX_K && pl->blocks <= 3 * g->sms;
+        if (pl->k <= DC_MT2_WAVES3_MAX_K && pl->blocks <= 3 * g->sms) return 1;
+        /* session 48: past that, the persistent grid of four tiles per block
+         * (x staged once per block instead of once per column) */
+        return dc_ps_tb4_takes(pl, g);
     }
     if (two) return 1;
     if (pl->blocks > g->sms) { /* one block per SM, several waves */
@@ -276,7 +282,9 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
  * plan's TB (if its turns are whole) on one block per slot instead, the
  * last wave as ragged as the plain grid's. Returns the grid and rewrites
  * pl's tb, blocks (columns), smem, wbytes and pf (pl untouched on the
- * ragged grid), or 0 for the plain grid.
+ * ragged grid), or 0 for the plain grid. At MT >= 2, where the plan's TB
+ * has no whole turns, the TB with the fullest waves among those that have
+ * them, at any fill (dc_ps_tb4).
  *
  * H200, session 25, back to back against the plain grid: Qwen3-8B gate|up
  * at M = 1-8 (TB = 2, 768 columns on 256 blocks) 0.85-0.94x the time (M = 1
@@ -304,18 +312,38 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
  * unchanged). At MT = 3 it was mixed (q|k|v M = 20 0.97x, M = 24 1.03x):
  * not taken. */
 DC_FN int dc_ps_tb1(const struct dc_plan *pl) { return pl->mt == 2 && (pl->flags & DC_PLAN_TB1); }
+/* ... and four tiles per block (DC_PLAN_TB4, the default since session 48;
+ * 255 registers, no spills): one ring turn is then one group, so every K
+ * has whole turns, and each x fragment feeds 8 independent mma chains
+ * instead of 4. Where TB = 2 has no whole turns (K = 5120: 5 groups a
+ * warp) the persistent grid takes TB = 4 at any fill (the plain grid
+ * stages x, up to 164 KB, once per block: 1600 blocks for Qwen3-32B
+ * gate|up), and the dispatch takes that grid past its other M = 9..16
+ * rules (dc_ps_tb4_takes). H200, session 48, back to back, one binary,
+ * AWQD_W4A16_DC_TB4=0 / 1: Qwen3-32B gate|up at M = 9 / 12 / 16 62.6 /
+ * 68.3 / 70.9 us (the skinny kernel) -> 48.7 / 49.1 / 50.2 (TB = 4, 800
+ * columns on 115 blocks, 63-65% of the copy rate), its tp = 2 / 4 shards
+ * 0.75-0.91x / 0.80-0.86x, its q|k|v 0.84-0.99x (160 columns on 80 blocks
+ * against the plain grid of 320), Qwen3-8B gate|up at M = 12 / 16 0.92x
+ * (TB 4 ties TB 2 at 97% fill: the wider block wins), Llama-3-70B gate|up
+ * at M = 9 92.8 -> 73.9 us; no other point of --set 8b / 32b / 70b at M
+ * = 9 / 12 / 16 changed its kernel or plan. qwen3-32b end to end at batch 9-16 0.86-0.87x a step
+ * at tp = 1, 0.92x at tp = 2; Qwen3-8B 0.98x (docs/PERFORMANCE.md
+ * "Session 48"). */
+DC_FN int dc_ps_tb4(const struct dc_plan *pl) { return pl->mt == 2 && (pl->flags & DC_PLAN_TB4); }
 DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
     const int sms = g->sms > 0 ? g->sms : 1, kg = pl->k / 128,
               plan_slots = sms * dc_slots_per_sm(g, pl->smem, pl->mt);
     if (pl->blocks <= plan_slots) return 0;
     int best_tb = 0, best_fill = 0, best_grid = 0;
     for (int tb = 4; tb >= 1; tb /= 2) {
-        if ((tb_fixed && tb != pl->tb) || (pl->mt >= 2 && tb != 2 && !(tb == 1 && dc_ps_tb1(pl))) ||
+        if ((tb_fixed && tb != pl->tb) ||
+            (pl->mt >= 2 && tb != 2 && !(tb == 1 && dc_ps_tb1(pl)) && !(tb == 4 && dc_ps_tb4(pl))) ||
             kg % (DC_WARPS * (4 / tb)) != 0)
             continue;
         const size_t smem = dc_smem_bytes(pl->m, pl->k, tb, pl->mt);
         if (!dc_smem_fits(g, smem, pl->mt)) continue;
-        if (pl->mt >= 2 && tb == 1 && dc_blocks_per_sm(g, smem) > 1) continue; /* spills at 128 registers */
+        if (pl->mt >= 2 && tb != 2 && dc_blocks_per_sm(g, smem) > 1) continue; /* spills at 128 registers */
         const int slots = sms * dc_slots_per_sm(g, smem, pl->mt), blocks = (pl->n16 + tb - 1) / tb;
         if (slots < 1 || blocks <= slots) continue;
         const int waves = (blocks + slots - 1) / slots, fill = (int)(100L * blocks / ((long)waves * slots));
@@ -325,8 +353,10 @@ DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
         /* no TB fills the waves: the plan's TB on one block per slot (the
          * first blocks % slots of them take one column more), where its
          * turns are whole; pl untouched */
-        if (kg % (DC_WARPS * (4 / pl->tb)) != 0) return 0;
-        return plan_slots;
+        if (kg % (DC_WARPS * (4 / pl->tb)) == 0) return plan_slots;
+        /* at MT >= 2 the plain grid stages x (up to 164 KB) in every one
+         * of its blocks: any TB with whole turns beats it */
+        if (!best_tb || pl->mt < 2) return 0;
     }
     pl->tb = best_tb;
     pl->blocks = (pl->n16 + best_tb - 1) / best_tb;
@@ -334,6 +364,14 @@ DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
     pl->wbytes = (size_t)best_tb * 8 * pl->k;
     pl->pf = dc_pf_rule(pl->mt, g, pl->smem);
     return best_grid;
+}
+
+/* Whether the persistent grid plans four tiles per block at MT = 2 for pl
+ * (dc_ps_tb4: where TB = 2 has no whole ring turns, K = 5120) */
+DC_FN int dc_ps_tb4_takes(const struct dc_plan *pl, const struct dc_gpu *g) {
+    if (!dc_ps_tb4(pl)) return 0;
+    struct dc_plan q = *pl;
+    return dc_ps_plan(&q, g, 0) && q.tb == 4;
 }
 
 #endif

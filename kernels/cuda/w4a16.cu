@@ -1817,7 +1817,8 @@ static void dc_pf_env(struct dc_plan *pl) {
 static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
     static const int flags = (dc_env_int("AWQD_W4A16_DC_WAVES", 1, 0, 1) ? DC_PLAN_HALVE : 0) |
                              (dc_env_int("AWQD_W4A16_DC_PLAN", 22, 21, 22) == 21 ? DC_PLAN_S21 : 0) |
-                             (dc_env_int("AWQD_W4A16_DC_TB1", 1, 0, 1) ? DC_PLAN_TB1 : 0);
+                             (dc_env_int("AWQD_W4A16_DC_TB1", 1, 0, 1) ? DC_PLAN_TB1 : 0) |
+                             (dc_env_int("AWQD_W4A16_DC_TB4", 1, 0, 1) ? DC_PLAN_TB4 : 0);
     const struct dc_gpu g = dc_gpu_of(w);
     if (!dc_plan_make(m, w->k, w->n16, w->group, &g, dc_tb_env(), flags, pl)) return 0;
     dc_pf_env(pl);
@@ -2401,10 +2402,10 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     const int g = ps ? ps : pl.blocks;
     /* MT = 2 where one block fits per SM: no 128-register cap
      * (AWQD_W4A16_DC_REG_CAP=1 keeps it, for measurements); MT = 3 never;
-     * one tile per block at MT = 2 is planned only there (dc_ps_tb1) */
+     * one or four tiles per block at MT = 2 are planned only there (dc_ps_tb1, dc_ps_tb4) */
     static const int reg_cap = dc_env_int("AWQD_W4A16_DC_REG_CAP", 0, 0, 1);
     const struct dc_gpu gpu = dc_gpu_of(w);
-    const int one = pl.mt == 3 || (pl.mt == 2 && ((!reg_cap && dc_blocks_per_sm(&gpu, pl.smem) < 2) || pl.tb == 1));
+    const int one = pl.mt == 3 || (pl.mt == 2 && ((!reg_cap && dc_blocks_per_sm(&gpu, pl.smem) < 2) || pl.tb != 2));
     /* x staged group by group (XP, k_decode): at MT >= 2 always but where
      * two MT = 2 blocks share an SM (cases 22, 122: it spilled at 128
      * registers), at MT = 1 from M = dc_xp_min_m() rows (not the NORM or
@@ -2437,6 +2438,8 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     case 10132: return launch_decode_t<3, 2, true, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     /* MT = 2 on the persistent grid, one tile per block (dc_ps_tb1) */
     case 10121: return launch_decode_t<2, 1, true, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    /* MT = 2 on the persistent grid, four tiles per block (dc_ps_tb4) */
+    case 10124: return launch_decode_t<2, 4, true, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     }
     return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan mt=%d tb=%d", pl.mt, pl.tb);
 }

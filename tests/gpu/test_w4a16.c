@@ -426,15 +426,16 @@ static void dc_same_bits(const struct dc_layer *L, int M, int (*set)(int), int o
 TEST(w4a16, decode_persistent_grid) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     if (getenv("AWQD_W4A16_DC_TB") || getenv("AWQD_W4A16_DC_WAVES") || getenv("AWQD_W4A16_DC_PLAN") ||
-        getenv("AWQD_W4A16_DC_LATE") || getenv("AWQD_W4A16_DC_TB1"))
+        getenv("AWQD_W4A16_DC_LATE") || getenv("AWQD_W4A16_DC_TB1") || getenv("AWQD_W4A16_DC_TB4"))
         TEST_SKIP("a decode-plan knob is set");
     struct dc_gpu g;
     ASSERT(dc_gpu_here(&g));
     static const struct { int k, n, gate_up, bias; } shp[] = {
         {4096, 24576, 1, 0}, {8192, 14336, 1, 0}, {4096, 22800, 0, 1},
         {2048, 32040, 0, 0}, {1024, 33680, 0, 1}, {2048, 38000, 0, 0}, {5120, 17600, 0, 0},
+        {5120, 25600, 1, 1}, /* M = 9-16: TB = 4 (dc_ps_tb4; TB = 2 has no whole turns at K = 5120) */
     };
-    static const int ms[] = {1, 3, 8, 16, 20}; /* 16: MT = 2 (TB = 1 where dc_ps_tb1), 20: MT = 3 */
+    static const int ms[] = {1, 3, 8, 9, 16, 20}; /* 9, 16: MT = 2 (TB = 1 / 4 where dc_ps_tb1 / 4), 20: MT = 3 */
     const int ps0 = w4a16_decode_persistent(1);
     int applied = 0, same_tb = 0;
     for (int si = 0; si < NM(shp); si++) {
@@ -448,7 +449,7 @@ TEST(w4a16, decode_persistent_grid) {
             const int M = ms[i];
             struct dc_plan pl;
             int want = 0, tb0 = 0;
-            if (dc_plan_make(M, K, (shp[si].n + 15) / 16, 128, &g, 0, DC_PLAN_HALVE | DC_PLAN_TB1, &pl)) {
+            if (dc_plan_make(M, K, (shp[si].n + 15) / 16, 128, &g, 0, DC_PLAN_HALVE | DC_PLAN_TB1 | DC_PLAN_TB4, &pl)) {
                 tb0 = pl.tb;
                 want = dc_ps_plan(&pl, &g, 0);
             }

@@ -151,7 +151,7 @@ TEST(sk_plan, mid_rule_on_measured_points) {
 TEST(sk_plan, invariants) {
     for (int k = 1024; k <= 32768; k += 1024)
         for (int n16 = 8; n16 <= 4096; n16 = n16 * 2 + 8)
-            for (int m = 17; m <= 32; m++)
+            for (int m = SK_MID_MIN_M; m <= 32; m++)
                 for (int smem_sm = 0; smem_sm <= SMEM_SM; smem_sm += SMEM_SM / 2) {
                     const int kc = k / 64, nb = (n16 + SK_WARPS - 1) / SK_WARPS;
                     const int ks0 = sk_split_rule(m, kc, nb, SMS, BPS);
@@ -172,7 +172,33 @@ TEST(sk_plan, invariants) {
     ASSERT_EQ_INT(sk_split_rule(17, 192, 32, SMS, BPS), 8);
     ASSERT_EQ_INT(sk_split_rule(4, 64, 32, SMS, BPS), 4);
     ASSERT_EQ_INT(sk_split_rule(20, 128, 448, SMS, BPS), 1);
-    ASSERT_EQ_INT(sk_x_limit(16), SK_X_BYTES_MAX);
+    ASSERT_EQ_INT(sk_x_limit(8), SK_X_BYTES_MAX);
+    ASSERT_EQ_INT(sk_x_limit(9), SK_X_BYTES_MAX_MID);
     ASSERT_EQ_INT(sk_x_limit(17), SK_X_BYTES_MAX_MID);
     ASSERT_EQ_INT(sk_x_limit(33), SK_X_BYTES_MAX);
+    ASSERT_EQ_INT(sk_x_limit_from(16, 17), SK_X_BYTES_MAX);
+}
+
+/* The rule at M = 16 (session 48, SK_MID_MIN_M 9): the measured points
+ * where it moved the split (H200, back to back, us), and one it kept */
+TEST(sk_plan, mid_rule_at_m16) {
+    static const struct { int k, n, ks, ks48; double us, us48; const char *what; } p16[] = {
+        {25600, 5120, 13, 17, 34.72, 38.00, "32b.down"},
+        {28672, 8192, 0, 0, 58.83, 61.15, "70b.down"},
+        {14336, 8192, 0, 0, 30.72, 33.26, "70b.down.tp2"},
+        {12288, 4096, 8, 8, 14.57, 14.55, "down"},
+    };
+    for (int i = 0; i < (int)(sizeof p16 / sizeof p16[0]); i++) {
+        const int kc = p16[i].k / 64, nb = nb_of(p16[i].n);
+        const int ks0 = sk_split_rule(16, kc, nb, SMS, BPS);
+        const int ks = sk_split_mid(16, kc, nb, 128, ks0, SMS, SMEM_SM);
+        const int old = sk_split_limited(kc, ks0, sk_cps_limit(16, SK_X_BYTES_MAX));
+        if (p16[i].ks) {
+            ASSERT_MSG(ks == p16[i].ks && old == p16[i].ks48, "%s M=16: split %d (48 KB %d), want %d (%d)",
+                       p16[i].what, ks, old, p16[i].ks, p16[i].ks48);
+        } else {
+            ASSERT_MSG(ks < old, "%s M=16: split %d, the 48 KB rule %d", p16[i].what, ks, old);
+        }
+        ASSERT(p16[i].us <= p16[i].us48 * 1.01);
+    }
 }

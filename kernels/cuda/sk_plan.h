@@ -17,8 +17,17 @@
 
 #define SK_WARPS 8
 #define SK_STAGES 8 /* ring depth (16 and 24 measured slower on H200: fewer resident blocks) */
-#define SK_X_BYTES_MAX (48 * 1024) /* x slice limit -> K range per split (M <= 16, M > 32) */
-#define SK_X_BYTES_MAX_MID (96 * 1024) /* M = 17..32: the largest slice the split rule may pick */
+#define SK_X_BYTES_MAX (48 * 1024) /* x slice limit -> K range per split (M <= 8, M > 32) */
+#define SK_X_BYTES_MAX_MID (96 * 1024) /* M = 9..32: the largest slice the split rule may pick */
+/* The first M of sk_split_mid's rule: 17 from session 35, 9 since session
+ * 48 (H200, back to back, the 30 skinny points of --set 8b / 32b / 70b at M
+ * = 12 / 16, one binary, AWQD_W4A16_SK_MID16=0 / 1: geometric mean 0.989x,
+ * at worst 1.006x; Qwen3-32B down M = 16 38.0 -> 34.7 us (17 -> 13
+ * splits), Llama-3-70B gate|up / down and their tp = 2 shards at M = 16
+ * 0.92-0.96x; at M = 12 and on Qwen3-8B every point within 1%. qwen3-32b
+ * batch 16 9.51-9.55 -> 9.30 ms a step). AWQD_W4A16_SK_MID16=0 goes back
+ * to 17 (kernels/cuda/w4a16.cu). */
+#define SK_MID_MIN_M 9
 
 /* A block's shared memory: x [m][krange + 8] fp16 (its rows of the split's
  * K range), then SK_WARPS rings of st 512-byte weight chunks, the scales
@@ -42,7 +51,8 @@ SK_FN struct sk_smem sk_layout(int m, int cps, int G, int st) {
 }
 
 /* The largest x slice at m rows (bytes) and the chunks per split it allows */
-SK_FN int sk_x_limit(int m) { return m >= 17 && m <= 32 ? SK_X_BYTES_MAX_MID : SK_X_BYTES_MAX; }
+SK_FN int sk_x_limit_from(int m, int mid_lo) { return m >= mid_lo && m <= 32 ? SK_X_BYTES_MAX_MID : SK_X_BYTES_MAX; }
+SK_FN int sk_x_limit(int m) { return sk_x_limit_from(m, SK_MID_MIN_M); }
 SK_FN int sk_cps_limit(int m, int xbytes) {
     const int c = xbytes / (m * 128);
     return c < 1 ? 1 : c;
@@ -84,7 +94,8 @@ SK_FN int sk_split_limited(int kc, int ks0, int cps_max) {
 }
 
 /* The split at m = 17..32 rows (MT = 4; 99 registers: two blocks per SM by
- * registers), given ks0, sk_split_rule's split. Candidates: the splits that
+ * registers; since session 48 also at m = 9..16, SK_MID_MIN_M), given ks0,
+ * sk_split_rule's split. Candidates: the splits that
  * x-slice limits of 48 (the rule before session 35), 64 and 96 KB give.
  * Among those whose block leaves room for two per SM (shared memory per SM
  * smem_sm; 0: unknown, taken as fitting), the one whose busiest SM streams

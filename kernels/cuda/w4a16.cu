@@ -1575,7 +1575,14 @@ static int kernel_occupancy(enum w4a16_kernel k, int m) {
 /* Skinny: the block's x slice (m rows x K range) must fit sk_x_limit(m)
  * (sk_plan.h: 96 KB at M = 17..32, where the split rule picks among 48, 64
  * and 96 KB slices; 48 KB elsewhere). */
-static int sk_max_cps(int m) { return sk_cps_limit(m, sk_x_limit(m)); }
+/* The first M of the skinny kernel's x-slice split rule (sk_split_mid):
+ * SK_MID_MIN_M (9); AWQD_W4A16_SK_MID16=0 gives 17, the rule before session
+ * 48 (measurements) */
+static int sk_mid_lo(void) {
+    static const int v = getenv("AWQD_W4A16_SK_MID16") && !strcmp(getenv("AWQD_W4A16_SK_MID16"), "0") ? 17 : SK_MID_MIN_M;
+    return v;
+}
+static int sk_max_cps(int m) { return sk_cps_limit(m, sk_x_limit_from(m, sk_mid_lo())); }
 static int sk_min_split(const struct w4a16_weight *w, int m) {
     return ceil_div(w->kc, sk_max_cps(m));
 }
@@ -1911,10 +1918,11 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
         const int occ = kernel_occupancy(k, m), slots = occ * w->sms;
         if (k == W4A16_KERNEL_SKINNY) {
             ks = sk_split_rule(m, w->kc, nb, w->sms, occ);
-            /* M = 17..32: the split among the 48 / 64 / 96 KB x slices that
-             * loads the busiest SM least (sk_plan.h, session 35);
-             * AWQD_W4A16_SK_MID=0: the 48 KB slice as before */
-            if (m >= 17 && m <= 32) {
+            /* M = 9..32 (17..32 before session 48, sk_mid_lo): the split
+             * among the 48 / 64 / 96 KB x slices that loads the busiest SM
+             * least (sk_plan.h, session 35); AWQD_W4A16_SK_MID=0: the 48 KB
+             * slice as before */
+            if (m >= sk_mid_lo() && m <= 32) {
                 static env_switch sk_mid = {{-1}, "AWQD_W4A16_SK_MID"};
                 const int cps48 = sk_cps_limit(m, SK_X_BYTES_MAX);
                 ks = switch_get(&sk_mid) ? sk_split_mid(m, w->kc, nb, w->group, ks, w->sms, w->smem_sm)

@@ -155,16 +155,17 @@ TEST(sk_plan, invariants) {
                 for (int smem_sm = 0; smem_sm <= SMEM_SM; smem_sm += SMEM_SM / 2) {
                     const int kc = k / 64, nb = (n16 + SK_WARPS - 1) / SK_WARPS;
                     const int ks0 = sk_split_rule(m, kc, nb, SMS, BPS);
-                    const int ks = sk_split_mid(m, kc, nb, 128, ks0, SMS, smem_sm);
+                    const int ks = sk_split_mid_w(m, kc, nb, 128, ks0, SMS, smem_sm, m <= 16);
                     ASSERT(ks >= 1 && ks <= kc);
                     const int cps = (kc + ks - 1) / ks;
                     /* as the launch runs it: within the slice limit and normalized */
                     ASSERT(cps <= sk_cps_limit(m, sk_x_limit(m)));
                     ASSERT(sk_split_norm(kc, ks, sk_cps_limit(m, sk_x_limit(m))) == ks);
                     ASSERT(sk_layout(m, cps, 128, SK_STAGES).total <= 200 * 1024);
-                    /* between the 96 KB and the 48 KB slice's splits */
+                    /* between the 96 KB slice's split (from the one-wave split at M <= 16) and the 48 KB slice's */
                     const int s48 = sk_split_limited(kc, ks0, sk_cps_limit(m, SK_X_BYTES_MAX));
-                    const int s96 = sk_split_limited(kc, ks0, sk_cps_limit(m, SK_X_BYTES_MAX_MID));
+                    const int ks1 = 2 * SMS / nb, lo = m <= 16 && ks1 >= 1 && ks1 < ks0 ? ks1 : ks0;
+                    const int s96 = sk_split_limited(kc, lo, sk_cps_limit(m, SK_X_BYTES_MAX_MID));
                     ASSERT(ks <= s48 && ks >= s96);
                     if (test_failed()) return;
                 }
@@ -200,5 +201,24 @@ TEST(sk_plan, mid_rule_at_m16) {
             ASSERT_MSG(ks < old, "%s M=16: split %d, the 48 KB rule %d", p16[i].what, ks, old);
         }
         ASSERT(p16[i].us <= p16[i].us48 * 1.01);
+    }
+    /* ... and with the one-wave candidate at M <= 16 (sk_split_mid_w's wave1, the
+     * dispatch's default): measured back to back (session 48, us, without -> with) */
+    static const struct { int k, n, m, ks, ks_w; double us, us_w; const char *what; } pw[] = {
+        {8192, 5120, 16, 8, 6, 15.64, 14.11, "32b.o"},
+        {12800, 5120, 16, 9, 6, 21.56, 18.92, "32b.down.tp2"},
+        {7168, 8192, 16, 7, 4, 20.15, 15.84, "70b.down.tp4"},
+        {8192, 8192, 12, 8, 4, 20.18, 17.19, "70b.o"},
+        {25600, 5120, 16, 13, 13, 0, 0, "32b.down"}, /* one wave would need 96 KB slices one per SM */
+        {8192, 5120, 17, 8, 8, 0, 0, "32b.o"},       /* M >= 17: no such candidate */
+    };
+    for (int i = 0; i < (int)(sizeof pw / sizeof pw[0]); i++) {
+        const int kc = pw[i].k / 64, nb = nb_of(pw[i].n);
+        const int ks0 = sk_split_rule(pw[i].m, kc, nb, SMS, BPS);
+        const int ks = sk_split_mid(pw[i].m, kc, nb, 128, ks0, SMS, SMEM_SM);
+        const int ksw = sk_split_mid_w(pw[i].m, kc, nb, 128, ks0, SMS, SMEM_SM, 1);
+        ASSERT_MSG(ks == pw[i].ks && ksw == pw[i].ks_w, "%s M=%d: split %d / %d with one wave, want %d / %d",
+                   pw[i].what, pw[i].m, ks, ksw, pw[i].ks, pw[i].ks_w);
+        ASSERT(pw[i].us_w <= pw[i].us);
     }
 }

@@ -109,12 +109,24 @@ SK_FN int sk_split_limited(int kc, int ks0, int cps_max) {
  * alone was 1.0x on average (0.74-1.26x: one block per SM where x grew),
  * 64 KB 0.961x (0.73-1.15x). */
 #define SK_MID_FIXED_CHUNKS 4
-SK_FN int sk_split_mid(int m, int kc, int nb, int group, int ks0, int sms, int smem_sm) {
+/* wave1 (the dispatch's default since session 48; AWQD_W4A16_SK_WAVE1=0
+ * turns it off): at m <= 16 also the split of one wave of two blocks per SM
+ * where that is fewer than ks0's, on the 96 KB slice. H200, back to back,
+ * one binary, the 30 skinny points of --set 8b / 32b / 70b at M = 12 / 16:
+ * geometric mean 0.960x, at worst 1.026x (Qwen3-32B o M = 12, 8 -> 6
+ * splits); Qwen3-32B o M = 16 15.6 -> 14.1 us, its down tp = 2 / 4 shards
+ * 0.88-0.89x / 0.95x, Llama-3-70B o 0.85-0.87x, its down tp = 4 at M = 16
+ * 0.79x; qwen3-32b batch 16 9.29-9.30 -> 9.16-9.19 ms a step
+ * (docs/PERFORMANCE.md "Session 48" item 7). */
+SK_FN int sk_split_mid_w(int m, int kc, int nb, int group, int ks0, int sms, int smem_sm, int wave1) {
     int best = 0, best_two = 0;
     long best_load = 0;
     if (sms < 1) sms = 1;
-    for (int i = 0; i < 3; i++) {
-        const int ks = sk_split_limited(kc, ks0, sk_cps_limit(m, (i == 0 ? 48 : i == 1 ? 64 : 96) * 1024));
+    const int ks1 = nb > 0 ? 2 * sms / nb : ks0;
+    const int nc = wave1 && m <= 16 && ks1 >= 1 && ks1 < ks0 ? 4 : 3;
+    for (int i = 0; i < nc; i++) {
+        const int ks = i == 3 ? sk_split_limited(kc, ks1, sk_cps_limit(m, 96 * 1024))
+                              : sk_split_limited(kc, ks0, sk_cps_limit(m, (i == 0 ? 48 : i == 1 ? 64 : 96) * 1024));
         const int cps = (kc + ks - 1) / ks;
         const size_t smem = sk_layout(m, cps, group, SK_STAGES).total;
         const int two = smem_sm <= 0 || 2 * (smem + 1024) <= (size_t)smem_sm;
@@ -126,6 +138,9 @@ SK_FN int sk_split_mid(int m, int kc, int nb, int group, int ks0, int sms, int s
         }
     }
     return best;
+}
+SK_FN int sk_split_mid(int m, int kc, int nb, int group, int ks0, int sms, int smem_sm) {
+    return sk_split_mid_w(m, kc, nb, group, ks0, sms, smem_sm, 0);
 }
 
 #endif

@@ -1925,7 +1925,9 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
             if (m >= sk_mid_lo() && m <= 32) {
                 static env_switch sk_mid = {{-1}, "AWQD_W4A16_SK_MID"};
                 const int cps48 = sk_cps_limit(m, SK_X_BYTES_MAX);
-                ks = switch_get(&sk_mid) ? sk_split_mid(m, w->kc, nb, w->group, ks, w->sms, w->smem_sm)
+                /* M <= 16: also one wave of two blocks per SM (session 48; AWQD_W4A16_SK_WAVE1=0: not) */
+                static const int wave1 = !(getenv("AWQD_W4A16_SK_WAVE1") && !strcmp(getenv("AWQD_W4A16_SK_WAVE1"), "0"));
+                ks = switch_get(&sk_mid) ? sk_split_mid_w(m, w->kc, nb, w->group, ks, w->sms, w->smem_sm, wave1)
                                          : std::max(ks, ceil_div(w->kc, cps48));
             }
         } else {

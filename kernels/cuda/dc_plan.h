@@ -327,9 +327,9 @@ DC_FN int dc_ps_tb1(const struct dc_plan *pl) { return pl->mt == 2 && (pl->flags
  * against the plain grid of 320), Qwen3-8B gate|up at M = 12 / 16 0.92x
  * (TB 4 ties TB 2 at 97% fill: the wider block wins), Llama-3-70B gate|up
  * at M = 9 92.8 -> 73.9 us; no other point of --set 8b / 32b / 70b at M
- * = 9 / 12 / 16 changed its kernel or plan. qwen3-32b end to end at batch 9-16 0.86-0.87x a step
- * at tp = 1, 0.92x at tp = 2; Qwen3-8B 0.98x (docs/PERFORMANCE.md
- * "Session 48"). */
+ * = 9 / 12 / 16 changed its kernel or plan. qwen3-32b end to end at batch
+ * 9-16 0.86-0.87x a step at tp = 1, 0.92x at tp = 2; Qwen3-8B 0.98x
+ * (docs/PERFORMANCE.md "Session 48"). */
 DC_FN int dc_ps_tb4(const struct dc_plan *pl) { return pl->mt == 2 && (pl->flags & DC_PLAN_TB4); }
 DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
     const int sms = g->sms > 0 ? g->sms : 1, kg = pl->k / 128,

@@ -1573,11 +1573,10 @@ static int kernel_occupancy(enum w4a16_kernel k, int m) {
 }
 
 /* Skinny: the block's x slice (m rows x K range) must fit sk_x_limit(m)
- * (sk_plan.h: 96 KB at M = 17..32, where the split rule picks among 48, 64
- * and 96 KB slices; 48 KB elsewhere). */
-/* The first M of the skinny kernel's x-slice split rule (sk_split_mid):
+ * (sk_plan.h: 96 KB at M = 9..32, where the split rule picks among 48, 64
+ * and 96 KB slices; 48 KB elsewhere). The first M of that rule is
  * SK_MID_MIN_M (9); AWQD_W4A16_SK_MID16=0 gives 17, the rule before session
- * 48 (measurements) */
+ * 48 (measurements). */
 static int sk_mid_lo(void) {
     static const int v = getenv("AWQD_W4A16_SK_MID16") && !strcmp(getenv("AWQD_W4A16_SK_MID16"), "0") ? 17 : SK_MID_MIN_M;
     return v;

@@ -1820,6 +1820,8 @@ static void dc_pf_env(struct dc_plan *pl) {
  * it, AWQD_W4A16_DC_PLAN=21 plans as session 21 did, AWQD_W4A16_DC_PF=0..7
  * forces the L2 prefetch distance (the plan's pf), AWQD_W4A16_DC_TB1=0 keeps
  * M = 9..16 at two tiles per block on the persistent grid (dc_ps_tb1). */
+static int dc_ps_usable(void);
+
 static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
     static const int flags = (dc_env_int("AWQD_W4A16_DC_WAVES", 1, 0, 1) ? DC_PLAN_HALVE : 0) |
                              (dc_env_int("AWQD_W4A16_DC_PLAN", 22, 21, 22) == 21 ? DC_PLAN_S21 : 0) |
@@ -1827,6 +1829,9 @@ static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) 
                              (dc_env_int("AWQD_W4A16_DC_TB4", 1, 0, 1) ? DC_PLAN_TB4 : 0);
     const struct dc_gpu g = dc_gpu_of(w);
     if (!dc_plan_make(m, w->k, w->n16, w->group, &g, dc_tb_env(), flags, pl)) return 0;
+    /* the four-tile grid is a persistent one: without it the dispatch must
+     * not take the decode kernel for it (dc_ps_tb4_takes) */
+    if (!dc_ps_usable()) pl->flags &= ~DC_PLAN_TB4;
     dc_pf_env(pl);
     return 1;
 }
@@ -2370,12 +2375,15 @@ static env_switch g_dc_ps = {{-1}, "AWQD_W4A16_DC_PS"};
 
 extern "C" int w4a16_decode_persistent(int mode) { return switch_set(&g_dc_ps, mode); }
 
+/* Whether the persistent grid can run at all (not with the late trigger) */
+static int dc_ps_usable(void) { return switch_get(&g_dc_ps) && !(dc_flags() & DC_F_LATE); }
+
 /* The persistent grid for the plan (0: the plain grid of pl->blocks): not
  * for the SUM epilogue nor with the late trigger; the rule is dc_ps_plan,
  * which may choose other tiles per block (rewriting pl) unless
  * AWQD_W4A16_DC_TB forces them. */
 static int decode_ps_grid(const struct w4a16_weight *w, struct dc_plan *pl, int sum) {
-    if (!switch_get(&g_dc_ps) || sum || (dc_flags() & DC_F_LATE)) return 0;
+    if (!dc_ps_usable() || sum) return 0;
     const struct dc_gpu g = dc_gpu_of(w);
     const int grid = dc_ps_plan(pl, &g, dc_tb_env() != 0);
     if (grid) dc_pf_env(pl);

@@ -1577,8 +1577,9 @@ static int kernel_occupancy(enum w4a16_kernel k, int m) {
  * and 96 KB slices; 48 KB elsewhere). The first M of that rule is
  * SK_MID_MIN_M (9); AWQD_W4A16_SK_MID16=0 gives 17, the rule before session
  * 48 (measurements). */
+static int dc_env_int(const char *name, int def, int lo, int hi);
 static int sk_mid_lo(void) {
-    static const int v = getenv("AWQD_W4A16_SK_MID16") && !strcmp(getenv("AWQD_W4A16_SK_MID16"), "0") ? 17 : SK_MID_MIN_M;
+    static const int v = dc_env_int("AWQD_W4A16_SK_MID16", 1, 0, 1) ? SK_MID_MIN_M : 17;
     return v;
 }
 static int sk_max_cps(int m) { return sk_cps_limit(m, sk_x_limit_from(m, sk_mid_lo())); }
@@ -1930,7 +1931,7 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
                 static env_switch sk_mid = {{-1}, "AWQD_W4A16_SK_MID"};
                 const int cps48 = sk_cps_limit(m, SK_X_BYTES_MAX);
                 /* M <= 16: also one wave of two blocks per SM (session 48; AWQD_W4A16_SK_WAVE1=0: not) */
-                static const int wave1 = !(getenv("AWQD_W4A16_SK_WAVE1") && !strcmp(getenv("AWQD_W4A16_SK_WAVE1"), "0"));
+                static const int wave1 = dc_env_int("AWQD_W4A16_SK_WAVE1", 1, 0, 1);
                 ks = switch_get(&sk_mid) ? sk_split_mid_w(m, w->kc, nb, w->group, ks, w->sms, w->smem_sm, wave1)
                                          : std::max(ks, ceil_div(w->kc, cps48));
             }

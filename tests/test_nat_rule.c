@@ -40,7 +40,8 @@ static const struct nat_case {
     /* session 28: skinny at 28-32 (1.07-1.14x); session 42: mode 4 from 17 (0.82-0.96x at 18-27);
      * 2048: x 50 MB, 3 rounds (1.17x measured) */
     {"Qwen3-32B tp=2 down", 12800, 5120, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 0, 1}},
-    {"Qwen3-32B tp=4 q|k|v", 5120, 2560, 0, 0, {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}}, /* N = 2560: tc64 won */
+    /* N = 2560: tc64 won at M = 40-64 in session 28, the wgmma GEMM since session 49 */
+    {"Qwen3-32B tp=4 q|k|v", 5120, 2560, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {0, 0, 0}},
     {"Qwen3-32B tp=4 o", 2048, 5120, 0, 0, {0, 0, 0, 0}, {0, 0, 0}, {1, 1, 1}}, /* K N = 10 Mi: tc64 won */
     {"Qwen3-32B tp=4 gate|up", 5120, 12800, 0, 28, {1, 1, 1, 1}, {0, 0, 0}, {-1, -1, -1}},
     {"Qwen3-32B tp=4 down", 6400, 5120, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
@@ -52,7 +53,7 @@ static const struct nat_case {
     {"Llama-3-70B tp=2 o", 4096, 8192, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
     {"Llama-3-70B tp=2 gate|up", 8192, 28672, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
     {"Llama-3-70B tp=2 down", 14336, 8192, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {1, 1, 1}},
-    {"Llama-3-70B tp=4 q|k|v", 8192, 2560, 0, 0, {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}},
+    {"Llama-3-70B tp=4 q|k|v", 8192, 2560, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {0, 0, 0}},
     {"Llama-3-70B tp=4 o", 2048, 8192, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}}, /* K N = 16 Mi: in */
     {"Llama-3-70B tp=4 gate|up", 8192, 14336, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
     {"Llama-3-70B tp=4 down", 7168, 8192, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
@@ -92,6 +93,11 @@ TEST(nat_rule, edges) {
     ASSERT(!nat_mid_takes(20, 4096, 1 << 20, 1));
     ASSERT(nat_mid_takes(33, 4096, 6144, 1));
     ASSERT(!nat_mid_takes(32, 4096, 6144, 1));
+    ASSERT(nat_mid_takes(33, 5120, 2560, 1));  /* N >= 2560 and K >= 5120 from M = 33 (session 49) */
+    ASSERT(!nat_mid_takes(32, 5120, 2560, 1));
+    ASSERT(!nat_mid_takes(33, 5119, 2560, 1));
+    ASSERT(!nat_mid_takes(33, 5120, 2559, 1));
+    ASSERT(!nat_mid_takes(64, 2048, 5120, 1)); /* Qwen3-32B tp = 4 o */
     /* the H200's K N and N limits */
     ASSERT(!nat_mid_takes(48, 4096, 4080, 1));
     ASSERT(!nat_mid_takes(48, 4080, 4096, 1));

@@ -85,6 +85,22 @@
 #define NAT_BIG_MID_DOWN_K 12288
 #define NAT_BIG_MID_M 28
 #define NAT_BIG_MID_KN (48ll << 20)
+/* The H200, session 49 (bench kernels --b2b-audit at M = 17-64 on the 28
+ * shapes, after sessions 36-48's work on the wgmma GEMM; docs/PERFORMANCE.md
+ * "Session 49" item 3):
+ *   M = 33-64 also where N >= 2560 and K >= 5120: the tp = 4 q|k|v shards
+ *     (N = 2560), left to tc64 by session 28 (1.03-1.17x then), now take
+ *     0.76-0.80x (Qwen3-32B, K = 5120, K N = 12.5 Mi) and 0.66-0.68x
+ *     (Llama-3-70B, K = 8192) of tc64's time at M = 33 / 40 / 64; the tp =
+ *     4 rank proxy of qwen3-32b batch 40 / 48 / 64 0.96-0.98x a step.
+ *     Qwen3-32B tp = 4 o (K = 2048, N = 5120) stays on tc64 (the wgmma
+ *     GEMM 1.02-1.07x).
+ * Not taken: at M = 32 Qwen3-8B q|k|v would gain (14.4 against the skinny
+ * kernel's 15.3 us; session 43 14.4 / 15.2), but no shape rule separates it
+ * from the Qwen3-32B tp = 2 q|k|v shard (a tie) and the Llama-3-70B tp = 2
+ * o shard (K = 4096, N = 8192: the skinny kernel's 15.5 against ~17). */
+#define NAT_BIG_NARROW_MIN_N 2560
+#define NAT_BIG_NARROW_MIN_K 5120
 
 /* Whether mode 4 takes M < 65 on a K x N weight (N: all output columns of
  * the weight, 2 x the intermediate size for gate|up; no rule tells gate|up
@@ -94,7 +110,8 @@ static inline int nat_mid_takes(int m, int k, long long n, int hbm_big) {
     const long long kn = (long long)k * n;
     if (hbm_big) {
         if (m >= NAT_SK_MIN_M)
-            return n >= NAT_BIG_MIN_N && kn >= NAT_BIG_MIN_KN;
+            return (n >= NAT_BIG_MIN_N && kn >= NAT_BIG_MIN_KN) ||
+                   (n >= NAT_BIG_NARROW_MIN_N && k >= NAT_BIG_NARROW_MIN_K);
         if (n >= NAT_BIG_MID_MIN_N &&
             ((m >= NAT_BIG_MID_GU_M && kn >= NAT_BIG_MID_GU_KN) ||
              (m >= NAT_BIG_MID_DOWN_M && k >= NAT_BIG_MID_DOWN_K) || (m >= NAT_BIG_MID_M && kn >= NAT_BIG_MID_KN)))

@@ -116,7 +116,7 @@ SK_FN int sk_split_limited(int kc, int ks0, int cps_max) {
  * it is fewer or more. H200, session 49, the skinny kernel's split forced
  * at M = 20 / 24 / 32 on the 28 shapes (docs/PERFORMANCE.md "Session 49"
  * item 6, tests/test_sk_plan.c one_wave_at_m17_32): of the 84 points it
- * changes 23 (20 distinct K x N x M), 17 of them to measured splits,
+ * changes 22 (20 distinct K x N x M), 19 (17) of them to measured splits,
  * 0.74-1.01x the old pick's time (Qwen3-32B q|k|v M = 20 5 -> 3 splits
  * 27.6 -> 20.4 us, o M = 20 / 24 8 -> 6 22.1 -> 18.6, Qwen3-8B q|k|v 4 -> 5
  * 0.90x), three (Llama-3-70B tp = 4 q|k|v, 13 splits) not measured. H200, back to back,

@@ -9,8 +9,9 @@
 #include "kernels/cuda/nat_rule.h"
 
 /* K, N (all the weight's columns; gate|up 2 x intermediate); then
- * whether mode 4 takes M = 17-27 on an H200 (session 42's audit: N >= 5120,
- * K >= 5120 and K >= 6144 or K N >= 96 Mi), the first M of 25-28 from which
+ * the first M of 17-27 from which mode 4 takes it on an H200 (session 42's
+ * audit: N >= 5120, K >= 5120 and K >= 6144 or K N >= 96 Mi, from 17; from
+ * 25 where K N < 48 Mi since session 49's skinny split sweep), the first M of 25-28 from which
  * session 43's rule gives it the rest (N >= 4096 and K N >= 96 Mi from 25,
  * K >= 12288 from 26, K N >= 48 Mi from 28; 0: not by that rule), whether
  * it takes M = 28, 32, 40, 64 on an H200 and M = 32, 40, 64 on an H100; then whether nat_wide_takes gives it M = 1536, 2048, 4096 on an
@@ -19,7 +20,8 @@
 static const struct nat_case {
     const char *what;
     int k, n;
-    int low;     /* H200, M = 17-27 (session 42) */
+    int low;     /* H200: the first M of 17-27 from which session 42's clause takes it (0: none;
+                  * 25: K N < 48 Mi, the skinny kernel to M = 24 since session 49) */
     int mid;     /* H200, from M = mid (session 43) */
     int h200[4];
     int h100[3];
@@ -31,32 +33,32 @@ static const struct nat_case {
     {"Qwen3-8B gate|up", 4096, 24576, 0, 25, {1, 1, 1, 1}, {0, 0, 0}, {-1, -1, -1}}, /* H200: a tie until session 36's loop */
     {"Qwen3-8B down", 12288, 4096, 0, 26, {1, 1, 1, 1}, {0, 0, 0}, {0, 1, 1}},
     {"Qwen3-32B q|k|v", 5120, 10240, 0, 28, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Qwen3-32B o", 8192, 5120, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Qwen3-32B gate|up", 5120, 51200, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
-    {"Qwen3-32B down", 25600, 5120, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {1, 0, 1}}, /* 2048: x 100 MB, 320 whole tiles in 3 rounds */
+    {"Qwen3-32B o", 8192, 5120, 25, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Qwen3-32B gate|up", 5120, 51200, 17, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
+    {"Qwen3-32B down", 25600, 5120, 17, 0, {1, 1, 1, 1}, {0, 1, 1}, {1, 0, 1}}, /* 2048: x 100 MB, 320 whole tiles in 3 rounds */
     {"Qwen3-32B tp=2 q|k|v", 5120, 5120, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
     {"Qwen3-32B tp=2 o", 4096, 5120, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Qwen3-32B tp=2 gate|up", 5120, 25600, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
+    {"Qwen3-32B tp=2 gate|up", 5120, 25600, 17, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
     /* session 28: skinny at 28-32 (1.07-1.14x); session 42: mode 4 from 17 (0.82-0.96x at 18-27);
      * 2048: x 50 MB, 3 rounds (1.17x measured) */
-    {"Qwen3-32B tp=2 down", 12800, 5120, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 0, 1}},
+    {"Qwen3-32B tp=2 down", 12800, 5120, 17, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 0, 1}},
     /* N = 2560: tc64 won at M = 40-64 in session 28, the wgmma GEMM since session 49 */
     {"Qwen3-32B tp=4 q|k|v", 5120, 2560, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {0, 0, 0}},
     {"Qwen3-32B tp=4 o", 2048, 5120, 0, 0, {0, 0, 0, 0}, {0, 0, 0}, {1, 1, 1}}, /* K N = 10 Mi: tc64 won */
     {"Qwen3-32B tp=4 gate|up", 5120, 12800, 0, 28, {1, 1, 1, 1}, {0, 0, 0}, {-1, -1, -1}},
-    {"Qwen3-32B tp=4 down", 6400, 5120, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Llama-3-70B q|k|v", 8192, 10240, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Llama-3-70B o", 8192, 8192, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Llama-3-70B gate|up", 8192, 57344, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
-    {"Llama-3-70B down", 28672, 8192, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {1, 1, 1}},
-    {"Llama-3-70B tp=2 q|k|v", 8192, 5120, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Qwen3-32B tp=4 down", 6400, 5120, 25, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Llama-3-70B q|k|v", 8192, 10240, 17, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Llama-3-70B o", 8192, 8192, 17, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Llama-3-70B gate|up", 8192, 57344, 17, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
+    {"Llama-3-70B down", 28672, 8192, 17, 0, {1, 1, 1, 1}, {0, 1, 1}, {1, 1, 1}},
+    {"Llama-3-70B tp=2 q|k|v", 8192, 5120, 25, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
     {"Llama-3-70B tp=2 o", 4096, 8192, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}},
-    {"Llama-3-70B tp=2 gate|up", 8192, 28672, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
-    {"Llama-3-70B tp=2 down", 14336, 8192, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {1, 1, 1}},
+    {"Llama-3-70B tp=2 gate|up", 8192, 28672, 17, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
+    {"Llama-3-70B tp=2 down", 14336, 8192, 17, 0, {1, 1, 1, 1}, {0, 1, 1}, {1, 1, 1}},
     {"Llama-3-70B tp=4 q|k|v", 8192, 2560, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {0, 0, 0}},
     {"Llama-3-70B tp=4 o", 2048, 8192, 0, 0, {0, 0, 1, 1}, {0, 0, 0}, {1, 1, 1}}, /* K N = 16 Mi: in */
-    {"Llama-3-70B tp=4 gate|up", 8192, 14336, 1, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
-    {"Llama-3-70B tp=4 down", 7168, 8192, 1, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
+    {"Llama-3-70B tp=4 gate|up", 8192, 14336, 17, 0, {1, 1, 1, 1}, {0, 1, 1}, {-1, -1, -1}},
+    {"Llama-3-70B tp=4 down", 7168, 8192, 17, 0, {1, 1, 1, 1}, {0, 0, 0}, {1, 1, 1}},
 };
 
 TEST(nat_rule, real_shapes_on_the_h200_and_the_h100) {
@@ -64,7 +66,7 @@ TEST(nat_rule, real_shapes_on_the_h200_and_the_h100) {
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         const struct nat_case *c = &cases[i];
         for (int m = 1; m <= 27; m++) {
-            const int want = (m >= 17 && c->low) || (c->mid && m >= c->mid);
+            const int want = (c->low && m >= c->low) || (c->mid && m >= c->mid);
             ASSERT_MSG(nat_mid_takes(m, c->k, c->n, 1) == want, "H200 %s (K %d, N %d) M=%d: mode 4 %s", c->what,
                        c->k, c->n, m, want ? "expected" : "not expected");
             ASSERT(!nat_mid_takes(m, c->k, c->n, 0)); /* the H100: from M = 33 only */

@@ -65,6 +65,18 @@
 #define NAT_BIG_LOW_MIN_K 5120
 #define NAT_BIG_LOW_K 6144
 #define NAT_BIG_LOW_KN (96ll << 20)
+/* Session 49 (docs/PERFORMANCE.md "Session 49" item 6): with the skinny
+ * kernel's one-wave split at M = 17-32 (sk_plan.h, wave1 = 2), the shapes
+ * of the clause above with K N < 48 Mi go back to the skinny kernel up to
+ * M = 24: Qwen3-32B o (K 8192, N 5120) 18.6 against the wgmma GEMM's 20.8-20.9
+ * us at M = 20 / 24, its tp = 4 down (6400, 5120) 15.9-16.0 against
+ * 17.7-17.8, Llama-3-70B tp = 2 q|k|v (8192, 5120) 18.7-18.8 against 20.8
+ * (back to back; the skinny kernel at the split the rule now picks, forced).
+ * At M = 32 the wgmma GEMM kept Qwen3-32B o (20.9 against 23.0) and the
+ * Llama-3-70B shard (21.0 against 22.7); M = 25-31 were not measured and
+ * stay with it. */
+#define NAT_BIG_LOW_SK_MAX_M 24
+#define NAT_BIG_LOW_SK_KN (48ll << 20)
 /* The H200, session 43 (bench kernels --b2b-audit at M = 25-32 on the 28
  * shapes; docs/PERFORMANCE.md "Session 43"): where N >= 4096 the wgmma
  * GEMM also takes
@@ -117,7 +129,7 @@ static inline int nat_mid_takes(int m, int k, long long n, int hbm_big) {
              (m >= NAT_BIG_MID_DOWN_M && k >= NAT_BIG_MID_DOWN_K) || (m >= NAT_BIG_MID_M && kn >= NAT_BIG_MID_KN)))
             return 1;
         return m >= NAT_BIG_LOW_MIN_M && n >= NAT_BIG_LOW_MIN_N && k >= NAT_BIG_LOW_MIN_K &&
-               (k >= NAT_BIG_LOW_K || kn >= NAT_BIG_LOW_KN);
+               (k >= NAT_BIG_LOW_K || kn >= NAT_BIG_LOW_KN) && (m > NAT_BIG_LOW_SK_MAX_M || kn >= NAT_BIG_LOW_SK_KN);
     }
     return m >= NAT_SK_MIN_M && k >= NAT_SK_MIN_K && kn >= NAT_SK_KN;
 }

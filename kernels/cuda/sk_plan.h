@@ -109,9 +109,17 @@ SK_FN int sk_split_limited(int kc, int ks0, int cps_max) {
  * alone was 1.0x on average (0.74-1.26x: one block per SM where x grew),
  * 64 KB 0.961x (0.73-1.15x). */
 #define SK_MID_FIXED_CHUNKS 4
-/* wave1 (the dispatch's default since session 48; AWQD_W4A16_SK_WAVE1=0
+/* wave1 (1: the dispatch's default in session 48; AWQD_W4A16_SK_WAVE1=0
  * turns it off): at m <= 16 also the split of one wave of two blocks per SM
- * where that is fewer than ks0's, on the 96 KB slice. H200, back to back,
+ * where that is fewer than ks0's, on the 96 KB slice; wave1 = 2 (the
+ * default on this branch, from session 49's sweep): at m = 17..32 too, where
+ * it is fewer or more. H200, session 49, the skinny kernel's split forced
+ * at M = 20 / 24 / 32 on the 28 shapes (docs/PERFORMANCE.md "Session 49"
+ * item 6, tests/test_sk_plan.c one_wave_at_m17_32): of the 84 points it
+ * changes 22 (20 distinct K x N x M), 19 (17) of them to measured splits,
+ * 0.74-1.01x the old pick's time (Qwen3-32B q|k|v M = 20 5 -> 3 splits
+ * 27.6 -> 20.4 us, o M = 20 / 24 8 -> 6 22.1 -> 18.6, Qwen3-8B q|k|v 4 -> 5
+ * 0.90x), three (Llama-3-70B tp = 4 q|k|v, 13 splits) not measured. H200, back to back,
  * one binary, the 30 skinny points of --set 8b / 32b / 70b at M = 12 / 16:
  * geometric mean 0.960x, at worst 1.026x (Qwen3-32B o M = 12, 8 -> 6
  * splits); Qwen3-32B o M = 16 15.6 -> 14.1 us, its down tp = 2 / 4 shards
@@ -123,7 +131,7 @@ SK_FN int sk_split_mid_w(int m, int kc, int nb, int group, int ks0, int sms, int
     long best_load = 0;
     if (sms < 1) sms = 1;
     const int ks1 = nb > 0 ? 2 * sms / nb : ks0;
-    const int nc = wave1 && m <= 16 && ks1 >= 1 && ks1 < ks0 ? 4 : 3;
+    const int nc = ks1 >= 1 && ((wave1 && m <= 16 && ks1 < ks0) || (wave1 >= 2 && m > 16 && ks1 != ks0)) ? 4 : 3;
     for (int i = 0; i < nc; i++) {
         const int ks = i == 3 ? sk_split_limited(kc, ks1, sk_cps_limit(m, 96 * 1024))
                               : sk_split_limited(kc, ks0, sk_cps_limit(m, (i == 0 ? 48 : i == 1 ? 64 : 96) * 1024));

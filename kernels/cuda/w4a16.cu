@@ -1930,8 +1930,9 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
             if (m >= sk_mid_lo() && m <= 32) {
                 static env_switch sk_mid = {{-1}, "AWQD_W4A16_SK_MID"};
                 const int cps48 = sk_cps_limit(m, SK_X_BYTES_MAX);
-                /* M <= 16: also one wave of two blocks per SM (session 48; AWQD_W4A16_SK_WAVE1=0: not) */
-                static const int wave1 = dc_env_int("AWQD_W4A16_SK_WAVE1", 1, 0, 1);
+                /* also one wave of two blocks per SM: M <= 16 since session 48, every M <= 32
+                 * since session 49 (AWQD_W4A16_SK_WAVE1=0: not; =1: M <= 16 only) */
+                static const int wave1 = dc_env_int("AWQD_W4A16_SK_WAVE1", 2, 0, 2);
                 ks = switch_get(&sk_mid) ? sk_split_mid_w(m, w->kc, nb, w->group, ks, w->sms, w->smem_sm, wave1)
                                          : std::max(ks, ceil_div(w->kc, cps48));
             }

@@ -381,3 +381,61 @@ TEST(dc_plan, invariants) {
                     if (test_failed()) return;
                 }
 }
+
+/* The cluster K split (dc_plan_cluster): one block's K / 2 on a GPU of 66
+ * clusters, its shared memory x of K / 2 plus rank 0's area for the other
+ * block's sums; where it applies and where not (M <= 8, K / 128 odd, x of
+ * half of K too large) */
+TEST(dc_plan, cluster_split) {
+    const struct dc_gpu g2 = {66, 228 * 1024, 227 * 1024};
+    const int fl = DC_PLAN_HALVE | DC_PLAN_TB1 | DC_PLAN_TB4;
+    struct dc_plan pl;
+    /* Qwen3-32B q|k|v at M = 24: x of all of K (246 KB) fits no block; of half, 123 KB */
+    ASSERT(!dc_plan_make(24, 5120, n16_of(10240), 128, &H200, 0, fl, &pl));
+    ASSERT(dc_plan_cluster(24, 5120, n16_of(10240), 128, &g2, 2, 0, fl, &pl));
+    ASSERT(pl.cl == 2 && pl.k == 2560 && pl.mt == 3 && pl.tb == 2 && pl.blocks == 320);
+    ASSERT(pl.smem == dc_x_bytes(24, 2560) + 2 * 3 * 4 * 8 * 32 * 4 + 2 * 3 * 32 * 16);
+    ASSERT(pl.smem == dc_smem_cl(24, 2560, 2, 3, 2) && pl.smem <= dc_smem_max(3));
+    /* no persistent grid: MT = 3 runs TB = 2, and 20 groups are no whole turns of 8 warps */
+    ASSERT(dc_ps_plan(&pl, &g2, 0) == 0 && pl.blocks == 320);
+    /* Qwen3-32B gate|up at M = 16: TB = 4 on the persistent grid (2 or 3 groups a warp) */
+    ASSERT(dc_plan_cluster(16, 5120, n16_of(51200), 128, &g2, 2, 0, fl, &pl));
+    ASSERT(dc_ps_plan(&pl, &g2, 0) > 0 && pl.tb == 4 && pl.blocks == 800 && pl.smem == dc_smem_cl(16, 2560, 4, 2, 2));
+    ASSERT(dc_whole_turns(20, 4, 2) && !dc_whole_turns(20, 4, 1) && dc_whole_turns(40, 4, 1) && !dc_whole_turns(20, 2, 2));
+    /* Qwen3-8B q|k|v at M = 16: 66 KB of x a block instead of 131 */
+    ASSERT(dc_plan_cluster(16, 4096, n16_of(6144), 128, &g2, 2, 0, fl, &pl));
+    ASSERT(pl.k == 2048 && pl.mt == 2 && dc_x_bytes(16, 2048) < dc_x_bytes(16, 4096) / 2 + 512);
+    /* not: M <= 8, K / 128 odd, one block (cl 1), x of half of K too large */
+    ASSERT(!dc_plan_cluster(8, 4096, n16_of(6144), 128, &g2, 2, 0, fl, &pl));
+    ASSERT(!dc_plan_cluster(16, 640, n16_of(272), 128, &g2, 2, 0, fl, &pl));
+    ASSERT(!dc_plan_cluster(16, 4096, n16_of(6144), 128, &g2, 1, 0, fl, &pl));
+    ASSERT(!dc_plan_cluster(24, 25600, n16_of(5120), 128, &g2, 2, 0, fl, &pl));
+    /* the one-block plans are unchanged: cl 1, the old shared memory */
+    ASSERT(dc_plan_make(16, 4096, n16_of(6144), 128, &H200, 0, fl, &pl) && pl.cl == 1 &&
+           pl.smem == dc_smem_bytes(16, 4096, 2, 2));
+}
+
+/* Where the dispatch takes the cluster split (dc_cl_takes, session 50's
+ * measured points) */
+TEST(dc_plan, cluster_split_rule) {
+    static const struct { int m, k, n, want; const char *what; } cs[] = {
+        {16, 8192, 57344, 1, "Llama-3-70B gate|up (111 -> 90 us at M = 12 / 16)"},
+        {24, 8192, 57344, 0, "Llama-3-70B gate|up (1.01x the wgmma GEMM)"},
+        {16, 8192, 28672, 1, "its tp = 2 shard"},
+        {24, 8192, 28672, 1, "its tp = 2 shard (0.95x the wgmma GEMM)"},
+        {24, 8192, 8192, 1, "Llama-3-70B o (26.4 -> 20.8 us)"},
+        {24, 8192, 10240, 1, "Llama-3-70B q|k|v (33.3 -> 25.1 us)"},
+        {16, 8192, 2560, 1, "its tp = 4 shard"},
+        {12, 8192, 5120, 1, "Qwen3-32B o (0.86x)"},
+        {16, 8192, 5120, 0, "Qwen3-32B o (1.13x the skinny kernel)"},
+        {24, 8192, 5120, 1, "Qwen3-32B o (18.4 -> 16.0 us)"},
+        {9, 8192, 8192, 0, "M = 9 (1.17x)"},
+        {16, 4096, 6144, 0, "Qwen3-8B q|k|v (1.54x)"},
+        {16, 5120, 10240, 0, "Qwen3-32B q|k|v (1.13x)"},
+        {16, 28672, 8192, 0, "Llama-3-70B down"},
+        {25, 8192, 8192, 0, "past the decode kernel's M"},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        ASSERT_MSG(dc_cl_takes(cs[i].m, cs[i].k, cs[i].n) == cs[i].want, "%s M=%d: %d", cs[i].what, cs[i].m,
+                   !cs[i].want);
+}

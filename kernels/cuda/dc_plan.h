@@ -32,6 +32,11 @@ DC_FN size_t dc_x_bytes(int m, int K) { return ((size_t)m * (K + 8) * 2 + 15) / 
 DC_FN size_t dc_smem_bytes(int m, int K, int tb, int mt) {
     return dc_x_bytes(m, K) + (size_t)tb * mt * 4 * DC_WARPS * 32 * 4;
 }
+/* ... of a block of the cluster K split (cl blocks a column, K the block's
+ * share): rank 0 also holds the other ranks' sums [cl - 1][TB][MT][32][4] */
+DC_FN size_t dc_smem_cl(int m, int K, int tb, int mt, int cl) {
+    return dc_smem_bytes(m, K, tb, mt) + (size_t)(cl - 1) * tb * mt * 32 * 4 * 4;
+}
 
 /* What the plan needs to know of the GPU. */
 struct dc_gpu {
@@ -49,7 +54,8 @@ struct dc_gpu {
 #define DC_PLAN_TB4 8   /* dc_ps_plan may give MT = 2 four tiles per block where one block fits per SM */
 
 struct dc_plan {
-    int mt, tb, blocks, k;
+    int mt, tb, blocks, k; /* k: the K of one block (the weight's K / cl) */
+    int cl;        /* blocks (a thread-block cluster) sharing each column's K: 1, or 2 (dc_plan_make_cl) */
     int m, n16;    /* rows and 16-column tiles it was made for */
     int pf;        /* L2 prefetch distance in ring turns (MT = 1; 0: none) */
     size_t smem;
@@ -132,9 +138,9 @@ DC_FN int dc_pf_rule(int mt, const struct dc_gpu *g, size_t smem) {
  * it: Qwen3-8B o M = 3-8 6.1-7.4 -> 5.1-5.8 us, its down M = 3-4 14.1-15.3
  * -> 10.2-11.2, the Qwen3-32B tp = 4 q|k|v shard 7.1-8.3 -> 5.7-6.7), no
  * widening. */
-DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g, int tb_force, int flags,
-                       struct dc_plan *pl) {
-    if (m < 1 || m > DC_MAX_M || group != 128 || n16 < 1) return 0;
+DC_FN int dc_plan_make_cl(int m, int K, int n16, int group, const struct dc_gpu *g, int cl, int tb_force,
+                          int flags, struct dc_plan *pl) {
+    if (m < 1 || m > DC_MAX_M || group != 128 || n16 < 1 || cl < 1) return 0;
     const int mt = (m + 7) / 8, sms = g->sms > 0 ? g->sms : 1, s21 = flags & DC_PLAN_S21;
     int tb = tb_force;
     if (tb != 1 && tb != 2 && tb != 4) {
@@ -146,13 +152,14 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
         }
         if (s21 && m >= 3 && tb < 2) tb = 2;
         if (!s21 && mt == 1)
-            while (tb < 4 && (n16 + tb - 1) / tb > sms && dc_blocks_per_sm(g, dc_smem_bytes(m, K, tb, mt)) < 2 &&
-                   dc_smem_bytes(m, K, 2 * tb, mt) <= DC_SMEM_MAX)
+            while (tb < 4 && (n16 + tb - 1) / tb > sms && dc_blocks_per_sm(g, dc_smem_cl(m, K, tb, mt, cl)) < 2 &&
+                   dc_smem_cl(m, K, 2 * tb, mt, cl) <= DC_SMEM_MAX)
                 tb *= 2;
     }
     if (mt >= 2) tb = 2;
-    const size_t smem = dc_smem_bytes(m, K, tb, mt);
+    const size_t smem = dc_smem_cl(m, K, tb, mt, cl);
     if (!dc_smem_fits(g, smem, mt)) return 0;
+    pl->cl = cl;
     pl->mt = mt;
     pl->tb = tb;
     pl->pf = dc_pf_rule(mt, g, smem);
@@ -164,6 +171,54 @@ DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g,
     pl->wbytes = (size_t)tb * 8 * K;
     pl->flags = flags;
     return 1;
+}
+DC_FN int dc_plan_make(int m, int K, int n16, int group, const struct dc_gpu *g, int tb_force, int flags,
+                       struct dc_plan *pl) {
+    return dc_plan_make_cl(m, K, n16, group, g, 1, tb_force, flags, pl);
+}
+
+/* The cluster K split (k_decode's CL; w4a16_decode_cluster): the cl blocks
+ * of a thread-block cluster share each column, block q taking the q-th of
+ * cl equal K ranges and staging only that range of x, so each SM takes in
+ * 1 / cl of x per column block (x is the larger part of an SM's intake at
+ * M = 9-24 on the small matrices: Qwen3-8B q|k|v at M = 16 131 KB of x
+ * against 95 KB of weights a block) and MT = 3 fits where x of all of K
+ * does not (K = 5120 from M = 20, K = 8192 from M = 13); rank 0 adds the
+ * others' sums. Plain variant, MT >= 2, K / 128 a multiple of cl. The plan
+ * is that of one block of K / cl on a GPU of the clusters that fit at once
+ * (g: sms = those clusters, one block per SM), pl->k = K / cl, pl->cl =
+ * cl; grids in clusters (the launch multiplies by cl). */
+DC_FN int dc_plan_cluster(int m, int K, int n16, int group, const struct dc_gpu *g, int cl, int tb_force,
+                          int flags, struct dc_plan *pl) {
+    if (cl < 2 || (m + 7) / 8 < 2 || K % (128 * cl) != 0) return 0;
+    return dc_plan_make_cl(m, K / cl, n16, group, g, cl, tb_force, flags, pl);
+}
+
+/* Where the dispatch runs the decode kernel as the cluster K split
+ * (dc_plan_cluster, two blocks a column): K = 8192 at M = 12-24 (each block
+ * x of 4096 columns, where the kernel measured best), at M = 17-24 on
+ * matrices of up to 28672 columns, not the 5120-column ones at M = 13-16,
+ * where the skinny kernel's one-wave split is faster. Before the wgmma GEMM's rules
+ * (nat_rule.h) at M = 17-24. H200, session 50, back to back, `bench kernels
+ * --set all --b2b-audit`, two runs, the split forced against the pick of
+ * one block a column: Llama-3-70B gate|up at M = 12 / 16 111.2 / 113.0 ->
+ * 90.0 / 90.2 us (the skinny kernel before), its tp = 2 shard 54.6 / 56.5
+ * -> 47.1 / 47.2, o 0.92-0.93x, q|k|v M = 16 0.92x, its tp = 4 shard M =
+ * 12-24 0.85-0.93x; at M = 20 / 24 against the wgmma GEMM o 26.3 -> 20.3 /
+ * 20.8, q|k|v 33.3 -> 24.6 / 25.1, the tp = 4 gate|up shard 41.5 -> 33.5 /
+ * 33.9, the tp = 2 one 69.4 -> 65.2 / 65.8; Qwen3-32B o and the Llama-3-70B
+ * tp = 2 q|k|v shard (K = 8192, N = 5120) at M = 12 / 20 / 24 0.85-0.87x,
+ * but at M = 16 1.13x (15.9 against the skinny kernel's 14.1). Not: M = 9
+ * (1.09-1.33x the one-block kernel at K = 8192), Llama-3-70B gate|up at M =
+ * 24 (57344 columns: 1.01x the wgmma GEMM), K = 4096 (the one-block kernel
+ * 1.02-1.8x faster: Qwen3-8B q|k|v, gate|up, the o shards), K = 5120 (20
+ * groups a block, 2 or 3 a warp: Qwen3-32B q|k|v and gate|up 1.1-1.7x). */
+#define DC_CL_K 8192
+#define DC_CL_MIN_M 12
+#define DC_CL_MAX_N 28672
+DC_FN int dc_cl_takes(int m, int K, int n) {
+    return K == DC_CL_K && m >= DC_CL_MIN_M && m <= DC_MAX_M && (m <= 16 || n <= DC_CL_MAX_N) &&
+           !(m >= 13 && m <= 16 && n == 5120);
 }
 
 /* Whether the automatic dispatch runs the decode kernel for a plan pl at m
@@ -331,6 +386,13 @@ DC_FN int dc_ps_tb1(const struct dc_plan *pl) { return pl->mt == 2 && (pl->flags
  * 9-16 0.86-0.87x a step at tp = 1, 0.92x at tp = 2; Qwen3-8B 0.98x
  * (docs/PERFORMANCE.md "Session 48"). */
 DC_FN int dc_ps_tb4(const struct dc_plan *pl) { return pl->mt == 2 && (pl->flags & DC_PLAN_TB4); }
+/* Whether every warp's range of a block's kg groups is whole ring turns of
+ * TB tiles (4 / TB groups): equal ranges of whole turns; with the cluster
+ * K split (cl > 1) also unequal ones at TB = 4 (one group a turn: K = 5120
+ * as two blocks of 20 groups, 2 or 3 a warp) */
+DC_FN int dc_whole_turns(int kg, int tb, int cl) {
+    return kg % (DC_WARPS * (4 / tb)) == 0 || (cl > 1 && tb == 4 && kg >= DC_WARPS);
+}
 DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
     const int sms = g->sms > 0 ? g->sms : 1, kg = pl->k / 128,
               plan_slots = sms * dc_slots_per_sm(g, pl->smem, pl->mt);
@@ -339,9 +401,9 @@ DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
     for (int tb = 4; tb >= 1; tb /= 2) {
         if ((tb_fixed && tb != pl->tb) ||
             (pl->mt >= 2 && tb != 2 && !(tb == 1 && dc_ps_tb1(pl)) && !(tb == 4 && dc_ps_tb4(pl))) ||
-            kg % (DC_WARPS * (4 / tb)) != 0)
+            !dc_whole_turns(kg, tb, pl->cl))
             continue;
-        const size_t smem = dc_smem_bytes(pl->m, pl->k, tb, pl->mt);
+        const size_t smem = dc_smem_cl(pl->m, pl->k, tb, pl->mt, pl->cl);
         if (!dc_smem_fits(g, smem, pl->mt)) continue;
         if (pl->mt >= 2 && tb != 2 && dc_blocks_per_sm(g, smem) > 1) continue; /* spills at 128 registers */
         const int slots = sms * dc_slots_per_sm(g, smem, pl->mt), blocks = (pl->n16 + tb - 1) / tb;
@@ -353,14 +415,14 @@ DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
         /* no TB fills the waves: the plan's TB on one block per slot (the
          * first blocks % slots of them take one column more), where its
          * turns are whole; pl untouched */
-        if (kg % (DC_WARPS * (4 / pl->tb)) == 0) return plan_slots;
+        if (dc_whole_turns(kg, pl->tb, pl->cl)) return plan_slots;
         /* at MT >= 2 the plain grid stages x (up to 164 KB) in every one
          * of its blocks: any TB with whole turns beats it */
         if (!best_tb || pl->mt < 2) return 0;
     }
     pl->tb = best_tb;
     pl->blocks = (pl->n16 + best_tb - 1) / best_tb;
-    pl->smem = dc_smem_bytes(pl->m, pl->k, best_tb, pl->mt);
+    pl->smem = dc_smem_cl(pl->m, pl->k, best_tb, pl->mt, pl->cl);
     pl->wbytes = (size_t)best_tb * 8 * pl->k;
     pl->pf = dc_pf_rule(pl->mt, g, pl->smem);
     return best_grid;

@@ -489,6 +489,50 @@ static __device__ __forceinline__ void dc_mma(float d[4], const uint32_t a[4], u
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* The decode kernel's cluster K split (CL > 1): sm_90+ only, where the host
+ * launches it; code built for less traps. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define DC_CL_OK 1
+#else
+#define DC_CL_OK 0
+#endif
+static __device__ __forceinline__ int dc_cl_rank(void) {
+    uint32_t r = 0;
+#if DC_CL_OK
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+    return (int)r;
+}
+/* barrier.cluster: arrive (relaxed / release), wait (acquire), both */
+static __device__ __forceinline__ void dc_cl_arrive_relaxed(void) {
+#if DC_CL_OK
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void dc_cl_arrive(void) {
+#if DC_CL_OK
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void dc_cl_wait(void) {
+#if DC_CL_OK
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+/* 16 bytes into rank 0's shared memory at the address p has in this block's */
+static __device__ __forceinline__ void dc_cl_store0(const float *p, float a, float b, float c, float d) {
+#if DC_CL_OK
+    uint32_t ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(ra) : "r"((uint32_t)__cvta_generic_to_shared(p)));
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(ra), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
+#else
+    (void)p, (void)a, (void)b, (void)c, (void)d;
+#endif
+}
+
 /* The per-lane state of one warp of the decode kernel. */
 template <int MT, int TB>
 struct dc_state {
@@ -773,20 +817,33 @@ static __device__ __forceinline__ void dc_sum_epilogue(const epi_args &ep, const
  * SM, 1 at MT = 2 where it does not (launch_decode) — the MT = 2 persistent
  * grid spilled 108 bytes at 128 registers (session 34, ncu: 242 K local
  * requests on Qwen3-8B gate|up at M = 16) */
-template <int MT, int TB, bool NORM, bool SUM, bool PS = false, bool PF = false, int MINB = 2, bool XP = false>
+template <int MT, int TB, bool NORM, bool SUM, bool PS = false, bool PF = false, int MINB = 2, bool XP = false,
+          int CL = 1>
 static __global__ void __launch_bounds__(DC_WARPS * 32, MINB)
 k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
          int flags, epi_args ep, norm_args na, w4a16_sum xsum, int ncols) {
     typedef dc_state<MT, TB> S;
+    static_assert(CL == 1 || (!NORM && !SUM && MT >= 2), "the cluster K split: plain variant, MT >= 2");
     extern __shared__ __align__(16) unsigned char smem[];
     ST_DECL;
     ST_BEGIN(ST_KEY(SUM ? 3 : NORM ? 2 : 1, K, ep.n));
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, c = lane & 3;
-    const int KG = KC >> 1;
-    int col = blockIdx.x, t0 = col * TB; /* PS: columns blockIdx.x + j gridDim.x < ncols */
-    const int gw0 = warp * KG / DC_WARPS, ng = (warp + 1) * KG / DC_WARPS - gw0;
+    /* CL > 1 (dc_plan.h, the cluster K split): the CL blocks of a cluster
+     * share each column, block (rank) q taking the q-th of CL equal K
+     * ranges (KGc groups, x of those columns only in its shared memory);
+     * rank 0 adds the other ranks' sums (in rank order) and stores */
+    int rank = 0;
+    if constexpr (CL > 1) {
+        rank = dc_cl_rank();
+        /* every block of the cluster has started before any remote store (arrived here, waited for at
+         * the first column's end) */
+        dc_cl_arrive_relaxed();
+    }
+    const int KG = KC >> 1, KGc = KG / CL, Kc = K / CL, cstride = (int)gridDim.x / CL;
+    int col = (int)blockIdx.x / CL, t0 = col * TB; /* PS: columns blockIdx.x / CL + j cstride < ncols */
+    const int gw0 = rank * KGc + warp * KGc / DC_WARPS, ng = (warp + 1) * KGc / DC_WARPS - warp * KGc / DC_WARPS;
     S s;
     s.gs = (size_t)n16a * 8;
     s.xw = 0;
@@ -816,7 +873,8 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 
     /* x rows [0, M) of this warp's K range -> shared memory (only this warp reads them) */
     uint16_t *sx = (uint16_t *)smem;
-    const int xs = K + 8, k0 = gw0 * 128, n8 = ng * 16; /* 16-byte pieces per row */
+    /* k0: the warp's first k; k0l: the same in this block's x columns (K / CL of them) */
+    const int xs = Kc + 8, k0 = gw0 * 128, k0l = k0 - rank * Kc, n8 = ng * 16; /* 16-byte pieces per row */
     if (NORM) {
         dc_norm_prologue<PRE>(na, wpre, sx, xs, K, ep.m, k0, n8, warp, lane ST_ARG);
     } else {
@@ -826,7 +884,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          * groups are multiplied while the later ones arrive */
         const bool via_l1 = !(flags & DC_F_XCG);
         auto stage = [&](int row, int p) { /* 16-byte piece p of the warp's range of row `row` */
-            uint16_t *d = sx + row * xs + k0 + p * 8;
+            uint16_t *d = sx + row * xs + k0l + p * 8;
             const uint16_t *gp = x + (size_t)row * K + k0 + p * 8;
             if (via_l1) cp_async16_ca(d, gp);
             else cp_async16(d, gp, 16);
@@ -852,7 +910,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 #pragma unroll
     for (int i = 0; i < MT; i++) {
         const int m = min(i * 8 + r, ep.m - 1);
-        s.xr[i] = sx + m * xs + k0 + 16 * c;
+        s.xr[i] = sx + m * xs + k0l + 16 * c;
     }
     for (;;) {
 #pragma unroll
@@ -883,8 +941,8 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
              * Llama-3-70B gate|up at M = 1-8 0.97-0.99 / 0.96-0.98 /
              * 0.97-0.98 / 0.97-0.99x the time; with either one alone 1-2
              * points less; the shapes that do not run this path unchanged) */
-            dc_at_column(s, qw, sc, zr, (col + (int)gridDim.x) * TB, KC, gw0, lane, r);
-            if (ng - g0 == S::UG) dc_turn<MT, TB, S::UG, true>(s, g0, ng, col + (int)gridDim.x < ncols);
+            dc_at_column(s, qw, sc, zr, (col + cstride) * TB, KC, gw0, lane, r);
+            if (ng - g0 == S::UG) dc_turn<MT, TB, S::UG, true>(s, g0, ng, col + cstride < ncols);
 #pragma unroll
             for (int i = 0; i < MT; i++) s.xr[i] += S::UG * 128;
         } else {
@@ -899,7 +957,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         ST_MARK(3);
         s.xw = 0; /* x is in */
         /* the 8 warps' partials, added in warp order */
-        float *red = (float *)(smem + dc_x_bytes(ep.m, K)); /* [TB][MT*4][8][32] */
+        float *red = (float *)(smem + dc_x_bytes(ep.m, Kc)); /* [TB][MT*4][8][32] */
 #pragma unroll
         for (int tb = 0; tb < TB; tb++)
 #pragma unroll
@@ -908,8 +966,43 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
                 for (int j = 0; j < 4; j++)
                     red[((tb * MT * 4 + i * 4 + j) * DC_WARPS + warp) * 32 + lane] = s.acc[tb][i][j];
         __syncthreads();
-        if (!PS && warp >= TB) return;
-        if (warp < TB) {
+        if (CL == 1 && !PS && warp >= TB) return;
+        if constexpr (CL > 1) {
+            /* the block's sums of its K range, [TB warps][MT][4] per lane; ranks 1.. store
+             * theirs into rank 0's area for them ([CL - 1][TB][MT][32 lanes][4] after red),
+             * once rank 0 has read the last column's (the wait: its arrive after the reads) */
+            float *xr = red + TB * MT * 4 * DC_WARPS * 32;
+            float v[MT][4];
+#pragma unroll
+            for (int i = 0; i < MT; i++) v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.f;
+            if (warp < TB)
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+                    for (int w = 0; w < DC_WARPS; w++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) v[i][j] += red[((warp * MT * 4 + i * 4 + j) * DC_WARPS + w) * 32 + lane];
+            dc_cl_wait();
+            if (rank > 0 && warp < TB)
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+                    dc_cl_store0(xr + ((((rank - 1) * TB + warp) * MT + i) * 32 + lane) * 4, v[i][0], v[i][1], v[i][2],
+                                 v[i][3]);
+            dc_cl_arrive();
+            dc_cl_wait();
+            if (rank == 0 && warp < TB) {
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    for (int q = 1; q < CL; q++) {
+                        const float4 o = *(const float4 *)(xr + ((((q - 1) * TB + warp) * MT + i) * 32 + lane) * 4);
+                        v[i][0] += o.x, v[i][1] += o.y, v[i][2] += o.z, v[i][3] += o.w;
+                    }
+                    w4_epilogue(ep, t0 + warp, r, i * 8 + 2 * c, v[i][0], v[i][1], v[i][2], v[i][3]);
+                }
+            }
+            /* rank 0 has read the area: the next column's stores may go */
+            dc_cl_arrive();
+            if (!PS) return;
+        } else if (warp < TB) {
 #pragma unroll
             for (int i = 0; i < MT; i++) {
                 float v[4] = {0.f, 0.f, 0.f, 0.f};
@@ -922,7 +1015,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         }
         ST_MARK(4);
         if (!PS) return;
-        col += gridDim.x;
+        col += cstride;
         if (col >= ncols) return;
         t0 = col * TB;
         __syncthreads(); /* red is rewritten by the next column */
@@ -1822,6 +1915,16 @@ static void dc_pf_env(struct dc_plan *pl) {
  * forces the L2 prefetch distance (the plan's pf), AWQD_W4A16_DC_TB1=0 keeps
  * M = 9..16 at two tiles per block on the persistent grid (dc_ps_tb1). */
 static int dc_ps_usable(void);
+static int dc_cl_mode(void);
+static int dc_cl_sms(const struct w4a16_weight *w);
+
+/* What the plan knows of the GPU for pl: at pl->cl > 1 the clusters that fit
+ * at once (one block per SM) stand for its SMs */
+static struct dc_gpu dc_gpu_for(const struct w4a16_weight *w, const struct dc_plan *pl) {
+    struct dc_gpu g = dc_gpu_of(w);
+    if (pl && pl->cl > 1) g.sms = dc_cl_sms(w);
+    return g;
+}
 
 static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
     static const int flags = (dc_env_int("AWQD_W4A16_DC_WAVES", 1, 0, 1) ? DC_PLAN_HALVE : 0) |
@@ -1829,7 +1932,13 @@ static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) 
                              (dc_env_int("AWQD_W4A16_DC_TB1", 1, 0, 1) ? DC_PLAN_TB1 : 0) |
                              (dc_env_int("AWQD_W4A16_DC_TB4", 1, 0, 1) ? DC_PLAN_TB4 : 0);
     const struct dc_gpu g = dc_gpu_of(w);
-    if (!dc_plan_make(m, w->k, w->n16, w->group, &g, dc_tb_env(), flags, pl)) return 0;
+    /* the cluster K split: by its rule (mode 0, the default), wherever it applies (2), never (1) */
+    const int mode = dc_cl_mode(), cl = mode == 2 || (mode == 0 && dc_cl_takes(m, w->k, w->n)) ? 2 : 1;
+    struct dc_gpu gc = g;
+    gc.sms = cl > 1 ? dc_cl_sms(w) : 0;
+    if (!(cl > 1 && gc.sms > 0 && dc_plan_cluster(m, w->k, w->n16, w->group, &gc, cl, dc_tb_env(), flags, pl)) &&
+        !dc_plan_make(m, w->k, w->n16, w->group, &g, dc_tb_env(), flags, pl))
+        return 0;
     /* the four-tile grid is a persistent one: without it the dispatch must
      * not take the decode kernel for it (dc_ps_tb4_takes) */
     if (!dc_ps_usable()) pl->flags &= ~DC_PLAN_TB4;
@@ -1847,7 +1956,8 @@ extern "C" int w4a16_decode_applies(const struct w4a16_weight *w, int m) {
  * AWQD_W4A16_DC_MAX_M=2..16 lowers the last M, for measurements). */
 static int dc_in_dispatch(const struct w4a16_weight *w, int m, const struct dc_plan *pl) {
     static const int max_m = dc_env_int("AWQD_W4A16_DC_MAX_M", DC_DISPATCH_MAX_M, 2, DC_DISPATCH_MAX_M);
-    const struct dc_gpu g = dc_gpu_of(w);
+    const struct dc_gpu g = dc_gpu_for(w, pl);
+    if (pl && pl->cl > 1) return m <= max_m; /* the split's own rule (dc_cl_takes) */
     return dc_dispatch_takes(m, max_m, pl, &g);
 }
 
@@ -1887,6 +1997,14 @@ static int tc_use_cluster(const struct w4a16_weight *w, int mbk, int ksplit);
 
 static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern, int *ksplit) {
     enum w4a16_kernel k = *kern;
+    if (k == W4A16_KERNEL_AUTO && decode_mode() && m > 8) { /* the decode kernel's cluster split first */
+        struct dc_plan pl;
+        if (decode_plan(w, m, &pl) && pl.cl > 1 && dc_in_dispatch(w, m, &pl)) {
+            *kern = W4A16_KERNEL_DECODE;
+            *ksplit = 1;
+            return;
+        }
+    }
     if (gemm_pick(w, m, kern, ksplit)) return; /* gemm helper: large M on sm_90a */
     k = *kern;
     {   /* the decode kernel for small M (its plan made once for both questions) */
@@ -2299,7 +2417,7 @@ static int dc_flags(void) {
 
 /* PS: the persistent grid (dc_ps_plan), each block streaming ncols / grid
  * columns back to back through one register ring (plain and NORM only) */
-template <int MT, int TB, bool PS, bool PF, int MINB = 2, bool XP = false>
+template <int MT, int TB, bool PS, bool PF, int MINB = 2, bool XP = false, int CL = 1>
 static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
                            const norm_args *na, const w4a16_sum *xs, const struct dc_plan *pl, int grid,
                            cudaStream_t s, char *err, size_t errlen) {
@@ -2337,6 +2455,17 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
                    err, errlen);
         return 0;
     }
+    if constexpr (CL > 1) { /* the cluster K split: grid in clusters of CL blocks */
+        if (pl->cl != CL) return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan cl=%d", pl->cl);
+        rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS, PF, MINB, XP, CL>,
+                                  dc_smem_max(MT), err, errlen);
+        if (rc) return rc;
+        CUDA_CHECK(launch_pdl_cl(w, k_decode<MT, TB, false, false, PS, PF, MINB, XP, CL>, dim3(grid * CL),
+                                 dim3(DC_WARPS * 32), pl->smem, s, dim3(CL, 1, 1), w->qw, w->sc, w->zr, x, w->k,
+                                 w->n16a, w->kc, flags, ep, none, nosum, pl->blocks),
+                   err, errlen);
+        return 0;
+    }
     rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS, PF, MINB, XP>,
                               dc_smem_max(MT), err, errlen);
     if (rc) return rc;
@@ -2345,6 +2474,58 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
                           none, nosum, pl->blocks),
                err, errlen);
     return 0;
+}
+
+/* The cluster K split (dc_plan_cluster), process-wide: 0 by its rule
+ * (dc_cl_takes, the default), 1 never, 2 wherever it applies
+ * (AWQD_W4A16_DC_CL, w4a16_decode_cluster) */
+static std::atomic<int> g_dc_cl{-1};
+static int dc_cl_mode(void) {
+    int v = g_dc_cl.load(std::memory_order_relaxed);
+    if (v < 0) {
+        int expect = -1;
+        g_dc_cl.compare_exchange_strong(expect, dc_env_int("AWQD_W4A16_DC_CL", 0, 0, 2));
+        v = g_dc_cl.load(std::memory_order_relaxed);
+    }
+    return v;
+}
+extern "C" int w4a16_decode_cluster(int mode) {
+    if (mode >= 0 && mode <= 2) g_dc_cl.store(mode, std::memory_order_relaxed);
+    return dc_cl_mode();
+}
+
+/* Clusters of 2 blocks of one block per SM that the GPU holds at once
+ * (cudaOccupancyMaxActiveClusters on the MT = 3 kernel at its shared
+ * memory limit; not all GPCs need pair up their SMs), once per process;
+ * 0 where that cannot be asked (no clusters) */
+static int dc_cl_sms(const struct w4a16_weight *w) {
+    static std::atomic<int> n{-1};
+    int v = n.load(std::memory_order_relaxed);
+    if (v >= 0) return v;
+    v = 0;
+    if (w->cc_major >= 9) {
+        void (*kern)(const uint4 *, const uint32_t *, const uint8_t *, const uint16_t *, int, int, int, int,
+                     epi_args, norm_args, w4a16_sum, int) = k_decode<3, 2, false, false, true, false, 1, true, 2>;
+        static std::atomic<unsigned long long> smem_set{0};
+        char e[128];
+        if (cuda_smem_limit_once(&smem_set, (const void *)kern, dc_smem_max(3), e, sizeof e) == 0) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(2 * w->sms);
+            cfg.blockDim = dim3(DC_WARPS * 32);
+            cfg.dynamicSmemBytes = dc_smem_max(3);
+            cudaLaunchAttribute at[1] = {};
+            at[0].id = cudaLaunchAttributeClusterDimension;
+            at[0].val.clusterDim.x = 2;
+            at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            int c = 0;
+            if (cudaOccupancyMaxActiveClusters(&c, kern, &cfg) == cudaSuccess && c > 0) v = c;
+            else cudaGetLastError();
+        }
+    }
+    n.store(v, std::memory_order_relaxed);
+    return v;
 }
 
 /* The decode kernel stages x group by group (XP) at MT = 1 from this many
@@ -2386,10 +2567,15 @@ static int dc_ps_usable(void) { return switch_get(&g_dc_ps) && !(dc_flags() & DC
  * AWQD_W4A16_DC_TB forces them. */
 static int decode_ps_grid(const struct w4a16_weight *w, struct dc_plan *pl, int sum) {
     if (!dc_ps_usable() || sum) return 0;
-    const struct dc_gpu g = dc_gpu_of(w);
+    const struct dc_gpu g = dc_gpu_for(w, pl);
     const int grid = dc_ps_plan(pl, &g, dc_tb_env() != 0);
     if (grid) dc_pf_env(pl);
     return grid;
+}
+
+extern "C" int w4a16_decode_blocks_per_column(const struct w4a16_weight *w, int m) {
+    struct dc_plan pl;
+    return w && decode_plan(w, m, &pl) ? pl.cl : 0;
 }
 
 extern "C" int w4a16_decode_describe(const struct w4a16_weight *w, int m, int *tb, int *cols, int *grid) {
@@ -2423,14 +2609,16 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
      * (AWQD_W4A16_DC_REG_CAP=1 keeps it, for measurements); MT = 3 never;
      * one or four tiles per block at MT = 2 are planned only there (dc_ps_tb1, dc_ps_tb4) */
     static const int reg_cap = dc_env_int("AWQD_W4A16_DC_REG_CAP", 0, 0, 1);
-    const struct dc_gpu gpu = dc_gpu_of(w);
+    const struct dc_gpu gpu = dc_gpu_for(w, &pl);
     const int one = pl.mt == 3 || (pl.mt == 2 && ((!reg_cap && dc_blocks_per_sm(&gpu, pl.smem) < 2) || pl.tb != 2));
     /* x staged group by group (XP, k_decode): at MT >= 2 always but where
      * two MT = 2 blocks share an SM (cases 22, 122: it spilled at 128
      * registers), at MT = 1 from M = dc_xp_min_m() rows (not the NORM or
      * SUM variants) */
     const int xp = pl.mt == 1 && !na && !xs && ep.m >= dc_xp_min_m();
-    switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0) + (pf ? 1000 : 0) + (one ? 10000 : 0) + (xp ? 100000 : 0)) {
+    if (pl.cl > 1 && (na || xs)) return util_err(err, errlen, -EINVAL, "w4a16_linear: decode cluster split at m=%d", ep.m);
+    switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0) + (pf ? 1000 : 0) + (one ? 10000 : 0) + (xp ? 100000 : 0) +
+            (pl.cl > 1 ? 1000000 : 0)) {
     case 11: return launch_decode_t<1, 1, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 12: return launch_decode_t<1, 2, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     case 14: return launch_decode_t<1, 4, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
@@ -2459,6 +2647,15 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     case 10121: return launch_decode_t<2, 1, true, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     /* MT = 2 on the persistent grid, four tiles per block (dc_ps_tb4) */
     case 10124: return launch_decode_t<2, 4, true, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    /* the cluster K split (dc_plan_cluster), MT >= 2 */
+    case 1000022: return launch_decode_t<2, 2, false, false, 2, false, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 1000122: return launch_decode_t<2, 2, true, false, 2, false, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 1010022: return launch_decode_t<2, 2, false, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 1010122: return launch_decode_t<2, 2, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 1010121: return launch_decode_t<2, 1, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 1010124: return launch_decode_t<2, 4, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 1010032: return launch_decode_t<3, 2, false, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 1010132: return launch_decode_t<3, 2, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
     }
     return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan mt=%d tb=%d", pl.mt, pl.tb);
 }

@@ -263,6 +263,18 @@ int w4a16_decode_persistent(int mode);
  * effect (default 6 unless AWQD_W4A16_DC_XP_MIN_M says otherwise). The
  * values are bitwise the same either way. */
 int w4a16_decode_x_groups(int min_m);
+/* The decode kernel's cluster K split (kernels/cuda/dc_plan.h,
+ * dc_plan_cluster): two blocks (a thread-block cluster) a column, each
+ * staging x of half of K, rank 0 adding the other's sums. mode 0: where
+ * dc_cl_takes says (K = 8192 at M = 12-24, the default), 1: never, 2:
+ * wherever it applies (M = 9-24, K / 128 even; for measurements); < 0 only
+ * queries. Returns the mode in effect (process-wide; AWQD_W4A16_DC_CL sets
+ * the default). The results differ from the one-block kernel's in rounding
+ * only (the halves added last). */
+int w4a16_decode_cluster(int mode);
+/* The blocks the decode kernel's plan gives each column at m rows now (1,
+ * or 2 with the cluster K split); 0 where the kernel does not apply. */
+int w4a16_decode_blocks_per_column(const struct w4a16_weight *w, int m);
 /* The decode kernel's launch for (w, m) as it would run now: tiles per
  * block, column blocks (of tb tiles) and the grid (= cols for the plain
  * grid, < cols for the persistent one). 0 where the kernel does not apply.

@@ -428,6 +428,8 @@ TEST(w4a16, decode_persistent_grid) {
     if (getenv("AWQD_W4A16_DC_TB") || getenv("AWQD_W4A16_DC_WAVES") || getenv("AWQD_W4A16_DC_PLAN") ||
         getenv("AWQD_W4A16_DC_LATE") || getenv("AWQD_W4A16_DC_TB1") || getenv("AWQD_W4A16_DC_TB4"))
         TEST_SKIP("a decode-plan knob is set");
+    const int cl0 = w4a16_decode_cluster(-1);
+    w4a16_decode_cluster(1); /* one block a column: the plans below */
     struct dc_gpu g;
     ASSERT(dc_gpu_here(&g));
     static const struct { int k, n, gate_up, bias; } shp[] = {
@@ -474,9 +476,53 @@ TEST(w4a16, decode_persistent_grid) {
         dc_layer_free(&L);
     }
     w4a16_decode_persistent(ps0);
+    w4a16_decode_cluster(cl0);
     /* on a GPU like the H100 / H200 (132 SMs) the rule applies to most points */
     ASSERT_MSG(g.sms > 200 || (applied >= 6 && same_tb >= 2), "persistent grid at %d points (%d with the plan's TB)",
                applied, same_tb);
+}
+
+/* The cluster K split (w4a16_decode_cluster(2), dc_plan_cluster): at M =
+ * 9-24 two blocks a column, each with x of half of K, rank 0 adding the
+ * other's sums, against the CPU reference: plain and persistent grids
+ * (Qwen3-8B q|k|v, a K = 5120 gate|up of 1600 columns: TB = 4 at MT = 2,
+ * the Qwen3-32B tp = 2 q|k|v shard), K = 8192 (MT = 3 only with the split)
+ * and 2048 with a bias and a last block past the last tile (65 tiles), K =
+ * 3072 (12 groups a block); where K / 128 is odd (640) or x of half of K
+ * does not fit (12288 from M = 16) the plan has one block a column. */
+TEST(w4a16, decode_cluster_split) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    static const struct { int k, n, gate_up, bias; } shp[] = {
+        {4096, 6144, 0, 0}, {5120, 3200, 1, 0}, {5120, 5120, 0, 0}, {8192, 1280, 0, 1},
+        {2048, 1040, 0, 1}, {3072, 12288, 0, 0}, {640, 272, 1, 1}, {12288, 1024, 0, 0},
+    };
+    static const int ms[] = {9, 13, 16, 17, 20, 24};
+    const int cl0 = w4a16_decode_cluster(-1);
+    int split = 0;
+    for (int si = 0; si < NM(shp); si++) {
+        struct dc_layer L;
+        dc_layer_make(&L, shp[si].k, shp[si].n, shp[si].gate_up, shp[si].bias, "cluster split");
+        ASSERT_OK_SO_FAR();
+        for (int i = 0; i < NM(ms); i++) {
+            const int M = ms[i];
+            w4a16_decode_cluster(2);
+            const int cl = w4a16_decode_blocks_per_column(L.dw, M);
+            const int x_half = M * (L.k / 2 + 8) * 2 + ((M + 7) / 8) * 4096 <= 224 * 1024; /* at least x + red */
+            if (L.k % 256 != 0 || !x_half) /* odd K / 128, or x of half of K too large */
+                ASSERT_MSG(cl <= 1, "%s M=%d: %d blocks a column", L.what, M, cl);
+            if (cl != 2) continue;
+            split++;
+            check_case(&L.h, L.wref, L.dw, L.gate_up, M, L.epi, W4A16_KERNEL_DECODE, 0, L.what);
+            ASSERT_OK_SO_FAR();
+        }
+        w4a16_decode_cluster(1);
+        dc_layer_free(&L);
+    }
+    w4a16_decode_cluster(cl0);
+    int dev = 0, cc = 0;
+    ASSERT(cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
+    ASSERT_MSG(cc < 9 || split >= 25, "the cluster split ran at %d points", split);
 }
 
 /* x staged group by group (w4a16_decode_x_groups: each of a warp's first
@@ -530,15 +576,18 @@ TEST(w4a16, decode_dispatch_rule) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     if (!w4a16_decode_kernel(-1)) TEST_SKIP("decode kernel turned off (AWQD_W4A16_DECODE=0)");
     if (getenv("AWQD_W4A16_DC_MAX_M") || getenv("AWQD_W4A16_DC_TB") || getenv("AWQD_W4A16_DC_WAVES") ||
-        getenv("AWQD_W4A16_DC_PLAN"))
+        getenv("AWQD_W4A16_DC_PLAN") || w4a16_decode_cluster(-1) != 0)
         TEST_SKIP("a decode-plan knob is set");
     struct dc_gpu g;
     ASSERT(dc_gpu_here(&g));
+    int dev = 0, cc = 0;
+    ASSERT(cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
     static const struct { int k, n, gate_up; } cs[] = {
         {4096, 6144, 0}, {4096, 24576, 1}, {12288, 4096, 0}, {8192, 5120, 0},
-        {25600, 5120, 0}, {12800, 5120, 0}, {2048, 5120, 0},
+        {25600, 5120, 0}, {12800, 5120, 0}, {2048, 5120, 0}, {8192, 2560, 0},
     };
-    int both = 0, neither = 0; /* the rule must be seen to go both ways */
+    int both = 0, neither = 0, split = 0; /* the rule must be seen to go both ways */
     for (int ci = 0; ci < NM(cs); ci++) {
         struct ref_layer h;
         layer_make(&h, cs[ci].k, cs[ci].n, 128, 0);
@@ -551,7 +600,13 @@ TEST(w4a16, decode_dispatch_rule) {
             int ks;
             struct dc_plan pl;
             const int has = dc_plan_make(m, cs[ci].k, (cs[ci].n + 15) / 16, 128, &g, 0, DC_PLAN_HALVE, &pl);
-            const int want = dc_dispatch_takes(m, DC_DISPATCH_MAX_M, has ? &pl : NULL, &g);
+            /* the cluster K split by its own rule (dc_cl_takes) where its plan fits, on sm_90+ */
+            const int cl = cc >= 9 && dc_cl_takes(m, cs[ci].k, cs[ci].n) &&
+                           dc_plan_cluster(m, cs[ci].k, (cs[ci].n + 15) / 16, 128, &g, 2, 0, DC_PLAN_HALVE, &pl);
+            ASSERT_MSG((w4a16_decode_blocks_per_column(dw, m) == 2) == cl, "K %d N %d M=%d: the cluster split %s",
+                       cs[ci].k, cs[ci].n, m, cl ? "not planned" : "planned");
+            split += cl;
+            const int want = cl || dc_dispatch_takes(m, DC_DISPATCH_MAX_M, has ? &pl : NULL, &g);
             w4a16_choice(dw, m, &k, &ks);
             ASSERT_MSG((k == W4A16_KERNEL_DECODE) == want, "K %d N %d M=%d: kernel %d, the rule says %s", cs[ci].k,
                        cs[ci].n, m, (int)k, want ? "decode" : "not decode");
@@ -562,6 +617,8 @@ TEST(w4a16, decode_dispatch_rule) {
         ASSERT_OK_SO_FAR();
     }
     ASSERT_MSG(both > 0 && neither > 0, "decode at %d of %d points", both, both + neither);
+    /* K = 8192: M = 12, 17-24 at N = 5120, M = 12-24 at N = 2560 */
+    ASSERT_MSG(cc < 9 || split == 22, "the cluster split at %d points", split);
 }
 
 /* A workspace too small (or none) must still give the right answer. */

@@ -261,6 +261,24 @@ void model_free(struct model *m) {
     free(m);
 }
 
+/* The decode graph buckets up to lim rows: 1 2 4 8 16, then steps of 4 to
+ * 32, 16 to 128, 32 to 256, 64 beyond, and lim itself last. A batch replays
+ * the smallest bucket that holds it, so it runs the linears at that
+ * bucket's M: from 16 to 32 they grow in steps (H200, session 50: Qwen3-32B
+ * q|k|v 20.5 us at M = 20, 27.1 at 24; the sum over the 28 shapes of `bench
+ * kernels --set all` 856 against 873 us), hence steps of 4 there since
+ * session 50 (step8: 8, as before; AWQD_GRAPH_STEP8=1, for measurements).
+ * Returns the count (at most max). */
+int model_graph_buckets(int lim, int step8, int *bucket, int max) {
+    const int st = step8 ? 8 : 4;
+    int n = 0;
+    for (int b = 1; b <= lim && n < max;
+         b = b < 8 ? 2 * b : b < 16 ? b + 8 : b < 32 ? b + st : b < 128 ? b + 16 : b < 256 ? b + 32 : b + 64)
+        bucket[n++] = b;
+    if (n > 0 && n < max && bucket[n - 1] < lim) bucket[n++] = lim;
+    return n;
+}
+
 int model_init(const struct model_weights *w, struct ops *ops, struct comm *comm,
                const struct model_opts *opts, struct model **out, char *err, size_t errlen) {
     *out = NULL;
@@ -384,15 +402,10 @@ int model_init(const struct model_weights *w, struct ops *ops, struct comm *comm
     if (!m->h_ids || !m->h_pos || !m->h_slots || !m->h_rows || !m->h_q_start || !m->h_past ||
         !m->h_bt || !m->h_logits)
         goto oom;
-    /* graph buckets: 1 2 4 8, then steps of 8 to 32, 16 to 128, 32 to 256,
-     * 64 beyond; the largest is min(max_seqs, max_tokens) */
     if (ops->graph_begin && ops->graph_end && ops->graph_run && ops->graph_free) {
         int lim = S < T ? S : T;
-        for (int b = 1; b <= lim && m->n_buckets < MODEL_MAX_BUCKETS;
-             b = b < 8 ? 2 * b : b < 32 ? b + 8 : b < 128 ? b + 16 : b < 256 ? b + 32 : b + 64)
-            m->bucket[m->n_buckets++] = b;
-        if (m->n_buckets < MODEL_MAX_BUCKETS && m->bucket[m->n_buckets - 1] < lim)
-            m->bucket[m->n_buckets++] = lim;
+        const char *e8 = getenv("AWQD_GRAPH_STEP8");
+        m->n_buckets = model_graph_buckets(lim, e8 && !strcmp(e8, "1"), m->bucket, MODEL_MAX_BUCKETS);
     }
     *out = m;
     return 0;

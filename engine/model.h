@@ -91,6 +91,11 @@ void model_opts_default(struct model_opts *o);
  * ops and comm (not owned; they must outlive it) and nothing of w: w may be
  * freed when model_init returns. -ENOMEM with a message naming what did not
  * fit; -EINVAL on inconsistent options. */
+/* The decode CUDA-graph buckets for batches of up to lim sequences, in
+ * order (1 2 4 8 16 20 24 28 32 48 64 ...; step8: steps of 8 from 16 to 32
+ * as before session 50); returns how many (at most max). */
+int model_graph_buckets(int lim, int step8, int *bucket, int max);
+
 int model_init(const struct model_weights *w, struct ops *ops, struct comm *comm,
                const struct model_opts *opts, struct model **out, char *err, size_t errlen);
 void model_free(struct model *m);

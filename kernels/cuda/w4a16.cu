@@ -183,6 +183,51 @@ static __device__ __forceinline__ int splitk_reduce(float *acc, float *part, int
     return 1;
 }
 
+/* Thread-block cluster primitives (cluster_reduce, k_tc's cluster split,
+ * k_decode's cluster K split): sm_90+ only, where the host launches
+ * clusters; code built for less traps on the rank and skips the rest. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define W4_CL_OK 1
+#else
+#define W4_CL_OK 0
+#endif
+static __device__ __forceinline__ int cl_rank(void) {
+    uint32_t r = 0;
+#if W4_CL_OK
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+    return (int)r;
+}
+/* barrier.cluster: arrive (relaxed / release), wait (acquire) */
+static __device__ __forceinline__ void cl_arrive_relaxed(void) {
+#if W4_CL_OK
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void cl_arrive(void) {
+#if W4_CL_OK
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void cl_wait(void) {
+#if W4_CL_OK
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+/* 16 bytes into rank 0's shared memory at the address p has in this block's */
+static __device__ __forceinline__ void cl_store0(const float *p, float a, float b, float c, float d) {
+#if W4_CL_OK
+    uint32_t ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(ra) : "r"((uint32_t)__cvta_generic_to_shared(p)));
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(ra), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
+#else
+    (void)p, (void)a, (void)b, (void)c, (void)d;
+#endif
+}
+
 /* Split-K inside a thread-block cluster (sm_90): the ksplit blocks of one
  * output tile form a cluster (cluster rank == split). Each writes its NACC
  * values per thread to its own shared memory (red, NACC * NT floats, free at
@@ -198,9 +243,9 @@ static __device__ __forceinline__ int cluster_reduce(float *acc, float *red, int
     __syncthreads(); /* every warp is done with the region red reuses */
 #pragma unroll
     for (int i = 0; i < NACC; i++) red[i * NT + tid] = acc[i];
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-    uint32_t rank;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    cl_arrive();
+    cl_wait();
+    const uint32_t rank = (uint32_t)cl_rank();
     if (rank == 0) {
         const uint32_t base = smem_u32(red) + (uint32_t)tid * 4;
 #pragma unroll
@@ -216,7 +261,8 @@ static __device__ __forceinline__ int cluster_reduce(float *acc, float *red, int
             for (int i = 0; i < NACC; i++) acc[i] += v[i];
         }
     }
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    cl_arrive();
+    cl_wait();
     return rank == 0;
 #else
     (void)acc, (void)red, (void)ksplit, (void)tid;
@@ -487,50 +533,6 @@ static __device__ __forceinline__ void dc_mma(float d[4], const uint32_t a[4], u
             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* The decode kernel's cluster K split (CL > 1): sm_90+ only, where the host
- * launches it; code built for less traps. */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define DC_CL_OK 1
-#else
-#define DC_CL_OK 0
-#endif
-static __device__ __forceinline__ int dc_cl_rank(void) {
-    uint32_t r = 0;
-#if DC_CL_OK
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#elif defined(__CUDA_ARCH__)
-    __trap();
-#endif
-    return (int)r;
-}
-/* barrier.cluster: arrive (relaxed / release), wait (acquire), both */
-static __device__ __forceinline__ void dc_cl_arrive_relaxed(void) {
-#if DC_CL_OK
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void dc_cl_arrive(void) {
-#if DC_CL_OK
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void dc_cl_wait(void) {
-#if DC_CL_OK
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-/* 16 bytes into rank 0's shared memory at the address p has in this block's */
-static __device__ __forceinline__ void dc_cl_store0(const float *p, float a, float b, float c, float d) {
-#if DC_CL_OK
-    uint32_t ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(ra) : "r"((uint32_t)__cvta_generic_to_shared(p)));
-    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(ra), "f"(a), "f"(b), "f"(c), "f"(d)
-                 : "memory");
-#else
-    (void)p, (void)a, (void)b, (void)c, (void)d;
-#endif
 }
 
 /* The per-lane state of one warp of the decode kernel. */
@@ -836,10 +838,10 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
      * rank 0 adds the other ranks' sums (in rank order) and stores */
     int rank = 0;
     if constexpr (CL > 1) {
-        rank = dc_cl_rank();
+        rank = cl_rank();
         /* every block of the cluster has started before any remote store (arrived here, waited for at
          * the first column's end) */
-        dc_cl_arrive_relaxed();
+        cl_arrive_relaxed();
     }
     const int KG = KC >> 1, KGc = KG / CL, Kc = K / CL, cstride = (int)gridDim.x / CL;
     int col = (int)blockIdx.x / CL, t0 = col * TB; /* PS: columns blockIdx.x / CL + j cstride < ncols */
@@ -981,14 +983,14 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
                     for (int w = 0; w < DC_WARPS; w++)
 #pragma unroll
                         for (int j = 0; j < 4; j++) v[i][j] += red[((warp * MT * 4 + i * 4 + j) * DC_WARPS + w) * 32 + lane];
-            dc_cl_wait();
+            cl_wait();
             if (rank > 0 && warp < TB)
 #pragma unroll
                 for (int i = 0; i < MT; i++)
-                    dc_cl_store0(xr + ((((rank - 1) * TB + warp) * MT + i) * 32 + lane) * 4, v[i][0], v[i][1], v[i][2],
+                    cl_store0(xr + ((((rank - 1) * TB + warp) * MT + i) * 32 + lane) * 4, v[i][0], v[i][1], v[i][2],
                                  v[i][3]);
-            dc_cl_arrive();
-            dc_cl_wait();
+            cl_arrive();
+            cl_wait();
             if (rank == 0 && warp < TB) {
 #pragma unroll
                 for (int i = 0; i < MT; i++) {
@@ -1000,7 +1002,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
                 }
             }
             /* rank 0 has read the area: the next column's stores may go */
-            dc_cl_arrive();
+            cl_arrive();
             if (!PS) return;
         } else if (warp < TB) {
 #pragma unroll
@@ -1232,9 +1234,9 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
                 for (int i = 0; i < MW; i++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) red[((j * MW + i) * 4 + e) * C::NT + tid] = acc[j][i][e];
-            asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-            uint32_t rank;
-            asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+            cl_arrive();
+            cl_wait();
+            const uint32_t rank = (uint32_t)cl_rank();
             mine = 0;
             for (int q = (int)rank; q < 2 * MW; q += ksplit) mine |= 1u << q;
             const uint32_t base = smem_u32(red) + (uint32_t)tid * 4;
@@ -1270,7 +1272,8 @@ k_tc(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
                     for (int e = 0; e < 4; e++) acc[j][i][e] = v[e];
                 }
             /* the other blocks' areas stay alive until every remote read is done */
-            asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+            cl_arrive();
+            cl_wait();
 #elif defined(__CUDA_ARCH__)
             __trap(); /* launched as a cluster only on sm_90+: code built for less cannot reduce */
 #endif
@@ -1956,8 +1959,8 @@ extern "C" int w4a16_decode_applies(const struct w4a16_weight *w, int m) {
  * AWQD_W4A16_DC_MAX_M=2..16 lowers the last M, for measurements). */
 static int dc_in_dispatch(const struct w4a16_weight *w, int m, const struct dc_plan *pl) {
     static const int max_m = dc_env_int("AWQD_W4A16_DC_MAX_M", DC_DISPATCH_MAX_M, 2, DC_DISPATCH_MAX_M);
-    const struct dc_gpu g = dc_gpu_for(w, pl);
     if (pl && pl->cl > 1) return m <= max_m; /* the split's own rule (dc_cl_takes) */
+    const struct dc_gpu g = dc_gpu_of(w);
     return dc_dispatch_takes(m, max_m, pl, &g);
 }
 
@@ -1997,19 +2000,18 @@ static int tc_use_cluster(const struct w4a16_weight *w, int mbk, int ksplit);
 
 static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern, int *ksplit) {
     enum w4a16_kernel k = *kern;
-    if (k == W4A16_KERNEL_AUTO && decode_mode() && m > 8) { /* the decode kernel's cluster split first */
-        struct dc_plan pl;
-        if (decode_plan(w, m, &pl) && pl.cl > 1 && dc_in_dispatch(w, m, &pl)) {
-            *kern = W4A16_KERNEL_DECODE;
-            *ksplit = 1;
-            return;
-        }
+    /* the decode kernel's plan, made once for its questions below */
+    struct dc_plan pl;
+    const int has = decode_plan(w, m, &pl);
+    /* its cluster K split before the GEMM's rules */
+    if (k == W4A16_KERNEL_AUTO && decode_mode() && has && pl.cl > 1 && dc_in_dispatch(w, m, &pl)) {
+        *kern = W4A16_KERNEL_DECODE;
+        *ksplit = 1;
+        return;
     }
     if (gemm_pick(w, m, kern, ksplit)) return; /* gemm helper: large M on sm_90a */
     k = *kern;
-    {   /* the decode kernel for small M (its plan made once for both questions) */
-        struct dc_plan pl;
-        const int has = decode_plan(w, m, &pl);
+    {   /* the decode kernel for small M */
         if (k == W4A16_KERNEL_AUTO && decode_mode() && dc_in_dispatch(w, m, has ? &pl : NULL))
             k = W4A16_KERNEL_DECODE;
         if (k == W4A16_KERNEL_DECODE) {
@@ -2504,8 +2506,7 @@ static int dc_cl_sms(const struct w4a16_weight *w) {
     if (v >= 0) return v;
     v = 0;
     if (w->cc_major >= 9) {
-        void (*kern)(const uint4 *, const uint32_t *, const uint8_t *, const uint16_t *, int, int, int, int,
-                     epi_args, norm_args, w4a16_sum, int) = k_decode<3, 2, false, false, true, false, 1, true, 2>;
+        auto kern = k_decode<3, 2, false, false, true, false, 1, true, 2>;
         static std::atomic<unsigned long long> smem_set{0};
         char e[128];
         if (cuda_smem_limit_once(&smem_set, (const void *)kern, dc_smem_max(3), e, sizeof e) == 0) {

@@ -345,6 +345,15 @@ TEST(w4a16, decode_kernel_shapes) {
     }
 }
 
+/* The current device's compute capability major, 0 where it cannot be asked. */
+static int cc_major_here(void) {
+    int dev = 0, cc = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+                   cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess
+               ? cc
+               : 0;
+}
+
 /* What the decode kernel's plan knows of this GPU (kernels/cuda/dc_plan.h). */
 static int dc_gpu_here(struct dc_gpu *g) {
     int dev = 0;
@@ -519,9 +528,8 @@ TEST(w4a16, decode_cluster_split) {
         dc_layer_free(&L);
     }
     w4a16_decode_cluster(cl0);
-    int dev = 0, cc = 0;
-    ASSERT(cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
+    const int cc = cc_major_here();
+    ASSERT(cc > 0);
     ASSERT_MSG(cc < 9 || split >= 25, "the cluster split ran at %d points", split);
 }
 
@@ -580,9 +588,8 @@ TEST(w4a16, decode_dispatch_rule) {
         TEST_SKIP("a decode-plan knob is set");
     struct dc_gpu g;
     ASSERT(dc_gpu_here(&g));
-    int dev = 0, cc = 0;
-    ASSERT(cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
+    const int cc = cc_major_here();
+    ASSERT(cc > 0);
     static const struct { int k, n, gate_up; } cs[] = {
         {4096, 6144, 0}, {4096, 24576, 1}, {12288, 4096, 0}, {8192, 5120, 0},
         {25600, 5120, 0}, {12800, 5120, 0}, {2048, 5120, 0}, {8192, 2560, 0},
@@ -601,8 +608,9 @@ TEST(w4a16, decode_dispatch_rule) {
             struct dc_plan pl;
             const int has = dc_plan_make(m, cs[ci].k, (cs[ci].n + 15) / 16, 128, &g, 0, DC_PLAN_HALVE, &pl);
             /* the cluster K split by its own rule (dc_cl_takes) where its plan fits, on sm_90+ */
+            struct dc_plan pc;
             const int cl = cc >= 9 && dc_cl_takes(m, cs[ci].k, cs[ci].n) &&
-                           dc_plan_cluster(m, cs[ci].k, (cs[ci].n + 15) / 16, 128, &g, 2, 0, DC_PLAN_HALVE, &pl);
+                           dc_plan_cluster(m, cs[ci].k, (cs[ci].n + 15) / 16, 128, &g, 2, 0, DC_PLAN_HALVE, &pc);
             ASSERT_MSG((w4a16_decode_blocks_per_column(dw, m) == 2) == cl, "K %d N %d M=%d: the cluster split %s",
                        cs[ci].k, cs[ci].n, m, cl ? "not planned" : "planned");
             split += cl;

@@ -64,6 +64,7 @@
 #include "kernels/cuda/w4a16_common.cuh"
 #include "kernels/cuda/w4a16_gemm.h"
 #include "kernels/cuda/gemm_sk.h"
+#include "kernels/cuda/nat_rule.h"
 #include "kernels/cuda/stamps.cuh" /* empty unless -DAWQD_STAMPS */
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -293,6 +294,7 @@ struct gk_args {
     const uint32_t *sc;
     const uint8_t *zr;
     const uint16_t *x;
+    const uint16_t *xp; /* XP: x permuted within each 64-deep chunk (k_xperm), in the workspace */
     uint16_t *y;
     const uint16_t *bias;
     float *part;
@@ -974,6 +976,10 @@ static __device__ __forceinline__ uint32_t g_lds32(uint32_t at) {
     asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(at) : "memory");
     return v;
 }
+static __device__ __forceinline__ void g_lds128(uint32_t at, uint32_t v[4]) {
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(at) : "memory");
+}
 static __device__ __forceinline__ uint32_t g_lds8(uint32_t at) {
     uint32_t v;
     asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(at) : "memory");
@@ -1088,7 +1094,7 @@ static __device__ __forceinline__ void ws_setmaxnreg(void) {
 }
 
 template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false, bool PIPE = false, bool DR = false,
-          int NWG = 2>
+          int NWG = 2, bool XP = false>
 static __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmy) {
     /* NWG = 3 (mode 7, session 36; picked since session 37): three consumer
@@ -1096,6 +1102,11 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
      * the pipelined loop and mode 6's split */
     static_assert(NWG == 2 || (NWG == 3 && MT == 1 && (BN == 64 || BN == 96 || BN == 128) && NAT && PIPE && DR && !CL && !TS),
                   "k_w4gemm_ws: three consumer warpgroups only as mode 7");
+    /* XP (session 51): x by TMA from a copy permuted within each 64-deep
+     * chunk (k_xperm) into the repacked words' k order, so the weight words
+     * are read as they are stored (one 16-byte load a tile, no gathers) */
+    static_assert(!XP || NAT, "k_w4gemm_ws: XP only with x by TMA");
+    constexpr bool GW = NAT && !XP; /* the weight words gathered in natural k order */
     typedef gk_cfg<MT, BN, ST, NWG> C;
     constexpr int NCW = 4 * NWG; /* consumer warps */
     /* NAT: the weight words by g_quad_gather instead of the quad exchange
@@ -1106,7 +1117,8 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
      * chunk i's group; the other pipelined loops gather each chunk's words
      * right before its dequantization (holding 8 gathered words a tile
      * through the group made them 1.02-1.03x slower, session 37). */
-    constexpr bool GE = PIPE && DR && NWG == 2;
+    constexpr bool GE = PIPE && DR && NWG == 2 && !XP;
+    constexpr bool XE = PIPE && DR && NWG == 2 && XP; /* mode 6 with XP: chunk i + 1's words early, as GE */
     /* A ring of ST stages where ST is not a power of two (5 at 1 x 256
      * without the bulk stores, 7 at 2 x 128): the slot and phase of a chunk
      * are kept running instead of computed as it % ST and it / ST (a
@@ -1190,7 +1202,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
                         const int q = h0 + j;
                         const bool ok = cb0 + (q >> 1) < ncb;
                         const uint32_t off = wo + (uint32_t)(q >> 1) * kc256 + (uint32_t)(q & 1) * 128u;
-                        g_cp16(st + C::X_BYTES + (NAT ? 128 * j + 32 * pw + wl : pt + 128 * j) * 16,
+                        g_cp16(st + C::X_BYTES + (GW ? 128 * j + 32 * pw + wl : pt + 128 * j) * 16,
                                a.qw + (ok ? off : 0u), ok ? 16 : 0);
                     }
                     if (pt < 2 * C::BT) {
@@ -1302,10 +1314,10 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     /* the lane's shared offsets from a stage's start, tile mt = 0 (tile mt:
      * n16 tile T0 + 4 mt): its gathered weight words (NAT), scales, zeros */
     const int T0 = wg * MT * 4 + wq;
-    const uint32_t ow = g_keep(C::X_BYTES + T0 * 512 + g_quad_lane(r, c));
+    const uint32_t ow = g_keep(C::X_BYTES + T0 * 512 + (GW ? g_quad_lane(r, c) : (uint32_t)lane * 16u));
     const uint32_t os = g_keep(C::X_BYTES + C::W_BYTES + (T0 * 8 + r) * 4);
     const uint32_t oz = g_keep(C::X_BYTES + C::W_BYTES + C::S_BYTES + T0 * 8 + r);
-    const uint32_t gsel = g_keep(g_quad_sel(c));
+    const uint32_t gsel = GW ? g_keep(g_quad_sel(c)) : 0u;
     /* chunk kk into buffer B (compile-time register indices): dequantize,
      * issue, wait until one group is pending, free the previous
      * chunk's stage once its last group has completed. Measured against one
@@ -1327,7 +1339,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
         auto deq = [&](auto mtc) {
             constexpr int mt = decltype(mtc)::value;
             uint32_t nw[4];
-            if constexpr (NAT) {
+            if constexpr (GW) {
                 uint32_t g[8];
                 g_quad_gather(xb + ow + mt * 2048, g);
                 g_quad_words(g, gsel, nw);
@@ -1393,7 +1405,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
      * ld.shared. The wgmma sequence of a tile is the plain loop's: results
      * are bit for bit the same. */
     struct pipe_raw {
-        uint32_t g[MT][8]; /* g_quad_gather's words (GE) */
+        uint32_t g[MT][GE ? 8 : XE ? 4 : 1]; /* g_quad_gather's words (GE), the stored words (XE) */
         uint32_t s2[MT], z[MT];
     };
     uint32_t pa[PIPE ? 2 : 1][4][MT][4];
@@ -1404,6 +1416,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             if constexpr (GE) g_quad_gather(st + ow + mt * 2048, rw.g[mt]);
+            if constexpr (XE) g_lds128(st + ow + mt * 2048, rw.g[mt]);
             rw.s2[mt] = g_lds32(st + os + mt * 128);
             rw.z[mt] = g_lds8(st + oz + mt * 32);
         }
@@ -1418,6 +1431,11 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
             uint32_t nw[4];
             if constexpr (GE) {
                 g_quad_words(rw.g[mt], gsel, nw);
+            } else if constexpr (XE) {
+#pragma unroll
+                for (int t = 0; t < 4; t++) nw[t] = rw.g[mt][t];
+            } else if constexpr (XP) { /* the lane's own 16 bytes, as stored */
+                g_lds128(xb + ow + mt * 2048, nw);
             } else {
                 uint32_t g[8];
                 g_quad_gather(xb + ow + mt * 2048, g);
@@ -2209,10 +2227,17 @@ extern "C" void w4a16_gemm_choice(const struct w4a16_gemm_args *a, int *mt, int 
     *mode = ch.mode;
 }
 
+static int xp_mode(void);
+static size_t xp_bytes(const struct w4a16_gemm_args *a);
+static bool xp_path(const struct w4a16_gemm_args *a, const gk_choice &ch);
 extern "C" size_t w4a16_gemm_workspace(const struct w4a16_gemm_args *a) {
     gk_choice d;
-    const size_t w = ws_of(a, gk_choose(a)), wd = dr_auto(a, (size_t)-1, &d) ? ws_of(a, d) : 0;
-    return wd > w ? wd : w;
+    const gk_choice c = gk_choose(a);
+    const bool dr = dr_auto(a, (size_t)-1, &d);
+    const size_t w = ws_of(a, c), wd = dr ? ws_of(a, d) : 0;
+    /* XP: x's permuted copy at the end (and its 256-byte alignment) */
+    const size_t xb = xp_path(a, dr ? d : c) ? xp_bytes(a) + 256 : 0;
+    return (wd > w ? wd : w) + xb;
 }
 
 extern "C" size_t w4a16_gemm_sk_workspace(int sms) {
@@ -2351,14 +2376,14 @@ static int ws_ymap(CUtensorMap *tm, uint16_t *y, int m, int cols, int ldy, int b
 }
 
 template <int MT, int BN, int ST, bool CL, bool NAT, bool TS = false, bool PIPE = false, bool DR = false,
-          int NWG = 2>
+          int NWG = 2, bool XP = false>
 static int ws_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0};
     CUtensorMap tm, tmy;
     memset(&tm, 0, sizeof tm);
     memset(&tmy, 0, sizeof tmy);
     if (NAT) {
-        const int rc = ws_xmap(&tm, ka.x, ka.m, ka.K, BN, err, errlen);
+        const int rc = ws_xmap(&tm, XP ? ka.xp : ka.x, ka.m, ka.K, BN, err, errlen);
         if (rc) return rc;
     }
     if (TS && ka.ldy % 8 == 0) {
@@ -2367,9 +2392,9 @@ static int ws_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char
         if (rc) return rc;
     }
     if (NWG == 3) /* mode 7: no staging slices (its tiles end in gk_dr_store) */
-        return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT, TS, PIPE, DR, NWG>, &smem_set, grid, 512,
+        return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT, TS, PIPE, DR, NWG, XP>, &smem_set, grid, 512,
                             gk_cfg<MT, BN, ST, NWG>::SMEM, CL, pdl, s, err, errlen, ka, tm, tmy);
-    return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT, TS, PIPE, DR, NWG>, &smem_set, grid, WS_THREADS,
+    return gk_launch_ex(k_w4gemm_ws<MT, BN, ST, CL, NAT, TS, PIPE, DR, NWG, XP>, &smem_set, grid, WS_THREADS,
                         TS ? WS_SMEM_TS(MT, BN, ST) : WS_SMEM(MT, BN, ST), CL, pdl, s, err, errlen, ka, tm, tmy);
 }
 
@@ -2443,38 +2468,119 @@ static int pipe_default(void) {
     return on;
 }
 
-template <bool CL, bool NAT>
-static int ws_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
-                       char *err, size_t errlen) {
-    if (NAT && !CL && ch.mode == 7) { /* mode 6 with three consumer warpgroups (192-row tiles) */
-        if (ch.bn == 96)
-            return ws_launch<1, 96, GK_ST_1_96, false, true, false, true, true, 3>(ka, grid, pdl, s, err, errlen);
-        if (ch.bn == 128)
-            return ws_launch<1, 128, GK_ST_1_128, false, true, false, true, true, 3>(ka, grid, pdl, s, err, errlen);
-        return ws_launch<1, 64, GK_ST_1_64, false, true, false, true, true, 3>(ka, grid, pdl, s, err, errlen);
+/* XP (session 51): x permuted within each 64-deep chunk into the repacked
+ * weight words' k order, so that the pipelined loops read the words as
+ * stored instead of gathering them in natural k order (g_quad_gather: 8
+ * 4-byte loads and 4 prmt per tile and chunk -> one 16-byte load). The
+ * repacked word t of lane c holds k = 16c + 4t + j (w4a16.cu "Device weight
+ * layout"); with TMA delivering xp in wgmma's canonical order, k16 step t
+ * must hold at positions 2c + {0, 1} and 2c + 8 + {0, 1} the k 16c + 4t +
+ * {0, 1} and {2, 3}. In 32-bit pairs of a chunk: xp pair 4u + c = x pair
+ * 8c + u (u = 2t + h, h the half of the step): a 4 x 8 transpose of pairs.
+ * A thread per 16-byte unit, through shared memory. PDL: lets the GEMM
+ * launch at once (its weights are requested before its own wait, which
+ * returns when this kernel has finished) and waits for x's producer. */
+#define XP_THREADS 256
+static __global__ void __launch_bounds__(XP_THREADS) k_xperm(const uint4 *__restrict__ x, uint4 *__restrict__ xp,
+                                                             int units) {
+    /* a block: 32 chunks (4 KB), one 16-byte unit a thread, coalesced in
+     * and out; the chunks 40 words apart in shared memory, so that the 32
+     * lanes of a warp (4 chunks x 8 units) read 32 banks for each c */
+    __shared__ __align__(16) uint32_t sm[32 * 40];
+    pdl_launch();
+    const int t = threadIdx.x, ch = t >> 3, q = t & 7;
+    const int u = blockIdx.x * XP_THREADS + t;
+    pdl_wait();
+    if (u < units) *(uint4 *)&sm[ch * 40 + q * 4] = x[u];
+    __syncthreads();
+    if (u < units) /* unit q of the permuted chunk: pairs 4q + c = pairs 8c + q of x's */
+        xp[u] = make_uint4(sm[ch * 40 + q], sm[ch * 40 + 8 + q], sm[ch * 40 + 16 + q], sm[ch * 40 + 24 + q]);
+}
+
+/* XP: 0 off, 1 (default) by nat_xp_takes (kernels/cuda/nat_rule.h), 2
+ * wherever x comes by TMA (modes 4, 6, 7), 3 as 2 without k_xperm (x read
+ * as if permuted: wrong results, timing only); each where the workspace
+ * also holds x's copy. AWQD_W4A16_GEMM_XP sets it
+ * at the first call. */
+static std::atomic<int> g_xp{-1};
+static int xp_mode(void) {
+    int v = g_xp.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("AWQD_W4A16_GEMM_XP");
+        v = e ? atoi(e) : 1;
+        if (v < 0 || v > 3) v = 1;
+        int want = -1;
+        g_xp.compare_exchange_strong(want, v);
+        v = g_xp.load(std::memory_order_relaxed);
     }
-    if (NAT && !CL && ch.mode == 6) { /* the pipelined loop, the split reduced by all its blocks */
-        if (ch.bn == 96) /* 1 x 96 only (w4a16_gemm_config, dr_pick) */
-            return ws_launch<1, 96, GK_ST_1_96, false, true, false, true, true>(ka, grid, pdl, s, err, errlen);
-        if (ch.bn == 128)
-            return ws_launch<1, 128, GK_ST_1_128, false, true, false, true, true>(ka, grid, pdl, s, err, errlen);
-        if (ch.mt == 1) return ws_launch<1, 64, GK_ST_1_64, false, true, false, true, true>(ka, grid, pdl, s, err, errlen);
-        return ws_launch<2, 64, GK_ST_2_64, false, true, false, true, true>(ka, grid, pdl, s, err, errlen);
+    return v;
+}
+extern "C" int w4a16_gemm_xp(int mode) {
+    if (mode >= 0 && mode <= 3) {
+        xp_mode();
+        g_xp.store(mode, std::memory_order_relaxed);
     }
-    if (NAT && ch.bn == 64 && ka.m <= GK_PIPE_MAX_M && pipe_default()) { /* k_w4gemm_ws's PIPE */
+    return xp_mode();
+}
+static std::atomic<unsigned long> g_xp_launches{0};
+extern "C" unsigned long w4a16_gemm_xp_launches(void) { return g_xp_launches.load(std::memory_order_relaxed); }
+
+/* the permuted copy's bytes (whole 256-byte units) */
+static size_t xp_bytes(const struct w4a16_gemm_args *a) { return ((size_t)a->m * a->k * 2 + 255) / 256 * 256; }
+
+/* The pipelined loops (modes 6, 7; mode 4 at BN = 64 and M <= GK_PIPE_MAX_M):
+ * XP (x permuted by k_xperm) runs only here. Returns 1 with *rc set where
+ * the call took one of them. */
+template <bool CL, bool XP>
+static int ws_dispatch_pipe(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
+                            char *err, size_t errlen, int *rc) {
+    if (!CL && ch.mode == 7) { /* mode 6 with three consumer warpgroups (192-row tiles) */
+        *rc = ch.bn == 96    ? ws_launch<1, 96, GK_ST_1_96, false, true, false, true, true, 3, XP>(ka, grid, pdl, s, err, errlen)
+              : ch.bn == 128 ? ws_launch<1, 128, GK_ST_1_128, false, true, false, true, true, 3, XP>(ka, grid, pdl, s, err, errlen)
+                             : ws_launch<1, 64, GK_ST_1_64, false, true, false, true, true, 3, XP>(ka, grid, pdl, s, err, errlen);
+        return 1;
+    }
+    if (!CL && ch.mode == 6) { /* the pipelined loop, the split reduced by all its blocks */
+        /* 1 x 96 only (w4a16_gemm_config, dr_pick) */
+        *rc = ch.bn == 96    ? ws_launch<1, 96, GK_ST_1_96, false, true, false, true, true, 2, XP>(ka, grid, pdl, s, err, errlen)
+              : ch.bn == 128 ? ws_launch<1, 128, GK_ST_1_128, false, true, false, true, true, 2, XP>(ka, grid, pdl, s, err, errlen)
+              : ch.mt == 1   ? ws_launch<1, 64, GK_ST_1_64, false, true, false, true, true, 2, XP>(ka, grid, pdl, s, err, errlen)
+                             : ws_launch<2, 64, GK_ST_2_64, false, true, false, true, true, 2, XP>(ka, grid, pdl, s, err, errlen);
+        return 1;
+    }
+    if (ch.bn == 64 && ka.m <= GK_PIPE_MAX_M && pipe_default() && (ch.mt == 1 || ch.mt == 2)) { /* PIPE */
         const bool ts = !CL && ws_bulk_store(ch, ka);
-#define PIPE_CASE(M_)                                                                                         \
-    if (ch.mt == M_)                                                                                          \
-        return ts ? ws_launch<M_, 64, GK_TS_ST_##M_##_64, false, true, true, true>(ka, grid, pdl, s, err, errlen) \
-                  : ws_launch<M_, 64, GK_ST_##M_##_64, CL, true, false, true>(ka, grid, pdl, s, err, errlen);
-        PIPE_CASE(1)
-        PIPE_CASE(2)
-#undef PIPE_CASE
+        if (ch.mt == 1)
+            *rc = ts ? ws_launch<1, 64, GK_TS_ST_1_64, false, true, true, true, false, 2, XP>(ka, grid, pdl, s, err, errlen)
+                     : ws_launch<1, 64, GK_ST_1_64, CL, true, false, true, false, 2, XP>(ka, grid, pdl, s, err, errlen);
+        else
+            *rc = ts ? ws_launch<2, 64, GK_TS_ST_2_64, false, true, true, true, false, 2, XP>(ka, grid, pdl, s, err, errlen)
+                     : ws_launch<2, 64, GK_ST_2_64, CL, true, false, true, false, 2, XP>(ka, grid, pdl, s, err, errlen);
+        return 1;
+    }
+    return 0;
+}
+
+/* Where a call runs XP: mode 4, 6 or 7 (x by TMA), and by xp_mode(): 2 /
+ * 3 always, 1 by the rule (nat_rule.h nat_xp_takes) */
+static bool xp_path(const struct w4a16_gemm_args *a, const gk_choice &ch) {
+    const int v = xp_mode();
+    if (!v || !(ch.mode == 4 || ch.mode == 6 || ch.mode == 7)) return false;
+    return v >= 2 || nat_xp_takes(a->m, a->k, (long long)a->n16 * 16);
+}
+
+template <bool CL, bool NAT, bool XP>
+static int ws_dispatch_x(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
+                         char *err, size_t errlen) {
+    if (NAT) {
+        int rc = 0;
+        if (ws_dispatch_pipe<CL, XP>(ch, ka, grid, pdl, s, err, errlen, &rc)) return rc;
     }
     if (!CL && NAT && ws_bulk_store(ch, ka)) {
 #define TS_CASE(M_, N_)                                                                                        \
     if (ch.mt == M_ && ch.bn == N_)                                                                            \
-        return ws_launch<M_, N_, GK_TS_ST_##M_##_##N_, false, true, true>(ka, grid, pdl, s, err, errlen);
+        return ws_launch<M_, N_, GK_TS_ST_##M_##_##N_, false, true, true, false, false, 2, XP>(ka, grid, pdl, s, err, \
+                                                                                             errlen);
         TS_CASE(1, 64)
         TS_CASE(2, 64)
         TS_CASE(1, 96)
@@ -2482,13 +2588,19 @@ static int ws_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pd
         TS_CASE(1, 256)
 #undef TS_CASE
     }
-    if (ch.mt == 1 && ch.bn == 64) return ws_launch<1, 64, GK_ST_1_64, CL, NAT>(ka, grid, pdl, s, err, errlen);
-    if (ch.mt == 2 && ch.bn == 64) return ws_launch<2, 64, GK_ST_2_64, CL, NAT>(ka, grid, pdl, s, err, errlen);
-    if (ch.mt == 1 && ch.bn == 96) return ws_launch<1, 96, GK_ST_1_96, CL, NAT>(ka, grid, pdl, s, err, errlen);
-    if (ch.mt == 1 && ch.bn == 128) return ws_launch<1, 128, GK_ST_1_128, CL, NAT>(ka, grid, pdl, s, err, errlen);
-    if (ch.mt == 2 && ch.bn == 128) return ws_launch<2, 128, GK_ST_2_128, CL, NAT>(ka, grid, pdl, s, err, errlen);
-    if (ch.mt == 1 && ch.bn == 256) return ws_launch<1, 256, GK_ST_1_256, CL, NAT>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 1 && ch.bn == 64) return ws_launch<1, 64, GK_ST_1_64, CL, NAT, false, false, false, 2, XP>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 2 && ch.bn == 64) return ws_launch<2, 64, GK_ST_2_64, CL, NAT, false, false, false, 2, XP>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 1 && ch.bn == 96) return ws_launch<1, 96, GK_ST_1_96, CL, NAT, false, false, false, 2, XP>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 1 && ch.bn == 128) return ws_launch<1, 128, GK_ST_1_128, CL, NAT, false, false, false, 2, XP>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 2 && ch.bn == 128) return ws_launch<2, 128, GK_ST_2_128, CL, NAT, false, false, false, 2, XP>(ka, grid, pdl, s, err, errlen);
+    if (ch.mt == 1 && ch.bn == 256) return ws_launch<1, 256, GK_ST_1_256, CL, NAT, false, false, false, 2, XP>(ka, grid, pdl, s, err, errlen);
     return util_err(err, errlen, -EINVAL, "w4a16_gemm: bad tile configuration %d x %d", ch.mt, ch.bn);
+}
+template <bool CL, bool NAT>
+static int ws_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
+                       char *err, size_t errlen) {
+    if (NAT && ka.xp) return ws_dispatch_x<CL, true, true>(ch, ka, grid, pdl, s, err, errlen);
+    return ws_dispatch_x<CL, NAT, false>(ch, ka, grid, pdl, s, err, errlen);
 }
 
 template <bool WG, bool CL>
@@ -2519,6 +2631,23 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
         if (ch.mode == 7 && !(ws && dr_fits(a, ch.mt, ch.bn, kse, ws_bytes, 7))) ch.mode = 6;
         if (ch.mode == 6 && !(ws && dr_fits(a, ch.mt, ch.bn, kse, ws_bytes, 6))) ch.mode = 4;
     }
+    /* XP: x's permuted copy at the workspace's end, where the rest still
+     * holds what the call needs (else the gathers, as before) */
+    uint16_t *xp = NULL;
+    if (xp_path(a, ch) && ws) {
+        const size_t xb = xp_bytes(a);
+        const uintptr_t end = ((uintptr_t)ws + ws_bytes) & ~(uintptr_t)255;
+        if (end >= (uintptr_t)ws + xb) {
+            const size_t rest = end - xb - (uintptr_t)ws;
+            gk_choice t = ch;
+            t.ks = cdiv(a->kc, cdiv(a->kc, ch.ks > 0 ? ch.ks : 1));
+            const bool dr = ch.mode == 6 || ch.mode == 7;
+            if (dr ? dr_fits(a, t.mt, t.bn, t.ks, rest, t.mode) != 0 : ws_of(a, t) <= rest) {
+                xp = (uint16_t *)(end - xb);
+                ws_bytes = rest;
+            }
+        }
+    }
     /* split: in a cluster (no workspace), else what fits the workspace and
      * the counters */
     int ks = ch.ks > 0 ? ch.ks : 1;
@@ -2541,6 +2670,7 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
     ka.sc = a->sc;
     ka.zr = a->zr;
     ka.x = a->x;
+    ka.xp = xp;
     ka.y = a->y;
     ka.bias = a->bias;
     ka.part = (float *)ws;
@@ -2565,6 +2695,16 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
     ka.skD = sk ? sk_whole(a, ch.mt, ch.bn) : ka.ntiles;
     ka.skT = sk ? (ka.ntiles - ka.skD) * a->kc : 0;
     if (sk) g_sk_launches.fetch_add(1, std::memory_order_relaxed);
+    if (xp) { /* x's permuted copy first (XP) */
+        g_xp_launches.fetch_add(1, std::memory_order_relaxed);
+        if (xp_mode() != 3) {
+            static std::atomic<unsigned long long> xset{0};
+            const int units = a->m * a->kc * 8;
+            const int rc = gk_launch_ex(k_xperm, &xset, dim3(cdiv(units, XP_THREADS)), XP_THREADS, 0, false, pdl, s,
+                                        err, errlen, (const uint4 *)a->x, (uint4 *)xp, units);
+            if (rc) return rc;
+        }
+    }
     if (ch.mode >= 3) { /* persistent: one block per SM; a split: one tile per block, in a cluster */
         const int sms = a->sms > 0 ? a->sms : 1;
         const dim3 grid = ks > 1 ? dim3(ka.ntiles, 1, ks)

@@ -106,6 +106,19 @@ unsigned long w4a16_gemm_sk_launches(void);
  * its blocks through the workspace (tests, benchmarks). */
 unsigned long w4a16_gemm_dr_launches(void);
 
+/* XP (session 51): x copied permuted within each 64-deep chunk into the
+ * repacked weight words' k order (one small kernel before the GEMM, the copy
+ * at the workspace's end) so that the pipelined consumer loops (modes 6, 7,
+ * and mode 4 at M <= 64) read each weight word as stored instead of
+ * gathering it in natural k order. mode: 0 off, 1 on where such a call's
+ * workspace also holds the copy, 2 as 1 without the copy (x read as if
+ * permuted: wrong results; timing only); < 0 only asks. Process-wide;
+ * AWQD_W4A16_GEMM_XP sets it at the first call. Returns the mode now. */
+int w4a16_gemm_xp(int mode);
+
+/* Calls so far (process-wide) that ran XP (tests, benchmarks). */
+unsigned long w4a16_gemm_xp_launches(void);
+
 /* The configuration a call with these arguments uses (after any forcing). */
 void w4a16_gemm_choice(const struct w4a16_gemm_args *a, int *mt, int *bn, int *ksplit, int *mode);
 

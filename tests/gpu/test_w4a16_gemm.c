@@ -456,6 +456,98 @@ TEST(w4a16_gemm, split_all_blocks_matches_cluster) {
     cudaFree(ws);
 }
 
+/* XP (session 51): x copied permuted within each 64-deep chunk (k_xperm)
+ * into the repacked words' k order, the weight words read as stored. That is
+ * mode 3's x permutation (its 4-byte copies put pair 8c + u of a chunk at 4u
+ * + c) with mode 4's pipelined loops, so each call is bit for bit mode 3's
+ * at the same tile and split: mode 4 at split 1 and 3 (cluster), mode 6 at
+ * splits 2, 3, 8 (mode 3 reduces in a cluster, mode 6 through the
+ * workspace: the same order), mode 7 against mode 3's 1 x 64; the plain loop
+ * (M = 100, 257) on every tile at splits 1 and 3. Plain + bias and gate|up,
+ * M = 1, 17, 64; each XP call checked to have run XP. Then the
+ * automatic choice with XP on the Qwen3-8B shapes against the CPU reference
+ * (gcheck) at M = 17, 40, 64. */
+static void xp_case(struct gcase *c, void *ws, size_t wsb, int mt, int bn, int ks, int mode, int mode3_mt) {
+    run_cfg(&c->h, c->dx, c->dy, ws, wsb, c->M, c->gu, mode3_mt, bn, ks, 3, c->ya, c->ny);
+    if (test_failed()) return;
+    const int x0 = w4a16_gemm_xp(-1);
+    w4a16_gemm_xp(2);
+    const unsigned long n0 = w4a16_gemm_xp_launches();
+    run_cfg(&c->h, c->dx, c->dy, ws, wsb, c->M, c->gu, mt, bn, ks, mode, c->yb, c->ny);
+    w4a16_gemm_xp(x0);
+    if (test_failed()) return;
+    ASSERT_MSG(w4a16_gemm_xp_launches() == n0 + 1, "XP did not run (mode %d %dx%d split %d M=%d)", mode, mt, bn, ks,
+               c->M);
+    size_t at = c->ny;
+    for (size_t e = 0; e < c->ny && at == c->ny; e++)
+        if (c->ya[e] != c->yb[e]) at = e;
+    ASSERT_MSG(at == c->ny, "%s M=%d mode %d %dx%d split %d with XP != mode 3: y[%zu][%zu] %g vs %g",
+               c->gu ? "gate|up" : "plain", c->M, mode, mt, bn, ks, (at < c->ny ? at : 0) / c->oc,
+               (at < c->ny ? at : 0) % c->oc, f_from_h(c->yb[at < c->ny ? at : 0]),
+               f_from_h(c->ya[at < c->ny ? at : 0]));
+}
+
+TEST(w4a16_gemm, xp_matches_warp_specialized) {
+    NEED_GEMM();
+    const size_t wsb = (size_t)64 << 20;
+    void *ws = NULL;
+    GCK(cudaMalloc(&ws, wsb));
+    static const int ms[] = {1, 17, 64};
+    for (int gu = 0; gu < 2 && !test_failed(); gu++)
+        for (int mi = 0; mi < 3 && !test_failed(); mi++) {
+            struct gcase c;
+            gcase_make(&c, 1536, gu ? 2 * 496 : 1000, gu, ms[mi]);
+            for (int mt = 1; mt <= 2 && !test_failed(); mt++) {
+                static const int k4[] = {1, 3}, k6[] = {2, 3, 8};
+                for (int i = 0; i < 2 && !test_failed(); i++) xp_case(&c, ws, wsb, mt, 64, k4[i], 4, mt);
+                for (int i = 0; i < 3 && !test_failed(); i++) xp_case(&c, ws, wsb, mt, 64, k6[i], 6, mt);
+                if (mt == 1)
+                    for (int i = 0; i < 3 && !test_failed(); i++) xp_case(&c, ws, wsb, 1, 64, k6[i], 7, 1);
+            }
+            gcase_free(&c);
+        }
+    /* the plain loop (M > 64): every tile of mode 4, splits 1 and 3, two
+     * and five token tiles */
+    for (int gu = 0; gu < 2 && !test_failed(); gu++)
+        for (int mi = 0; mi < 2 && !test_failed(); mi++) {
+            struct gcase c;
+            gcase_make(&c, 1536, gu ? 2 * 496 : 1000, gu, mi ? 257 : 100);
+            for (int ci = 0; ci < 5 && !test_failed(); ci++)
+                for (int ks = 1; ks <= 3 && !test_failed(); ks += 2)
+                    xp_case(&c, ws, wsb, CFGS[ci][0], CFGS[ci][1], ks, 4, CFGS[ci][0]);
+            gcase_free(&c);
+        }
+    cudaFree(ws);
+    static const struct { int k, n, gu; } sh[] = {{4096, 6144, 0}, {4096, 4096, 0}, {4096, 2 * 12288, 1},
+                                                  {12288, 4096, 0}};
+    static const int am[] = {17, 40, 64};
+    const int x0 = w4a16_gemm_xp(-1);
+    w4a16_gemm_xp(2);
+    for (int si = 0; si < 4 && !test_failed(); si++) {
+        struct glayer h;
+        glayer_make(&h, sh[si].k, sh[si].n, 128, sh[si].gu, !sh[si].gu);
+        if (test_failed()) break;
+        for (int i = 0; i < 3 && !test_failed(); i++) {
+            const unsigned long n0 = w4a16_gemm_xp_launches();
+            gcheck(&h, sh[si].gu, am[i], !sh[si].gu, W4A16_KERNEL_WGMMA, 0, 0, "XP, automatic");
+            ASSERT_MSG(w4a16_gemm_xp_launches() >= n0 + 2, "XP did not run (K=%d N=%d M=%d)", sh[si].k, sh[si].n,
+                       am[i]);
+        }
+        /* the default (nat_rule.h nat_xp_takes): gate|up (K N = 96 Mi) at
+         * M = 32, not q|k|v (24 Mi) */
+        if (si == 0 || si == 2) {
+            w4a16_gemm_xp(1);
+            const unsigned long n0 = w4a16_gemm_xp_launches();
+            gcheck(&h, sh[si].gu, 32, !sh[si].gu, W4A16_KERNEL_WGMMA, 0, 0, "XP by the rule");
+            ASSERT_MSG(w4a16_gemm_xp_launches() == n0 + (si == 2 ? 2 : 0), "XP by the rule: K=%d N=%d M=32 ran %lu",
+                       sh[si].k, sh[si].n, w4a16_gemm_xp_launches() - n0);
+            w4a16_gemm_xp(2);
+        }
+        glayer_free(&h);
+    }
+    w4a16_gemm_xp(x0);
+}
+
 TEST(w4a16_gemm, warp_specialized_matches_session3) {
     NEED_GEMM();
     compare_modes(0, 3, 4, -1.f);

@@ -2469,7 +2469,7 @@ static int pipe_default(void) {
 }
 
 /* XP (session 51): x permuted within each 64-deep chunk into the repacked
- * weight words' k order, so that the pipelined loops read the words as
+ * weight words' k order, so that the consumer loops read the words as
  * stored instead of gathering them in natural k order (g_quad_gather: 8
  * 4-byte loads and 4 prmt per tile and chunk -> one 16-byte load). The
  * repacked word t of lane c holds k = 16c + 4t + j (w4a16.cu "Device weight
@@ -2500,8 +2500,7 @@ static __global__ void __launch_bounds__(XP_THREADS) k_xperm(const uint4 *__rest
 /* XP: 0 off, 1 (default) by nat_xp_takes (kernels/cuda/nat_rule.h), 2
  * wherever x comes by TMA (modes 4, 6, 7), 3 as 2 without k_xperm (x read
  * as if permuted: wrong results, timing only); each where the workspace
- * also holds x's copy. AWQD_W4A16_GEMM_XP sets it
- * at the first call. */
+ * also holds x's copy. AWQD_W4A16_GEMM_XP sets it at the first call. */
 static std::atomic<int> g_xp{-1};
 static int xp_mode(void) {
     int v = g_xp.load(std::memory_order_relaxed);
@@ -2528,9 +2527,9 @@ extern "C" unsigned long w4a16_gemm_xp_launches(void) { return g_xp_launches.loa
 /* the permuted copy's bytes (whole 256-byte units) */
 static size_t xp_bytes(const struct w4a16_gemm_args *a) { return ((size_t)a->m * a->k * 2 + 255) / 256 * 256; }
 
-/* The pipelined loops (modes 6, 7; mode 4 at BN = 64 and M <= GK_PIPE_MAX_M):
- * XP (x permuted by k_xperm) runs only here. Returns 1 with *rc set where
- * the call took one of them. */
+/* The pipelined loops (modes 6, 7; mode 4 at BN = 64 and M <= GK_PIPE_MAX_M),
+ * with or without XP. Returns 1 with *rc set where the call took one of
+ * them. */
 template <bool CL, bool XP>
 static int ws_dispatch_pipe(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
                             char *err, size_t errlen, int *rc) {

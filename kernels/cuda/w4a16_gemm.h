@@ -108,11 +108,13 @@ unsigned long w4a16_gemm_dr_launches(void);
 
 /* XP (session 51): x copied permuted within each 64-deep chunk into the
  * repacked weight words' k order (one small kernel before the GEMM, the copy
- * at the workspace's end) so that the pipelined consumer loops (modes 6, 7,
- * and mode 4 at M <= 64) read each weight word as stored instead of
- * gathering it in natural k order. mode: 0 off, 1 on where such a call's
- * workspace also holds the copy, 2 as 1 without the copy (x read as if
- * permuted: wrong results; timing only); < 0 only asks. Process-wide;
+ * at the workspace's end) so that the consumer loops of modes 4, 6 and 7
+ * read each weight word as stored instead of gathering it in natural k
+ * order; results as mode 3's. mode: 0 off, 1 (default) where nat_rule.h's
+ * nat_xp_takes says (M <= 64, K N >= 56 Mi), 2 on every mode 4 / 6 / 7
+ * call, 3 as 2 without the copy (x read as if permuted: wrong results;
+ * timing only); each only where the call's workspace also holds the copy
+ * (w4a16_gemm_workspace counts it). < 0 only asks. Process-wide;
  * AWQD_W4A16_GEMM_XP sets it at the first call. Returns the mode now. */
 int w4a16_gemm_xp(int mode);
 

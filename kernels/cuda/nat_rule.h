@@ -168,20 +168,20 @@ static inline int nat_wide_takes(int m, int k, long long n, int sms, int hbm_big
  * within each 64-deep chunk into the repacked weight words' k order by a
  * small kernel before it, so that the consumers read each weight word as
  * stored instead of gathering it in natural k order. H200, back to back
- * (bench kernels --set all, XP against the gathers in one binary, two runs):
- * at M = 17-64, K N >= 56 Mi 0.94-0.99x the time (Qwen3-32B gate|up M = 17
- * 76.0 -> 72.4 us, Llama-3-70B gate|up 128.1 -> 121.4, down 70.4 -> 66.6;
- * Qwen3-8B gate|up M = 32 / 64 0.98x, Llama-3-70B tp = 4 down 0.98-0.99x);
- * below it the copy's ~0.5-1 us outweighs the gathers (Qwen3-8B down
- * (48 Mi) 1.00-1.01x, q|k|v M = 64 1.04x, the tp = 4 q|k|v shards
- * 1.02-1.05x); at M = 96 only gate|up gained, from 128 on every shape lost
- * (M = 512 / 1024 1.06x geometric mean). Measured on the H200 only; applied
- * to the H100 too (AWQD_W4A16_GEMM_XP=0 turns it off). */
+ * (bench kernels --set all, XP against the previous commit, two runs):
+ * the gate|up matrices of K N >= 56 Mi at M = 17-64 0.91-0.98x the time
+ * (Qwen3-32B gate|up M = 17 75.9 -> 71.7 us, Llama-3-70B gate|up 127.5 ->
+ * 119.3, Qwen3-8B gate|up M = 32 / 64 0.97 / 0.98x); every down_proj and
+ * Llama-3-70B o 1.03-1.06x (the copy grows with K: 64 rows of Qwen3-32B
+ * down are 3.3 MB), the small matrices 1.02-1.05x; above M = 64 every shape
+ * but the large gate|up at 96 lost (M = 512 / 1024 1.06x geometric mean).
+ * Measured on the H200 only; applied to the H100 too
+ * (AWQD_W4A16_GEMM_XP=0 turns it off). */
 #define NAT_XP_MAX_M 64
 #define NAT_XP_KN (56ll << 20)
 
-static inline int nat_xp_takes(int m, int k, long long n) {
-    return m >= 1 && m <= NAT_XP_MAX_M && (long long)k * n >= NAT_XP_KN;
+static inline int nat_xp_takes(int m, int k, long long n, int gate_up) {
+    return gate_up && m >= 1 && m <= NAT_XP_MAX_M && (long long)k * n >= NAT_XP_KN;
 }
 
 #endif

@@ -293,8 +293,8 @@ struct gk_args {
     const uint4 *qw;
     const uint32_t *sc;
     const uint8_t *zr;
-    const uint16_t *x;
-    const uint16_t *xp; /* XP: x permuted within each 64-deep chunk (k_xperm), in the workspace */
+    const uint16_t *x; /* XP: its permuted copy (k_xperm; the kernels with x by TMA read x only
+                          through the host's tensor map) */
     uint16_t *y;
     const uint16_t *bias;
     float *part;
@@ -1317,7 +1317,7 @@ k_w4gemm_ws(const gk_args a, const __grid_constant__ CUtensorMap tmx, const __gr
     const uint32_t ow = g_keep(C::X_BYTES + T0 * 512 + (GW ? g_quad_lane(r, c) : (uint32_t)lane * 16u));
     const uint32_t os = g_keep(C::X_BYTES + C::W_BYTES + (T0 * 8 + r) * 4);
     const uint32_t oz = g_keep(C::X_BYTES + C::W_BYTES + C::S_BYTES + T0 * 8 + r);
-    const uint32_t gsel = GW ? g_keep(g_quad_sel(c)) : 0u;
+    const uint32_t gsel = XP ? 0u : g_keep(g_quad_sel(c));
     /* chunk kk into buffer B (compile-time register indices): dequantize,
      * issue, wait until one group is pending, free the previous
      * chunk's stage once its last group has completed. Measured against one
@@ -2383,7 +2383,7 @@ static int ws_launch(const gk_args &ka, dim3 grid, int pdl, cudaStream_t s, char
     memset(&tm, 0, sizeof tm);
     memset(&tmy, 0, sizeof tmy);
     if (NAT) {
-        const int rc = ws_xmap(&tm, XP ? ka.xp : ka.x, ka.m, ka.K, BN, err, errlen);
+        const int rc = ws_xmap(&tm, ka.x, ka.m, ka.K, BN, err, errlen);
         if (rc) return rc;
     }
     if (TS && ka.ldy % 8 == 0) {
@@ -2565,7 +2565,7 @@ static int ws_dispatch_pipe(const gk_choice &ch, const gk_args &ka, dim3 grid, i
 static bool xp_path(const struct w4a16_gemm_args *a, const gk_choice &ch) {
     const int v = xp_mode();
     if (!v || !(ch.mode == 4 || ch.mode == 6 || ch.mode == 7)) return false;
-    return v >= 2 || nat_xp_takes(a->m, a->k, (long long)a->n16 * 16);
+    return v >= 2 || nat_xp_takes(a->m, a->k, (long long)a->n16 * 16, a->gate_up);
 }
 
 template <bool CL, bool NAT, bool XP>
@@ -2595,10 +2595,11 @@ static int ws_dispatch_x(const gk_choice &ch, const gk_args &ka, dim3 grid, int 
     if (ch.mt == 1 && ch.bn == 256) return ws_launch<1, 256, GK_ST_1_256, CL, NAT, false, false, false, 2, XP>(ka, grid, pdl, s, err, errlen);
     return util_err(err, errlen, -EINVAL, "w4a16_gemm: bad tile configuration %d x %d", ch.mt, ch.bn);
 }
+/* xp: ka.x is x's permuted copy (XP) */
 template <bool CL, bool NAT>
-static int ws_dispatch(const gk_choice &ch, const gk_args &ka, dim3 grid, int pdl, cudaStream_t s,
+static int ws_dispatch(const gk_choice &ch, const gk_args &ka, bool xp, dim3 grid, int pdl, cudaStream_t s,
                        char *err, size_t errlen) {
-    if (NAT && ka.xp) return ws_dispatch_x<CL, true, true>(ch, ka, grid, pdl, s, err, errlen);
+    if (NAT && xp) return ws_dispatch_x<CL, true, true>(ch, ka, grid, pdl, s, err, errlen);
     return ws_dispatch_x<CL, NAT, false>(ch, ka, grid, pdl, s, err, errlen);
 }
 
@@ -2668,8 +2669,7 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
     ka.qw = (const uint4 *)a->qw;
     ka.sc = a->sc;
     ka.zr = a->zr;
-    ka.x = a->x;
-    ka.xp = xp;
+    ka.x = xp ? xp : a->x; /* XP: the kernel's tensor map of x is made from its copy */
     ka.y = a->y;
     ka.bias = a->bias;
     ka.part = (float *)ws;
@@ -2714,13 +2714,13 @@ extern "C" int w4a16_gemm_run(const struct w4a16_gemm_args *a, void *ws, size_t 
                           : ss_dispatch<false>(ch, ka, grid, pdl, s, err, errlen);
         if (ch.mode == 6 || ch.mode == 7) {
             g_dr_launches.fetch_add(1, std::memory_order_relaxed);
-            return ws_dispatch<false, true>(ch, ka, grid, pdl, s, err, errlen);
+            return ws_dispatch<false, true>(ch, ka, xp, grid, pdl, s, err, errlen);
         }
         if (ch.mode == 4)
-            return ks > 1 ? ws_dispatch<true, true>(ch, ka, grid, pdl, s, err, errlen)
-                          : ws_dispatch<false, true>(ch, ka, grid, pdl, s, err, errlen);
-        return ks > 1 ? ws_dispatch<true, false>(ch, ka, grid, pdl, s, err, errlen)
-                      : ws_dispatch<false, false>(ch, ka, grid, pdl, s, err, errlen);
+            return ks > 1 ? ws_dispatch<true, true>(ch, ka, xp, grid, pdl, s, err, errlen)
+                          : ws_dispatch<false, true>(ch, ka, xp, grid, pdl, s, err, errlen);
+        return ks > 1 ? ws_dispatch<true, false>(ch, ka, false, grid, pdl, s, err, errlen)
+                      : ws_dispatch<false, false>(ch, ka, false, grid, pdl, s, err, errlen);
     }
     dim3 grid(cdiv(a->n16, 8 * ch.mt), cdiv(a->m, ch.bn), ks);
     if (grid.y > 65535) return util_err(err, errlen, -EINVAL, "w4a16_gemm: m=%d too large", a->m);

@@ -309,6 +309,12 @@ struct gk_args {
                 wrong with any of them) */
 };
 
+/* Kept within 128 bytes: at 136 (session 51, one more pointer) nvcc read
+ * the parameters of every k_w4gemm_ws through the parameter space's address
+ * at each use instead of once at entry, 3-6% slower on several shapes at M
+ * = 17-64 (docs/PERFORMANCE.md "Session 51" item 6). */
+static_assert(sizeof(gk_args) <= 128, "gk_args: keep the kernel parameter block within 128 bytes");
+
 #define GK_THREADS 256
 
 template <int MT, int BN, int ST, int NWG = 2>

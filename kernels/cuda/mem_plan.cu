@@ -114,12 +114,9 @@ extern "C" int cuda_mem_plan_make(const struct model_config *cfg, int tp, int de
          * small shards, e.g. Llama-3-70B at tp = 8) */
         const uint64_t sk = w4a16_gemm_sk_workspace(sms);
         if (sk > lin) lin = sk;
-        /* the wgmma GEMM's permuted copy of x at up to 64 rows (XP,
-         * w4a16_gemm_xp), next to the partials */
-        uint64_t kmax = 0;
-        for (int i = 0; i < 4; i++)
-            if (shapes[i][0] > kmax) kmax = shapes[i][0];
-        lin += 64 * kmax * 2 + 256;
+        /* the wgmma GEMM's permuted copy of gate|up's x at up to 64 rows
+         * (XP, w4a16_gemm_xp), next to the partials */
+        lin += 64 * H * 2 + 256;
         const char *wr = getenv("AWQD_W4A16_WS_ROWS");
         if (wr && atoi(wr) >= 256) {
             uint64_t rows = (uint64_t)atoi(wr) < T ? (uint64_t)atoi(wr) : T;

@@ -111,7 +111,7 @@ unsigned long w4a16_gemm_dr_launches(void);
  * at the workspace's end) so that the consumer loops of modes 4, 6 and 7
  * read each weight word as stored instead of gathering it in natural k
  * order; results as mode 3's. mode: 0 off, 1 (default) where nat_rule.h's
- * nat_xp_takes says (M <= 64, K N >= 56 Mi), 2 on every mode 4 / 6 / 7
+ * nat_xp_takes says (gate|up, M <= 64, K N >= 56 Mi), 2 on every mode 4 / 6 / 7
  * call, 3 as 2 without the copy (x read as if permuted: wrong results;
  * timing only); each only where the call's workspace also holds the copy
  * (w4a16_gemm_workspace counts it). < 0 only asks. Process-wide;

@@ -534,7 +534,7 @@ TEST(w4a16_gemm, xp_matches_warp_specialized) {
                        am[i]);
         }
         /* the default (nat_rule.h nat_xp_takes): gate|up (K N = 96 Mi) at
-         * M = 32, not q|k|v (24 Mi) */
+         * M = 32, not q|k|v (another layout, 24 Mi) */
         if (si == 0 || si == 2) {
             w4a16_gemm_xp(1);
             const unsigned long n0 = w4a16_gemm_xp_launches();

@@ -183,39 +183,6 @@ static __device__ __forceinline__ int splitk_reduce(float *acc, float *part, int
     return 1;
 }
 
-/* Thread-block cluster primitives (cluster_reduce, k_tc's cluster split,
- * k_decode's cluster K split): sm_90+ only, where the host launches
- * clusters; code built for less traps on the rank and skips the rest. */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define W4_CL_OK 1
-#else
-#define W4_CL_OK 0
-#endif
-static __device__ __forceinline__ int cl_rank(void) {
-    uint32_t r = 0;
-#if W4_CL_OK
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#elif defined(__CUDA_ARCH__)
-    __trap();
-#endif
-    return (int)r;
-}
-/* barrier.cluster: arrive (relaxed / release), wait (acquire) */
-static __device__ __forceinline__ void cl_arrive_relaxed(void) {
-#if W4_CL_OK
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void cl_arrive(void) {
-#if W4_CL_OK
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void cl_wait(void) {
-#if W4_CL_OK
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
 /* 16 bytes into rank 0's shared memory at the address p has in this block's */
 static __device__ __forceinline__ void cl_store0(const float *p, float a, float b, float c, float d) {
 #if W4_CL_OK

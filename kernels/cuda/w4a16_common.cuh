@@ -41,6 +41,41 @@ static __device__ __forceinline__ void pdl_launch(void) {
 #endif
 }
 
+/* Thread-block cluster primitives (w4a16.cu: cluster_reduce, k_tc's
+ * cluster split, k_decode's cluster K split; w4a16_gemm.cu: the split
+ * reduced in a cluster): sm_90+ only, where the host launches clusters;
+ * code built for less traps on the rank and skips the rest. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define W4_CL_OK 1
+#else
+#define W4_CL_OK 0
+#endif
+static __device__ __forceinline__ int cl_rank(void) {
+    uint32_t r = 0;
+#if W4_CL_OK
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+    return (int)r;
+}
+/* barrier.cluster: arrive (relaxed / release), wait (acquire) */
+static __device__ __forceinline__ void cl_arrive_relaxed(void) {
+#if W4_CL_OK
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void cl_arrive(void) {
+#if W4_CL_OK
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void cl_wait(void) {
+#if W4_CL_OK
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
 /* half2 arithmetic on the raw bits of two fp16 values */
 static __device__ __forceinline__ uint32_t hsub2u(uint32_t a, uint32_t b) {
     uint32_t d;

@@ -329,10 +329,9 @@ struct gk_cfg {
     static constexpr int NACC = MT * BN / 2;              /* fp32 accumulators per thread */
 };
 
-static __device__ __forceinline__ void g_cluster_sync(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
+static __device__ __forceinline__ void g_cluster_sync(void) { /* w4a16_common.cuh */
+    cl_arrive();
+    cl_wait();
 }
 
 /* f(mt, nt) for each of this warp's n16 tiles nt = nt0 + (wg MT + mt) 4 + wq
@@ -600,8 +599,7 @@ static __device__ __forceinline__ void gk_cluster_store(const A &a, float (&acc)
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) red[(mt * (BN / 2) + i) * GK_THREADS + tid] = acc[mt][i];
     g_cluster_sync();
-    uint32_t rank;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    const uint32_t rank = (uint32_t)cl_rank();
     const uint32_t base = smem_u32(red) + (uint32_t)tid * 4;
 #pragma unroll
     for (int q = 0; q < MT * BN / 8; q++) {

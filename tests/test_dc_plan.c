@@ -247,9 +247,9 @@ TEST(dc_plan, persistent_grid) {
     ASSERT(dc_plan_make(8, 4096, n16_of(24576), 128, &H200, 0, DC_PLAN_HALVE, &pl) && pl.tb == 4);
     ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 256);
     ASSERT(pl.tb == 2 && pl.blocks == 768 && pl.smem == dc_smem_bytes(8, 4096, 2, 1));
-    /* ... unless TB is forced: then TB = 4 on one block per slot (ragged) */
+    /* ... unless TB is forced: then TB = 4, two ragged waves: two columns a block */
     ASSERT(dc_plan_make(8, 4096, n16_of(24576), 128, &H200, 0, DC_PLAN_HALVE, &pl));
-    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 1), 264);
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 1), 192);
     ASSERT(pl.tb == 4 && pl.blocks == 384);
     /* Llama-3-70B gate|up M = 1: TB = 4 (896 blocks, 4 waves, 85%) -> TB = 2 (1792, 7 waves, 97%) */
     ASSERT(dc_plan_make(1, 8192, n16_of(57344), 128, &H200, 0, DC_PLAN_HALVE, &pl) && pl.tb == 4);
@@ -263,6 +263,14 @@ TEST(dc_plan, persistent_grid) {
     ASSERT(dc_plan_make(1, 5120, n16_of(51200), 128, &H200, 0, DC_PLAN_HALVE, &pl));
     ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 264);
     ASSERT(pl.tb == 4 && pl.blocks == 800);
+    /* its tp = 2 shard (400 blocks, two waves at 76%): 200 blocks of two columns each
+     * (DC_PS_TWO_WAVES, session 52), at M = 1 and M = 8 */
+    ASSERT(dc_plan_make(1, 5120, n16_of(25600), 128, &H200, 0, DC_PLAN_HALVE, &pl));
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 200);
+    ASSERT(pl.tb == 4 && pl.blocks == 400);
+    ASSERT(dc_plan_make(8, 5120, n16_of(25600), 128, &H200, 0, DC_PLAN_HALVE, &pl));
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 200);
+    ASSERT(pl.tb == 4 && pl.blocks == 400);
     /* K = 5120 at a TB whose turns are not whole (forced TB = 2, 5 groups per warp): not */
     ASSERT(dc_plan_make(1, 5120, n16_of(51200), 128, &H200, 2, DC_PLAN_HALVE, &pl));
     ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 1), 0);
@@ -322,8 +330,10 @@ TEST(dc_plan, persistent_grid) {
                     ASSERT(pl.blocks > slots && g <= slots);
                     if (100L * pl.blocks >= (long)DC_PS_FILL_PCT * waves * slots) { /* full waves */
                         ASSERT((long)g * waves >= pl.blocks && (long)g * (waves - 1) < pl.blocks);
-                    } else if ((k / 128) % (DC_WARPS * (4 / pl0.tb)) == 0) { /* ragged: the plan's TB, one block per slot */
-                        ASSERT(memcmp(&pl, &pl0, sizeof pl) == 0 && g == slots);
+                    } else if ((k / 128) % (DC_WARPS * (4 / pl0.tb)) == 0) {
+                        /* ragged: the plan's TB, one block per slot; over two waves at MT = 1 two columns a block */
+                        ASSERT(memcmp(&pl, &pl0, sizeof pl) == 0);
+                        ASSERT(g == (pl.mt == 1 && waves == 2 ? (pl.blocks + 1) / 2 : slots));
                     } else { /* MT >= 2 whose plan's TB has no whole turns: the TB that has them */
                         ASSERT(pl.mt >= 2 && pl.tb != pl0.tb && (long)g * waves >= pl.blocks &&
                                (long)g * (waves - 1) < pl.blocks);

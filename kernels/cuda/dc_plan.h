@@ -356,6 +356,17 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
  * 2 shard (400 blocks) 1.00 / 1.00 / 0.98 / 0.94x; Qwen3-32B with 16
  * layers, batch 1 / 4: 484 -> 500, 1823 -> 1852 tok/s. */
 #define DC_PS_FILL_PCT 90
+/* DC_PS_TWO_WAVES: where no TB fills the waves and the plan's grid is two
+ * waves at MT = 1 (M <= 8), ceil(blocks / 2) blocks of two columns each
+ * instead of one block per slot (the first blocks % slots taking a second
+ * column, the rest ending half way). H200, session 52, back to back: the
+ * Qwen3-32B tp = 2 gate|up shard (K = 5120, TB = 4: 400 columns) on 200
+ * blocks instead of 264 at M = 1 / 8 20.53-20.67 -> 19.67-19.74 / 21.75-21.82
+ * -> 21.33-21.40 us (the grid forced by AWQD_W4A16_DC_PS_GRID); the same
+ * shape is the only two-wave ragged grid of `bench kernels --set all`. Over
+ * four waves it lost (Qwen3-32B gate|up, 800 columns: 200 blocks of four
+ * 38.2 against 35.3 us; session 25: 1.04-1.10x), and one block per SM is
+ * slower still (134 blocks: 27.7 / 53.6 us), so the rule stops at two. */
 /* MT = 2 (M = 9..16) may take one tile per block on the persistent grid
  * where one block fits per SM (DC_PLAN_TB1, the default; without the
  * 128-register cap: 216-227 registers, no spills). Its TB = 2 leaves
@@ -414,8 +425,10 @@ DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
     if (!best_tb || best_fill < DC_PS_FILL_PCT) {
         /* no TB fills the waves: the plan's TB on one block per slot (the
          * first blocks % slots of them take one column more), where its
-         * turns are whole; pl untouched */
-        if (dc_whole_turns(kg, pl->tb, pl->cl)) return plan_slots;
+         * turns are whole; pl untouched. At MT = 1 over two waves, every
+         * block two columns instead (DC_PS_TWO_WAVES) */
+        if (dc_whole_turns(kg, pl->tb, pl->cl))
+            return pl->mt == 1 && pl->blocks <= 2 * plan_slots ? (pl->blocks + 1) / 2 : plan_slots;
         /* at MT >= 2 the plain grid stages x (up to 164 KB) in every one
          * of its blocks: any TB with whole turns beats it */
         if (!best_tb || pl->mt < 2) return 0;

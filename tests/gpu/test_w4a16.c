@@ -430,8 +430,8 @@ static void dc_same_bits(const struct dc_layer *L, int M, int (*set)(int), int o
  * TB 4 -> 1, one block per SM), tile counts that leave blocks with waves -
  * 1 columns (1425 tiles at TB = 2 with a bias; 2003 tiles, the last one 8
  * columns wide; 2105 at K = 1024, one ring turn per warp), TB 4 -> 2 at K =
- * 2048, and at K = 5120 (M = 8: 275 blocks of TB = 4, the waves 52% full)
- * the ragged grid of one block per slot. */
+ * 2048, and at K = 5120 (M = 8: 275 blocks of TB = 4, two waves 52% full)
+ * 138 blocks of two columns (DC_PS_TWO_WAVES; the last block one). */
 TEST(w4a16, decode_persistent_grid) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     if (getenv("AWQD_W4A16_DC_TB") || getenv("AWQD_W4A16_DC_WAVES") || getenv("AWQD_W4A16_DC_PLAN") ||

@@ -362,7 +362,7 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
  * column, the rest ending half way). H200, session 52, back to back: the
  * Qwen3-32B tp = 2 gate|up shard (K = 5120, TB = 4: 400 columns) on 200
  * blocks instead of 264 at M = 1 / 8 20.53-20.67 -> 19.67-19.74 / 21.75-21.82
- * -> 21.33-21.40 us (the grid forced by AWQD_W4A16_DC_PS_GRID); the same
+ * -> 21.33-21.40 us (the grid forced by a knob of that experiment); the same
  * shape is the only two-wave ragged grid of `bench kernels --set all`. Over
  * four waves it lost (Qwen3-32B gate|up, 800 columns: 200 blocks of four
  * 38.2 against 35.3 us; session 25: 1.04-1.10x), and one block per SM is

@@ -110,17 +110,10 @@ static int parse_file(const char *path, struct st_file *f, struct st_tensor **ou
     *out_n = 0;
     *out_names = NULL;
 
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        return util_err(err, errlen, -e, "%s: %s", path, strerror(e));
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return util_err(err, errlen, -EINVAL, "%s: not a regular file", path);
-    }
-    size_t size = (size_t)st.st_size;
+    int fd;
+    size_t size;
+    rc = util_open_regular(path, &fd, &size, err, errlen);
+    if (rc) return rc;
     if (size < 8) {
         close(fd);
         return util_err(err, errlen, -EINVAL,

@@ -67,26 +67,35 @@ int util_write_file(const char *path, const void *data, size_t len, int newline,
     return ok ? 0 : util_err(err, errlen, -EIO, "%s: write failed", path);
 }
 
-int util_read_file(const char *path, size_t max_bytes, char **out, size_t *len,
-                   char *err, size_t errlen) {
-    *out = NULL;
-    if (len) *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
+int util_open_regular(const char *path, int *fd, size_t *size, char *err, size_t errlen) {
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0) {
         int e = errno;
         return util_err(err, errlen, -e, "%s: %s", path, strerror(e));
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
+    if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(*fd);
+        *fd = -1;
         return util_err(err, errlen, -EINVAL, "%s: not a regular file", path);
     }
-    if (max_bytes && (size_t)st.st_size > max_bytes) {
+    *size = (size_t)st.st_size;
+    return 0;
+}
+
+int util_read_file(const char *path, size_t max_bytes, char **out, size_t *len,
+                   char *err, size_t errlen) {
+    *out = NULL;
+    if (len) *len = 0;
+    int fd;
+    size_t size;
+    int rc = util_open_regular(path, &fd, &size, err, errlen);
+    if (rc) return rc;
+    if (max_bytes && size > max_bytes) {
         close(fd);
-        return util_err(err, errlen, -EFBIG, "%s: %lld bytes, more than the %zu allowed",
-                        path, (long long)st.st_size, max_bytes);
+        return util_err(err, errlen, -EFBIG, "%s: %zu bytes, more than the %zu allowed", path, size,
+                        max_bytes);
     }
-    size_t size = (size_t)st.st_size;
     char *buf = malloc(size + 1);
     if (!buf) {
         close(fd);

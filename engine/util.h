@@ -27,6 +27,11 @@ void log_msg(enum log_level lv, const char *fmt, ...) __attribute__((format(prin
 int util_err(char *err, size_t errlen, int rc, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* Opens path read-only (close-on-exec) as a regular file: *fd and its *size
+ * on success; else -errno (-EINVAL for a directory or device) and a message
+ * naming the file, nothing left open. */
+int util_open_regular(const char *path, int *fd, size_t *size, char *err, size_t errlen);
+
 /* Reads a whole file into a malloc'd, NUL-terminated buffer (*len excludes the
  * NUL). Fails with -errno and a message naming the file; refuses files larger
  * than max_bytes (0 = no limit) with -EFBIG. */

@@ -357,7 +357,9 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
  * layers, batch 1 / 4: 484 -> 500, 1823 -> 1852 tok/s. */
 #define DC_PS_FILL_PCT 90
 /* DC_PS_TWO_WAVES: where no TB fills the waves and the plan's grid is two
- * waves at MT = 1 (M <= 8), ceil(blocks / 2) blocks of two columns each
+ * waves of two blocks per SM at MT = 1 (M <= 8; with one block per SM
+ * fewer blocks would leave SMs idle: not measured, not taken),
+ * ceil(blocks / 2) blocks of two columns each
  * instead of one block per slot (the first blocks % slots taking a second
  * column, the rest ending half way). H200, session 52, back to back: the
  * Qwen3-32B tp = 2 gate|up shard (K = 5120, TB = 4: 400 columns) on 200
@@ -425,10 +427,11 @@ DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
     if (!best_tb || best_fill < DC_PS_FILL_PCT) {
         /* no TB fills the waves: the plan's TB on one block per slot (the
          * first blocks % slots of them take one column more), where its
-         * turns are whole; pl untouched. At MT = 1 over two waves, every
-         * block two columns instead (DC_PS_TWO_WAVES) */
+         * turns are whole; pl untouched. At MT = 1 over two waves of two
+         * blocks per SM, every block two columns instead (DC_PS_TWO_WAVES) */
         if (dc_whole_turns(kg, pl->tb, pl->cl))
-            return pl->mt == 1 && pl->blocks <= 2 * plan_slots ? (pl->blocks + 1) / 2 : plan_slots;
+            return pl->mt == 1 && plan_slots > sms && pl->blocks <= 2 * plan_slots ? (pl->blocks + 1) / 2
+                                                                                   : plan_slots;
         /* at MT >= 2 the plain grid stages x (up to 164 KB) in every one
          * of its blocks: any TB with whole turns beats it */
         if (!best_tb || pl->mt < 2) return 0;

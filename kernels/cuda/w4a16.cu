@@ -55,6 +55,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dc_plan.h"
+#include "kernels/cuda/env_knob.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/smem_limit.cuh"
 #include "kernels/cuda/w4a16.h"
@@ -1796,29 +1797,6 @@ static size_t gemm_ws(const struct w4a16_weight *w, int m, int ksplit) {
 }
 /* ---- end gemm helper ---- */
 
-/* A process-wide on/off switch: on unless its environment variable is "0"
- * (read on first use); switch_set() with mode >= 0 overrides both, < 0 only
- * queries. Returns the mode in effect. */
-struct env_switch {
-    std::atomic<int> v; /* -1: not read yet */
-    const char *env;
-};
-
-static int switch_get(env_switch *sw) {
-    int v = sw->v.load(std::memory_order_relaxed);
-    if (v < 0) {
-        int expect = -1;
-        sw->v.compare_exchange_strong(expect, util_env_is_zero(sw->env) ? 0 : 1);
-        v = sw->v.load(std::memory_order_relaxed);
-    }
-    return v;
-}
-
-static int switch_set(env_switch *sw, int mode) {
-    if (mode >= 0) sw->v.store(mode ? 1 : 0, std::memory_order_relaxed);
-    return switch_get(sw);
-}
-
 /* Dequantize + cuBLAS in column slabs when the workspace cannot hold the
  * whole fp16 copy: process-wide switch (default ON: measured on H200,
  * session 4, Qwen3-8B TTFT(1024) 49.7 -> 44.1 ms, TTFT(4096) 225.7 -> 171.8
@@ -2448,20 +2426,9 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
 /* The cluster K split (dc_plan_cluster), process-wide: 0 by its rule
  * (dc_cl_takes, the default), 1 never, 2 wherever it applies
  * (AWQD_W4A16_DC_CL, w4a16_decode_cluster) */
-static std::atomic<int> g_dc_cl{-1};
-static int dc_cl_mode(void) {
-    int v = g_dc_cl.load(std::memory_order_relaxed);
-    if (v < 0) {
-        int expect = -1;
-        g_dc_cl.compare_exchange_strong(expect, dc_env_int("AWQD_W4A16_DC_CL", 0, 0, 2));
-        v = g_dc_cl.load(std::memory_order_relaxed);
-    }
-    return v;
-}
-extern "C" int w4a16_decode_cluster(int mode) {
-    if (mode >= 0 && mode <= 2) g_dc_cl.store(mode, std::memory_order_relaxed);
-    return dc_cl_mode();
-}
+static env_knob g_dc_cl = ENV_KNOB_INIT("AWQD_W4A16_DC_CL", 0, 0, 2);
+static int dc_cl_mode(void) { return knob_get(&g_dc_cl); }
+extern "C" int w4a16_decode_cluster(int mode) { return knob_set(&g_dc_cl, mode); }
 
 /* Clusters of 2 blocks of one block per SM that the GPU holds at once
  * (cudaOccupancyMaxActiveClusters on the MT = 3 kernel at its shared
@@ -2504,20 +2471,9 @@ static int dc_cl_sms(const struct w4a16_weight *w) {
  * so from 6. Default DC_XP_MIN_M, AWQD_W4A16_DC_XP_MIN_M=1..99 or
  * w4a16_decode_x_groups() set it. */
 #define DC_XP_MIN_M 6
-static std::atomic<int> g_dc_xp{-1};
-static int dc_xp_min_m(void) {
-    int v = g_dc_xp.load(std::memory_order_relaxed);
-    if (v < 0) {
-        int expect = -1;
-        g_dc_xp.compare_exchange_strong(expect, dc_env_int("AWQD_W4A16_DC_XP_MIN_M", DC_XP_MIN_M, 1, 99));
-        v = g_dc_xp.load(std::memory_order_relaxed);
-    }
-    return v;
-}
-extern "C" int w4a16_decode_x_groups(int min_m) {
-    if (min_m > 0) g_dc_xp.store(min_m, std::memory_order_relaxed);
-    return dc_xp_min_m();
-}
+static env_knob g_dc_xp = ENV_KNOB_INIT("AWQD_W4A16_DC_XP_MIN_M", DC_XP_MIN_M, 1, 99);
+static int dc_xp_min_m(void) { return knob_get(&g_dc_xp); }
+extern "C" int w4a16_decode_x_groups(int min_m) { return knob_set(&g_dc_xp, min_m); }
 
 /* The decode kernel's persistent grid (dc_ps_plan, kernels/cuda/dc_plan.h):
  * process-wide switch, default ON (AWQD_W4A16_DC_PS=0 turns it off,

@@ -259,7 +259,7 @@ int w4a16_decode_persistent(int mode);
 /* From how many rows the decode kernel stages x group by group at M <= 8
  * (each of a warp's first groups its own cp.async group, so that its first
  * column multiplies them while the later ones arrive; at M >= 9 always):
- * min_m >= 1 sets it (process-wide), 0 only queries; returns the value in
+ * min_m 1..99 sets it (process-wide), anything else only queries; returns the value in
  * effect (default 6 unless AWQD_W4A16_DC_XP_MIN_M says otherwise). The
  * values are bitwise the same either way. */
 int w4a16_decode_x_groups(int min_m);

@@ -60,6 +60,7 @@
 #include <cudaTypedefs.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/env_knob.h"
 #include "kernels/cuda/smem_limit.cuh"
 #include "kernels/cuda/w4a16_common.cuh"
 #include "kernels/cuda/w4a16_gemm.h"
@@ -2505,26 +2506,9 @@ static __global__ void __launch_bounds__(XP_THREADS) k_xperm(const uint4 *__rest
  * wherever x comes by TMA (modes 4, 6, 7), 3 as 2 without k_xperm (x read
  * as if permuted: wrong results, timing only); each where the workspace
  * also holds x's copy. AWQD_W4A16_GEMM_XP sets it at the first call. */
-static std::atomic<int> g_xp{-1};
-static int xp_mode(void) {
-    int v = g_xp.load(std::memory_order_relaxed);
-    if (v < 0) {
-        const char *e = getenv("AWQD_W4A16_GEMM_XP");
-        v = e ? atoi(e) : 1;
-        if (v < 0 || v > 3) v = 1;
-        int want = -1;
-        g_xp.compare_exchange_strong(want, v);
-        v = g_xp.load(std::memory_order_relaxed);
-    }
-    return v;
-}
-extern "C" int w4a16_gemm_xp(int mode) {
-    if (mode >= 0 && mode <= 3) {
-        xp_mode();
-        g_xp.store(mode, std::memory_order_relaxed);
-    }
-    return xp_mode();
-}
+static env_knob g_xp = ENV_KNOB_INIT("AWQD_W4A16_GEMM_XP", 1, 0, 3);
+static int xp_mode(void) { return knob_get(&g_xp); }
+extern "C" int w4a16_gemm_xp(int mode) { return knob_set(&g_xp, mode); }
 static std::atomic<unsigned long> g_xp_launches{0};
 extern "C" unsigned long w4a16_gemm_xp_launches(void) { return g_xp_launches.load(std::memory_order_relaxed); }
 

@@ -450,3 +450,54 @@ TEST(dc_plan, cluster_split_rule) {
         ASSERT_MSG(dc_cl_takes(cs[i].m, cs[i].k, cs[i].n) == cs[i].want, "%s M=%d: %d", cs[i].what, cs[i].m,
                    !cs[i].want);
 }
+
+/* The K split through global memory at M <= 8 (dc_gs_pick, dc_plan_gs;
+ * session 53's measured points on the H200's 132 SMs): where a split grid
+ * of one wave has at least 1.4x the blocks the one-block plan has resident,
+ * K >= 6144 and N >= 4096, the most blocks */
+TEST(dc_plan, ksplit_rule) {
+    static const struct { int m, k, n, ks, tb; const char *what; } cs[] = {
+        {1, 25600, 5120, 3, 4, "Qwen3-32B down (23.3 -> 19.2 us)"},
+        {2, 25600, 5120, 3, 4, "Qwen3-32B down (25.7 -> 19.5 us)"},
+        {1, 8192, 5120, 3, 4, "Qwen3-32B o (0.93x)"},
+        {8, 8192, 5120, 3, 4, "Qwen3-32B o (0.81x; one block a SM of four tiles before)"},
+        {1, 12800, 5120, 3, 4, "its tp = 2 down (0.89x)"},
+        {4, 12800, 5120, 3, 4, "its tp = 2 down (0.80x)"},
+        {1, 6400, 5120, 3, 4, "its tp = 4 down (0.94x)"},
+        {8, 8192, 5120, 3, 4, "the Llama-3-70B tp = 2 q|k|v shard (0.81x)"},
+        {8, 12288, 4096, 2, 2, "Qwen3-8B down (256 blocks of one a SM before: 0.90x)"},
+        {2, 28672, 8192, 2, 4, "Llama-3-70B down (0.87x)"},
+        {8, 8192, 8192, 2, 4, "Llama-3-70B o (0.93x)"},
+        {1, 5120, 5120, 0, 0, "the Qwen3-32B tp = 2 q|k|v shard (K = 5120: 1.06x)"},
+        {1, 4096, 5120, 0, 0, "its tp = 2 o shard (K = 4096: 1.21x)"},
+        {1, 5120, 10240, 0, 0, "Qwen3-32B q|k|v (K = 5120)"},
+        {1, 12288, 4096, 0, 0, "Qwen3-8B down (256 blocks, two a SM: 1.09x)"},
+        {4, 12288, 4096, 0, 0, "Qwen3-8B down (256 blocks, two a SM)"},
+        {1, 4096, 4096, 0, 0, "Qwen3-8B o (1.25x)"},
+        {1, 28672, 8192, 0, 0, "Llama-3-70B down (256 blocks, two a SM)"},
+        {1, 8192, 8192, 0, 0, "Llama-3-70B o (256 blocks, two a SM: 1.08x)"},
+        {1, 8192, 2560, 0, 0, "the Llama-3-70B tp = 4 q|k|v shard (N = 2560: 1.07-1.2x)"},
+    };
+    const int fl = DC_PLAN_HALVE | DC_PLAN_TB1 | DC_PLAN_TB4;
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        struct dc_plan pl, q;
+        memset(&q, 0, sizeof q);
+        ASSERT(dc_plan_make(cs[i].m, cs[i].k, n16_of(cs[i].n), 128, &H200, 0, fl, &pl));
+        const int got = dc_gs_pick(&pl, &H200, &q);
+        ASSERT_MSG(got == (cs[i].ks > 0), "%s M=%d: %d", cs[i].what, cs[i].m, got);
+        if (!got) continue;
+        ASSERT_MSG(q.cl == cs[i].ks && q.tb == cs[i].tb, "%s M=%d: %d x %d tiles", cs[i].what, cs[i].m, q.cl, q.tb);
+        ASSERT(q.gs == 1 && q.pf == 0 && q.blocks == (pl.n16 + q.tb - 1) / q.tb && dc_gs_one_wave(&q, &H200));
+        ASSERT(q.k == (cs[i].k / 128 + q.cl - 1) / q.cl * 128 && q.smem == dc_smem_cl(cs[i].m, q.k, q.tb, 1, q.cl));
+        ASSERT(dc_gs_ws_bytes(&q) == (size_t)q.blocks * q.cl * q.tb * 4 * 32 * 4);
+    }
+    /* the one-block plans are unchanged (gs 0) */
+    struct dc_plan pl;
+    ASSERT(dc_plan_make(1, 25600, n16_of(5120), 128, &H200, 0, fl, &pl) && pl.gs == 0 && pl.cl == 1 && pl.tb == 2);
+    /* uneven thirds: K / 128 = 200 as 66 / 67 / 67, the plan's x room for 67 */
+    struct dc_plan q;
+    ASSERT(dc_plan_gs(1, 25600, 320, 128, &H200, 3, 4, fl, &q) && q.k == 67 * 128 && q.blocks == 80);
+    /* not: M > 8, fewer groups than blocks */
+    ASSERT(!dc_plan_gs(9, 8192, 320, 128, &H200, 3, 4, fl, &q));
+    ASSERT(!dc_plan_gs(1, 256, 320, 128, &H200, 3, 4, fl, &q));
+}

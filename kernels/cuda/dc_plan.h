@@ -56,6 +56,7 @@ struct dc_gpu {
 struct dc_plan {
     int mt, tb, blocks, k; /* k: the K of one block (the weight's K / cl) */
     int cl;        /* blocks (a thread-block cluster) sharing each column's K: 1, or 2 (dc_plan_make_cl) */
+    int gs;        /* 1: the cl blocks of a column are plain blocks adding through global memory (dc_plan_gs) */
     int m, n16;    /* rows and 16-column tiles it was made for */
     int pf;        /* L2 prefetch distance in ring turns (MT = 1; 0: none) */
     size_t smem;
@@ -160,6 +161,7 @@ DC_FN int dc_plan_make_cl(int m, int K, int n16, int group, const struct dc_gpu 
     const size_t smem = dc_smem_cl(m, K, tb, mt, cl);
     if (!dc_smem_fits(g, smem, mt)) return 0;
     pl->cl = cl;
+    pl->gs = 0;
     pl->mt = mt;
     pl->tb = tb;
     pl->pf = dc_pf_rule(mt, g, smem);
@@ -192,6 +194,67 @@ DC_FN int dc_plan_cluster(int m, int K, int n16, int group, const struct dc_gpu 
                           int flags, struct dc_plan *pl) {
     if (cl < 2 || (m + 7) / 8 < 2 || K % (128 * cl) != 0) return 0;
     return dc_plan_make_cl(m, K / cl, n16, group, g, cl, tb_force, flags, pl);
+}
+
+/* The K split through global memory (k_decode's GS): ks plain blocks a
+ * column of tb tiles, block q taking groups [q KG / ks, (q + 1) KG / ks),
+ * its sums into a workspace, the last of the column's blocks to arrive
+ * adding all ks in order (then storing, or making the tensor-parallel sum).
+ * The plan of one block of the largest piece; blocks = columns (the launch
+ * multiplies by ks). */
+DC_FN int dc_plan_gs(int m, int K, int n16, int group, const struct dc_gpu *g, int ks, int tb, int flags,
+                     struct dc_plan *pl) {
+    if (m > 8 || ks < 2 || K % 128 != 0 || K / 128 < ks) return 0;
+    if (!dc_plan_make_cl(m, (K / 128 + ks - 1) / ks * 128, n16, group, g, ks, tb, flags, pl)) return 0;
+    pl->gs = 1;
+    pl->pf = 0;
+    return 1;
+}
+/* Its workspace: [columns][ks][tb][mt * 4][32] fp32 */
+DC_FN size_t dc_gs_ws_bytes(const struct dc_plan *pl) {
+    return (size_t)pl->blocks * pl->cl * pl->tb * pl->mt * 4 * 32 * 4;
+}
+/* Whether its grid is one wave (every block resident at once) */
+DC_FN int dc_gs_one_wave(const struct dc_plan *pl, const struct dc_gpu *g) {
+    return pl->blocks * pl->cl <= (g->sms > 0 ? g->sms : 1) * dc_blocks_per_sm(g, pl->smem);
+}
+/* Where the dispatch takes it, and how (dc_gs_pick): at M <= 8, K >= 6144
+ * (at least 16 groups a block of three, two a warp) and N >= 4096, where
+ * one of 3 blocks of four tiles, 2 of four or 2 of two a column gives a
+ * one-wave grid of at least 1.4x the blocks the one-block plan has resident
+ * at once (the most such blocks wins; the one-block plan leaves slots idle:
+ * 160 blocks of two tiles for the 5120-column matrices, 104 of 132 SMs
+ * streaming with one block's 32 KB of loads in flight; or one block a SM
+ * where its x is large). H200, session 53, back to back against the plan:
+ * at M = 1 / 2 / 4 / 8 (3 x 4 tiles, 240 blocks) Qwen3-32B down 0.82 /
+ * 0.76x (M = 4-8: the skinny kernel's), o 0.93 / 0.92 / 0.85 / 0.81x, its
+ * tp = 2 down 0.89 / 0.86 / 0.80x, tp = 4 down 0.94 / 0.96 / 0.85 / 0.81x,
+ * the Llama-3-70B tp = 2 q|k|v shard 0.96 / 0.93 / 0.84 / 0.81x; (2 x 4
+ * tiles, 256 blocks) Llama-3-70B down at M = 2 0.87x, o at M = 8 0.93x,
+ * its tp = 2 down at M = 4 0.89x; (2 x 2 tiles, 256 blocks) Qwen3-8B down at
+ * M = 8 0.90x. It lost below the K limit (the Qwen3-32B tp = 2 q|k|v
+ * shard, K = 5120, 1.06x at M = 1; the tp = 2 o shard, K = 4096,
+ * 1.06-1.21x), on the 2560-column Llama-3-70B tp = 4 q|k|v shard at M = 1-2
+ * (1.07-1.2x), and where the one-block plan has two blocks on most SMs
+ * (Qwen3-8B o 1.25-1.32x, down at M = 1-2 1.09-1.15x). */
+#define DC_GS_MIN_K 6144
+#define DC_GS_MIN_N16 256
+#define DC_GS_FILL_PCT 140
+DC_FN int dc_gs_pick(const struct dc_plan *pl, const struct dc_gpu *g, struct dc_plan *out) {
+    static const int cand[3][2] = {{3, 4}, {2, 4}, {2, 2}}; /* ks, tb */
+    if (pl->mt != 1 || pl->cl != 1 || pl->k < DC_GS_MIN_K || pl->n16 < DC_GS_MIN_N16) return 0;
+    const int sms = g->sms > 0 ? g->sms : 1, slots1 = sms * dc_blocks_per_sm(g, pl->smem),
+              res1 = pl->blocks < slots1 ? pl->blocks : slots1;
+    int best = 0;
+    for (int i = 0; i < 3; i++) {
+        struct dc_plan q;
+        if (!dc_plan_gs(pl->m, pl->k, pl->n16, 128, g, cand[i][0], cand[i][1], pl->flags, &q) ||
+            !dc_gs_one_wave(&q, g) || q.blocks * q.cl <= best)
+            continue;
+        best = q.blocks * q.cl;
+        *out = q;
+    }
+    return best > 0 && 100 * best >= DC_GS_FILL_PCT * res1;
 }
 
 /* Where the dispatch runs the decode kernel as the cluster K split

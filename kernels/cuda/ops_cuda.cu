@@ -1019,9 +1019,12 @@ static void cu_linear_sum(void *ctx, struct buf *y, const struct buf *x, int n,
     if (n <= 0 || skip_linear(c, l->k, l->n)) return; /* skipped alike on every rank */
     char err[256];
     PROF_BEGIN(c, "linear+all_reduce", l->k, l->n);
+    void *ws;
+    size_t wsb;
+    lin_scratch(c, y, x, n, l->n, &ws, &wsb);
     int rc = w4a16_linear_sum(l->w, (const uint16_t *)x->d, n, (uint16_t *)y->d,
                               l->has_bias ? W4A16_EPI_BIAS : W4A16_EPI_NONE,
-                              (const struct w4a16_sum *)desc, c->stream, err, sizeof err);
+                              (const struct w4a16_sum *)desc, ws, wsb, c->stream, err, sizeof err);
     PROF_END(c);
     if (rc) ops_cuda__fail(c, rc, "linear_sum", err);
 }

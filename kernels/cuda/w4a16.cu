@@ -788,13 +788,15 @@ static __device__ __forceinline__ void dc_sum_epilogue(const epi_args &ep, const
  * grid spilled 108 bytes at 128 registers (session 34, ncu: 242 K local
  * requests on Qwen3-8B gate|up at M = 16) */
 template <int MT, int TB, bool NORM, bool SUM, bool PS = false, bool PF = false, int MINB = 2, bool XP = false,
-          int CL = 1>
+          int CL = 1, bool GS = false>
 static __global__ void __launch_bounds__(DC_WARPS * 32, MINB)
 k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
-         int flags, epi_args ep, norm_args na, w4a16_sum xsum, int ncols) {
+         int flags, epi_args ep, norm_args na, w4a16_sum xsum, int ncols, float *__restrict__ part,
+         int *__restrict__ cnt) {
     typedef dc_state<MT, TB> S;
-    static_assert(CL == 1 || (!NORM && !SUM && MT >= 2), "the cluster K split: plain variant, MT >= 2");
+    static_assert(CL == 1 || (!NORM && (GS || (!SUM && MT >= 2))), "the cluster K split: plain variant, MT >= 2");
+    static_assert(!GS || (CL > 1 && !PS && (!SUM || MT == 1)), "the K split through global memory: the plain grid");
     extern __shared__ __align__(16) unsigned char smem[];
     ST_DECL;
     ST_BEGIN(ST_KEY(SUM ? 3 : NORM ? 2 : 1, K, ep.n));
@@ -805,15 +807,18 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
      * ranges (KGc groups, x of those columns only in its shared memory);
      * rank 0 adds the other ranks' sums (in rank order) and stores */
     int rank = 0;
-    if constexpr (CL > 1) {
+    if constexpr (GS) {
+        rank = (int)blockIdx.x % CL;
+    } else if constexpr (CL > 1) {
         rank = cl_rank();
         /* every block of the cluster has started before any remote store (arrived here, waited for at
          * the first column's end) */
         cl_arrive_relaxed();
     }
-    const int KG = KC >> 1, KGc = KG / CL, Kc = K / CL, cstride = (int)gridDim.x / CL;
+    const int KG = KC >> 1, glo = rank * KG / CL, KGc = (rank + 1) * KG / CL - glo, Kc = (KG + CL - 1) / CL * 128,
+              cstride = (int)gridDim.x / CL;
     int col = (int)blockIdx.x / CL, t0 = col * TB; /* PS: columns blockIdx.x / CL + j cstride < ncols */
-    const int gw0 = rank * KGc + warp * KGc / DC_WARPS, ng = (warp + 1) * KGc / DC_WARPS - warp * KGc / DC_WARPS;
+    const int gw0 = glo + warp * KGc / DC_WARPS, ng = (warp + 1) * KGc / DC_WARPS - warp * KGc / DC_WARPS;
     S s;
     s.gs = (size_t)n16a * 8;
     s.xw = 0;
@@ -844,7 +849,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     /* x rows [0, M) of this warp's K range -> shared memory (only this warp reads them) */
     uint16_t *sx = (uint16_t *)smem;
     /* k0: the warp's first k; k0l: the same in this block's x columns (K / CL of them) */
-    const int xs = Kc + 8, k0 = gw0 * 128, k0l = k0 - rank * Kc, n8 = ng * 16; /* 16-byte pieces per row */
+    const int xs = Kc + 8, k0 = gw0 * 128, k0l = k0 - glo * 128, n8 = ng * 16; /* 16-byte pieces per row */
     if (NORM) {
         dc_norm_prologue<PRE>(na, wpre, sx, xs, K, ep.m, k0, n8, warp, lane ST_ARG);
     } else {
@@ -937,7 +942,49 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
                     red[((tb * MT * 4 + i * 4 + j) * DC_WARPS + warp) * 32 + lane] = s.acc[tb][i][j];
         __syncthreads();
         if (CL == 1 && !PS && warp >= TB) return;
-        if constexpr (CL > 1) {
+        if constexpr (GS) {
+            /* the block's sums of its K range into part [column][rank][TB][MT * 4][32]; the
+             * last of the column's CL blocks to arrive adds all CL in rank order (the same
+             * order whoever arrives last) and stores */
+            __shared__ int s_last;
+            float v[MT][4];
+            if (warp < TB) {
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.f;
+                    for (int w = 0; w < DC_WARPS; w++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) v[i][j] += red[((warp * MT * 4 + i * 4 + j) * DC_WARPS + w) * 32 + lane];
+                }
+                float *mine = part + (((size_t)col * CL + rank) * TB + warp) * MT * 4 * 32 + lane;
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) __stcg(mine + (i * 4 + j) * 32, v[i][j]);
+            }
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) {
+                const int old = atomicAdd(cnt + col, 1);
+                s_last = old == CL - 1;
+                if (s_last) cnt[col] = 0;
+            }
+            __syncthreads();
+            if (!s_last || warp >= TB) return;
+            __threadfence();
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                float a[4] = {0.f, 0.f, 0.f, 0.f};
+                for (int q = 0; q < CL; q++) {
+                    const float *p = part + (((size_t)col * CL + q) * TB + warp) * MT * 4 * 32 + lane;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) a[j] += __ldcg(p + (i * 4 + j) * 32);
+                }
+                if (SUM) dc_sum_epilogue(ep, xsum, t0 + warp, lane, a); /* MT = 1 */
+                else w4_epilogue(ep, t0 + warp, r, i * 8 + 2 * c, a[0], a[1], a[2], a[3]);
+            }
+            return;
+        } else if constexpr (CL > 1) {
             /* the block's sums of its K range, [TB warps][MT][4] per lane; ranks 1.. store
              * theirs into rank 0's area for them ([CL - 1][TB][MT][32 lanes][4] after red),
              * once rank 0 has read the last column's (the wait: its arrive after the reads) */
@@ -1894,6 +1941,29 @@ static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) 
     return 1;
 }
 
+/* The decode kernel's K split through global memory at M <= 8 (dc_plan.h,
+ * dc_plan_gs / dc_gs_pick): AWQD_W4A16_DC_KS (w4a16_decode_ksplit) 1 by
+ * the rule (the default), 0 never, 10 ks + tb (ks 2 or 3, tb 2 or 4)
+ * wherever that grid is one wave (for measurements). */
+static env_knob g_dc_ks = ENV_KNOB_INIT("AWQD_W4A16_DC_KS", 1, 0, 99);
+extern "C" int w4a16_decode_ksplit(int v) { return knob_set(&g_dc_ks, v); }
+
+/* pl (decode_plan's) replaced by the K split's where it applies (the plain
+ * and SUM variants; the caller checks the workspace): 1 if so */
+static int decode_plan_gs(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
+    const int v = knob_get(&g_dc_ks), ks = v / 10, tb = v % 10;
+    const struct dc_gpu g = dc_gpu_of(w);
+    struct dc_plan q;
+    if (!v || pl->mt != 1 || pl->cl != 1) return 0;
+    if (v == 1 ? !dc_gs_pick(pl, &g, &q)
+               : (ks != 2 && ks != 3) || (tb != 2 && tb != 4) ||
+                     !dc_plan_gs(m, w->k, w->n16, w->group, &g, ks, tb, pl->flags, &q) || !dc_gs_one_wave(&q, &g))
+        return 0;
+    if (q.blocks > w->cnt_len) return 0;
+    *pl = q;
+    return 1;
+}
+
 extern "C" int w4a16_decode_applies(const struct w4a16_weight *w, int m) {
     struct dc_plan pl;
     return w && decode_plan(w, m, &pl);
@@ -2031,6 +2101,10 @@ static size_t ws_need(const struct w4a16_weight *w, int m, enum w4a16_kernel k, 
     if (k == W4A16_KERNEL_CUBLAS)
         return align256((size_t)w->n16 * 16 * w->k * 2) +
                (w->layout == W4A16_LAYOUT_GATE_UP ? align256((size_t)m * w->n16 * 16 * 2) : 0);
+    if (k == W4A16_KERNEL_DECODE) { /* the K split's sums (decode_plan_gs) */
+        struct dc_plan pl;
+        return decode_plan(w, m, &pl) && decode_plan_gs(w, m, &pl) ? dc_gs_ws_bytes(&pl) : 0;
+    }
     if (ksplit <= 1) return 0;
     int nb, mbk, na;
     grid_of(w, m, k, &nb, &mbk, &na);
@@ -2354,6 +2428,10 @@ static int launch_skinny_st(const struct w4a16_weight *w, const uint16_t *x, epi
     return 0;
 }
 
+/* launches of the decode kernel's K split through global memory (dc_plan_gs) */
+static std::atomic<unsigned long> g_gs_launches{0};
+extern "C" unsigned long w4a16_decode_ksplit_launches(void) { return g_gs_launches.load(std::memory_order_relaxed); }
+
 /* For measurements: AWQD_W4A16_DC_LATE=1 triggers the dependents after the
  * decode kernel's main loop instead of at its start. */
 static int dc_flags(void) {
@@ -2364,10 +2442,10 @@ static int dc_flags(void) {
 
 /* PS: the persistent grid (dc_ps_plan), each block streaming ncols / grid
  * columns back to back through one register ring (plain and NORM only) */
-template <int MT, int TB, bool PS, bool PF, int MINB = 2, bool XP = false, int CL = 1>
+template <int MT, int TB, bool PS, bool PF, int MINB = 2, bool XP = false, int CL = 1, bool GS = false>
 static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
                            const norm_args *na, const w4a16_sum *xs, const struct dc_plan *pl, int grid,
-                           cudaStream_t s, char *err, size_t errlen) {
+                           float *part, cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0}, smem_set_n{0}, smem_set_s{0};
     const norm_args none = {NULL, NULL, NULL, NULL, 0.0f};
     w4a16_sum nosum;
@@ -2383,7 +2461,7 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
             if (rc) return rc;
             CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, true, false, PS, PF>, dim3(grid),
                                   dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
-                                  w->n16a, w->kc, flags, ep, *na, nosum, pl->blocks),
+                                  w->n16a, w->kc, flags, ep, *na, nosum, pl->blocks, nullptr, nullptr),
                        err, errlen);
             return 0;
         } else {
@@ -2393,23 +2471,49 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
     if (xs) {
         if (MT != 1 || PS || PF) /* launch_decode gives SUM only the plain grid without prefetch */
             return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: m=%d > 8 or not the plain grid", ep.m);
+        if constexpr (GS) { /* the K split, the last block of a column making the sum */
+            if (pl->cl != CL || !pl->gs || !part)
+                return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: decode plan cl=%d gs=%d", pl->cl, pl->gs);
+            g_gs_launches.fetch_add(1, std::memory_order_relaxed);
+            rc = cuda_smem_limit_once(&smem_set_s, (const void *)k_decode<1, TB, false, true, false, false, 2, false, CL, true>,
+                                      dc_smem_max(MT), err, errlen);
+            if (rc) return rc;
+            CUDA_CHECK(launch_pdl(w, k_decode<1, TB, false, true, false, false, 2, false, CL, true>, dim3(pl->blocks * CL),
+                                  dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc,
+                                  flags, ep, none, *xs, pl->blocks, part, w->cnt),
+                       err, errlen);
+            return 0;
+        }
         rc = cuda_smem_limit_once(&smem_set_s, (const void *)k_decode<1, TB, false, true>,
                                   dc_smem_max(MT), err, errlen);
         if (rc) return rc;
         CUDA_CHECK(launch_pdl(w, k_decode<1, TB, false, true>, dim3(pl->blocks),
                               dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
-                              w->n16a, w->kc, flags, ep, none, *xs, pl->blocks),
+                              w->n16a, w->kc, flags, ep, none, *xs, pl->blocks, nullptr, nullptr),
                    err, errlen);
         return 0;
     }
-    if constexpr (CL > 1) { /* the cluster K split: grid in clusters of CL blocks */
+    if constexpr (GS) { /* the K split through global memory: CL blocks a column, plain grid */
+        if (pl->cl != CL || !pl->gs || !part)
+            return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan cl=%d gs=%d", pl->cl, pl->gs);
+        g_gs_launches.fetch_add(1, std::memory_order_relaxed);
+        rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, false, false, MINB, XP, CL, true>,
+                                  dc_smem_max(MT), err, errlen);
+        if (rc) return rc;
+        CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false, false, false, MINB, XP, CL, true>, dim3(grid * CL),
+                              dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, flags,
+                              ep, none, nosum, pl->blocks, part, w->cnt),
+                   err, errlen);
+        return 0;
+    }
+    if constexpr (CL > 1 && !GS) { /* the cluster K split: grid in clusters of CL blocks */
         if (pl->cl != CL) return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan cl=%d", pl->cl);
         rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS, PF, MINB, XP, CL>,
                                   dc_smem_max(MT), err, errlen);
         if (rc) return rc;
         CUDA_CHECK(launch_pdl_cl(w, k_decode<MT, TB, false, false, PS, PF, MINB, XP, CL>, dim3(grid * CL),
                                  dim3(DC_WARPS * 32), pl->smem, s, dim3(CL, 1, 1), w->qw, w->sc, w->zr, x, w->k,
-                                 w->n16a, w->kc, flags, ep, none, nosum, pl->blocks),
+                                 w->n16a, w->kc, flags, ep, none, nosum, pl->blocks, nullptr, nullptr),
                    err, errlen);
         return 0;
     }
@@ -2418,7 +2522,7 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
     if (rc) return rc;
     CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false, PS, PF, MINB, XP>, dim3(grid), dim3(DC_WARPS * 32),
                           pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, flags, ep,
-                          none, nosum, pl->blocks),
+                          none, nosum, pl->blocks, nullptr, nullptr),
                err, errlen);
     return 0;
 }
@@ -2505,24 +2609,28 @@ extern "C" int w4a16_decode_blocks_per_column(const struct w4a16_weight *w, int 
 extern "C" int w4a16_decode_describe(const struct w4a16_weight *w, int m, int *tb, int *cols, int *grid) {
     struct dc_plan pl;
     if (!w || !decode_plan(w, m, &pl)) return 0;
-    const int ps = decode_ps_grid(w, &pl, 0);
+    const int gs = decode_plan_gs(w, m, &pl), ps = gs ? 0 : decode_ps_grid(w, &pl, 0);
     *tb = pl.tb;
     *cols = pl.blocks;
-    *grid = ps ? ps : pl.blocks;
+    *grid = ps ? ps : gs ? pl.blocks * pl.cl : pl.blocks;
     return 1;
 }
 
 /* na: the NORM prologue (x unused), or NULL; xs: the SUM epilogue, or NULL */
 static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
-                         const norm_args *na, const w4a16_sum *xs, cudaStream_t s, char *err,
-                         size_t errlen) {
+                         const norm_args *na, const w4a16_sum *xs, float *part, size_t ws_bytes,
+                         cudaStream_t s, char *err, size_t errlen) {
     struct dc_plan pl;
     if (!decode_plan(w, ep.m, &pl))
         return util_err(err, errlen, -EINVAL, "w4a16_linear: decode kernel does not fit m=%d K=%d G=%d",
                         ep.m, w->k, w->group);
     if (na && pl.mt != 1) /* the prologue's row sums hold 8 rows */
         return util_err(err, errlen, -ENOTSUP, "w4a16_linear_norm: m=%d > 8", ep.m);
-    const int ps = decode_ps_grid(w, &pl, xs != NULL);
+    {   /* the K split through global memory (decode_plan_gs), where the workspace holds its sums */
+        struct dc_plan q = pl;
+        if (!na && decode_plan_gs(w, ep.m, &q) && part && dc_gs_ws_bytes(&q) <= ws_bytes) pl = q;
+    }
+    const int ps = pl.gs ? 0 : decode_ps_grid(w, &pl, xs != NULL);
     /* The prefetch compiled in (PF) on the plain grid only where the plan
      * prefetches (MT = 1, not SUM). The persistent grid at MT = 1 keeps it
      * compiled in whatever its distance: that is the code session 26
@@ -2540,46 +2648,55 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
      * registers), at MT = 1 from M = dc_xp_min_m() rows (not the NORM or
      * SUM variants) */
     const int xp = pl.mt == 1 && !na && !xs && ep.m >= dc_xp_min_m();
-    if (pl.cl > 1 && (na || xs)) return util_err(err, errlen, -EINVAL, "w4a16_linear: decode cluster split at m=%d", ep.m);
+    if (pl.cl > 1 && !pl.gs && (na || xs)) return util_err(err, errlen, -EINVAL, "w4a16_linear: decode cluster split at m=%d", ep.m);
     switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0) + (pf ? 1000 : 0) + (one ? 10000 : 0) + (xp ? 100000 : 0) +
-            (pl.cl > 1 ? 1000000 : 0)) {
-    case 11: return launch_decode_t<1, 1, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 12: return launch_decode_t<1, 2, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 14: return launch_decode_t<1, 4, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 1011: return launch_decode_t<1, 1, false, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 1012: return launch_decode_t<1, 2, false, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 1014: return launch_decode_t<1, 4, false, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 111: return launch_decode_t<1, 1, true, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 112: return launch_decode_t<1, 2, true, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 114: return launch_decode_t<1, 4, true, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 100011: return launch_decode_t<1, 1, false, false, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 100012: return launch_decode_t<1, 2, false, false, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 100014: return launch_decode_t<1, 4, false, false, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 101011: return launch_decode_t<1, 1, false, true, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 101012: return launch_decode_t<1, 2, false, true, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 101014: return launch_decode_t<1, 4, false, true, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 100111: return launch_decode_t<1, 1, true, true, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 100112: return launch_decode_t<1, 2, true, true, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 100114: return launch_decode_t<1, 4, true, true, 2, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 22: return launch_decode_t<2, 2, false, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 122: return launch_decode_t<2, 2, true, false>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 10022: return launch_decode_t<2, 2, false, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 10122: return launch_decode_t<2, 2, true, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 10032: return launch_decode_t<3, 2, false, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 10132: return launch_decode_t<3, 2, true, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+            (pl.gs ? 10000000 * pl.cl : pl.cl > 1 ? 1000000 : 0)) {
+    /* the K split through global memory (dc_plan_gs), MT = 1 */
+    case 20000012: return launch_decode_t<1, 2, false, false, 2, false, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 20000014: return launch_decode_t<1, 4, false, false, 2, false, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 30000012: return launch_decode_t<1, 2, false, false, 2, false, 3, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 30000014: return launch_decode_t<1, 4, false, false, 2, false, 3, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 20100012: return launch_decode_t<1, 2, false, false, 2, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 20100014: return launch_decode_t<1, 4, false, false, 2, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 30100012: return launch_decode_t<1, 2, false, false, 2, true, 3, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 30100014: return launch_decode_t<1, 4, false, false, 2, true, 3, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 11: return launch_decode_t<1, 1, false, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 12: return launch_decode_t<1, 2, false, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 14: return launch_decode_t<1, 4, false, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1011: return launch_decode_t<1, 1, false, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1012: return launch_decode_t<1, 2, false, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1014: return launch_decode_t<1, 4, false, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 111: return launch_decode_t<1, 1, true, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 112: return launch_decode_t<1, 2, true, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 114: return launch_decode_t<1, 4, true, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 100011: return launch_decode_t<1, 1, false, false, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 100012: return launch_decode_t<1, 2, false, false, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 100014: return launch_decode_t<1, 4, false, false, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 101011: return launch_decode_t<1, 1, false, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 101012: return launch_decode_t<1, 2, false, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 101014: return launch_decode_t<1, 4, false, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 100111: return launch_decode_t<1, 1, true, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 100112: return launch_decode_t<1, 2, true, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 100114: return launch_decode_t<1, 4, true, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 22: return launch_decode_t<2, 2, false, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 122: return launch_decode_t<2, 2, true, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 10022: return launch_decode_t<2, 2, false, false, 1, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 10122: return launch_decode_t<2, 2, true, false, 1, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 10032: return launch_decode_t<3, 2, false, false, 1, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 10132: return launch_decode_t<3, 2, true, false, 1, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     /* MT = 2 on the persistent grid, one tile per block (dc_ps_tb1) */
-    case 10121: return launch_decode_t<2, 1, true, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 10121: return launch_decode_t<2, 1, true, false, 1, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     /* MT = 2 on the persistent grid, four tiles per block (dc_ps_tb4) */
-    case 10124: return launch_decode_t<2, 4, true, false, 1, true>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 10124: return launch_decode_t<2, 4, true, false, 1, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     /* the cluster K split (dc_plan_cluster), MT >= 2 */
-    case 1000022: return launch_decode_t<2, 2, false, false, 2, false, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 1000122: return launch_decode_t<2, 2, true, false, 2, false, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 1010022: return launch_decode_t<2, 2, false, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 1010122: return launch_decode_t<2, 2, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 1010121: return launch_decode_t<2, 1, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 1010124: return launch_decode_t<2, 4, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 1010032: return launch_decode_t<3, 2, false, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
-    case 1010132: return launch_decode_t<3, 2, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, s, err, errlen);
+    case 1000022: return launch_decode_t<2, 2, false, false, 2, false, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1000122: return launch_decode_t<2, 2, true, false, 2, false, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1010022: return launch_decode_t<2, 2, false, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1010122: return launch_decode_t<2, 2, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1010121: return launch_decode_t<2, 1, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1010124: return launch_decode_t<2, 4, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1010032: return launch_decode_t<3, 2, false, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1010132: return launch_decode_t<3, 2, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     }
     return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan mt=%d tb=%d", pl.mt, pl.tb);
 }
@@ -2665,7 +2782,7 @@ extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, 
     float *part = (float *)workspace;
     int rc;
     if (k == W4A16_KERNEL_DECODE) {
-        rc = launch_decode(w, x, ep, NULL, NULL, s, err, errlen);
+        rc = launch_decode(w, x, ep, NULL, NULL, part, workspace ? ws_bytes : 0, s, err, errlen);
     } else if (k == W4A16_KERNEL_SKINNY) {
         int mt = ceil_div(m, 8);
         switch (mt) {
@@ -2727,7 +2844,7 @@ extern "C" int w4a16_linear_norm(const struct w4a16_weight *w, const uint16_t *r
         return util_err(err, errlen, -ENOTSUP, "w4a16_linear_norm: m=%d does not take the decode kernel", m);
     const epi_args ep = epi_of(w, y, m, bias, silu);
     const norm_args na = {rin, delta, norm_w, rout, eps};
-    return launch_decode(w, rin, ep, &na, NULL, s, err, errlen);
+    return launch_decode(w, rin, ep, &na, NULL, NULL, 0, s, err, errlen);
 }
 
 extern "C" int w4a16_linear_sum_ok(const struct w4a16_weight *w, int m) {
@@ -2746,8 +2863,8 @@ extern "C" int w4a16_linear_sum_ok(const struct w4a16_weight *w, int m) {
 }
 
 extern "C" int w4a16_linear_sum(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_t *y,
-                                int epilogue_flags, const struct w4a16_sum *xs, cudaStream_t s,
-                                char *err, size_t errlen) {
+                                int epilogue_flags, const struct w4a16_sum *xs, void *workspace,
+                                size_t ws_bytes, cudaStream_t s, char *err, size_t errlen) {
     if (!w || !x || !y || !xs || xs->size < 1 || xs->size > W4A16_SUM_MAX_RANKS || xs->rank < 0 ||
         xs->rank >= xs->size || !xs->ctl)
         return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: bad arguments");
@@ -2764,5 +2881,6 @@ extern "C" int w4a16_linear_sum(const struct w4a16_weight *w, const uint16_t *x,
         return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: x and y must be 16-byte aligned");
     if (!w4a16_linear_sum_ok(w, m))
         return util_err(err, errlen, -ENOTSUP, "w4a16_linear_sum: m=%d does not take the decode kernel", m);
-    return launch_decode(w, x, epi_of(w, y, m, bias, 0), NULL, xs, s, err, errlen);
+    return launch_decode(w, x, epi_of(w, y, m, bias, 0), NULL, xs, (float *)workspace, workspace ? ws_bytes : 0, s,
+                         err, errlen);
 }

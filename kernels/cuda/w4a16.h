@@ -211,8 +211,8 @@ struct w4a16_sum {
  * <= 16384, the decode kernel on. */
 int w4a16_linear_sum_ok(const struct w4a16_weight *w, int m);
 int w4a16_linear_sum(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_t *y,
-                     int epilogue_flags, const struct w4a16_sum *xs, cudaStream_t s, char *err,
-                     size_t errlen);
+                     int epilogue_flags, const struct w4a16_sum *xs, void *workspace,
+                     size_t ws_bytes, cudaStream_t s, char *err, size_t errlen);
 
 /* Same with a forced kernel and split count (ksplit <= 0: automatic). */
 int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_t *y,
@@ -272,12 +272,28 @@ int w4a16_decode_x_groups(int min_m);
  * the default). The results differ from the one-block kernel's in rounding
  * only (the halves added last). */
 int w4a16_decode_cluster(int mode);
-/* The blocks the decode kernel's plan gives each column at m rows now (1,
- * or 2 with the cluster K split); 0 where the kernel does not apply. */
+/* The decode kernel's K split through global memory at M <= 8 (dc_plan.h,
+ * dc_plan_gs, dc_gs_pick): two or three plain blocks a column of two or
+ * four tiles, each a part of K, the last to arrive adding them in order (the plain and
+ * the tensor-parallel sum variants; not the norm prologue), where the
+ * workspace passed holds their sums (w4a16_workspace_bytes counts them).
+ * v = 1: by its rule (the default), 0: never, 10 ks + tb (ks = 2 or 3
+ * blocks a column of tb = 2 or 4 tiles) wherever that grid is one wave (for
+ * measurements); other values only query. Returns the value in effect
+ * (AWQD_W4A16_DC_KS sets the default). The results differ from the
+ * one-block kernel's in rounding only (the pieces added last).
+ * w4a16_decode_ksplit_launches counts its launches. */
+int w4a16_decode_ksplit(int v);
+unsigned long w4a16_decode_ksplit_launches(void);
+/* The blocks (a thread-block cluster) the decode kernel's plan gives each
+ * column at m rows now (1, or 2 with the cluster K split; the K split
+ * through global memory shows in w4a16_decode_describe instead); 0 where
+ * the kernel does not apply. */
 int w4a16_decode_blocks_per_column(const struct w4a16_weight *w, int m);
 /* The decode kernel's launch for (w, m) as it would run now: tiles per
- * block, column blocks (of tb tiles) and the grid (= cols for the plain
- * grid, < cols for the persistent one). 0 where the kernel does not apply.
+ * block, column blocks (of tb tiles) and the grid in blocks (= cols for the
+ * plain grid, < cols for the persistent one, cols x ks for the K split
+ * through global memory). 0 where the kernel does not apply.
  * For benchmarks and tests. */
 int w4a16_decode_describe(const struct w4a16_weight *w, int m, int *tb, int *cols, int *grid);
 

@@ -413,10 +413,13 @@ TEST(tp_cuda, allreduce_p2p_many_calls_tp4) { many_calls(4); }
  * over calls that cycle both exchange areas back to back (sites 0, 1, 2,
  * ...) with no other all-reduce between, eager and replayed from a graph.
  * Rank 0's weight has a bias (added once, as the model's row-parallel
- * linears do). N = 2056 leaves a half tile; N = 16384 fills the area. */
-#define LS_NSHAPE 6
+ * linears do). N = 2056 leaves a half tile; N = 16384 fills the area; K =
+ * 8192 x N = 5120 runs as three blocks a column through the workspace (the
+ * decode kernel's K split, the last block making the sum). */
+#define LS_NSHAPE 7
 static const int ls_shape[LS_NSHAPE][2] = {{1024, 4096}, {2048, 5120}, {4096, 8192},
-                                           {1536, 2056}, {512, 16384}, {256, 24}};
+                                           {1536, 2056}, {512, 16384}, {256, 24},
+                                           {8192, 5120}}; /* the decode kernel's K split (dc_gs_pick) */
 static const int ls_m[] = {1, 2, 3, 8};
 
 struct ls_ctx {
@@ -451,7 +454,7 @@ static void *ls_rank(void *p) {
     struct ops *ops = NULL;
     struct buf *bx = NULL, *bref = NULL, *bout = NULL;
     float *hx = NULL, *ref = NULL, *got = NULL;
-    const size_t maxk = 4096, maxn = 16384, maxm = 8;
+    const size_t maxk = 8192, maxn = 16384, maxm = 8; /* the largest of ls_shape */
     char *err = x->err[r];
     const size_t el = sizeof x->err[r];
     int rc = ops_cuda_create(r, &ops, err, el);

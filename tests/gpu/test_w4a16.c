@@ -533,6 +533,71 @@ TEST(w4a16, decode_cluster_split) {
     ASSERT_MSG(cc < 9 || split >= 25, "the cluster split ran at %d points", split);
 }
 
+/* The K split through global memory at M <= 8 (w4a16_decode_ksplit,
+ * dc_plan_gs): by the rule (dc_gs_pick: its blocks a column and tiles
+ * exactly where the rule says, on this GPU) and forced to 2 or 3
+ * plain blocks a column of 2 or 4 tiles, the last to arrive adding the
+ * pieces in order, against the CPU reference (two calls alike: the arrival
+ * counters reset): the Qwen3-32B down and o and their tp = 2 shards (K /
+ * 128 = 200, 64, 100, 32), Qwen3-8B down, a gate|up (silu), 325 tiles with
+ * a bias (a part-filled last column) at K = 3072 (24 groups: 8 or 12 a
+ * block), at M = 1, 3, 6, 8; off, one block a column. */
+TEST(w4a16, decode_ksplit) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    static const struct { int k, n, gate_up, bias; } shp[] = {
+        {25600, 5120, 0, 0}, {8192, 5120, 0, 0}, {12800, 5120, 0, 0}, {4096, 5120, 0, 1},
+        {12288, 4096, 0, 0}, {5120, 5120, 1, 0}, {3072, 5200, 0, 1},
+    };
+    static const int ms[] = {1, 3, 6, 8}, kss[] = {1, 22, 24, 32, 34};
+    const int k0 = w4a16_decode_ksplit(-1);
+    struct dc_gpu g;
+    ASSERT(dc_gpu_here(&g));
+    int by_rule = 0;
+    const unsigned long l0 = w4a16_decode_ksplit_launches();
+    for (int si = 0; si < NM(shp); si++) {
+        struct dc_layer L;
+        dc_layer_make(&L, shp[si].k, shp[si].n, shp[si].gate_up, shp[si].bias, "ksplit");
+        ASSERT_OK_SO_FAR();
+        for (int i = 0; i < NM(ms); i++) {
+            const int M = ms[i];
+            struct dc_plan pl, q;
+            memset(&q, 0, sizeof q);
+            const int want = dc_plan_make(M, L.k, (shp[si].n + 15) / 16, 128, &g, 0,
+                                          DC_PLAN_HALVE | DC_PLAN_TB1 | DC_PLAN_TB4, &pl) &&
+                             dc_gs_pick(&pl, &g, &q);
+            if (!w4a16_decode_applies(L.dw, M)) continue;
+            int dtb = 0, dcols = 0, dgrid = 0;
+            w4a16_decode_ksplit(0);
+            ASSERT(w4a16_decode_describe(L.dw, M, &dtb, &dcols, &dgrid));
+            ASSERT_MSG(dgrid <= dcols, "%s M=%d: split with it off", L.what, M);
+            w4a16_decode_ksplit(1);
+            ASSERT(w4a16_decode_describe(L.dw, M, &dtb, &dcols, &dgrid));
+            const int ks = dgrid > dcols ? dgrid / dcols : 1;
+            ASSERT_MSG(ks == (want ? q.cl : 1), "%s M=%d: %d blocks a column, the rule says %d", L.what, M, ks,
+                       want ? q.cl : 1);
+            by_rule += want;
+            if (want)
+                ASSERT_MSG(dtb == q.tb && dcols == q.blocks && dgrid == q.cl * q.blocks,
+                           "%s M=%d: TB %d, %d columns on %d blocks", L.what, M, dtb, dcols, dgrid);
+        }
+        for (int j = 0; j < NM(kss); j++) {
+            w4a16_decode_ksplit(kss[j]);
+            for (int i = 0; i < NM(ms); i++) {
+                char what[96];
+                snprintf(what, sizeof what, "%s ks %d tb %d", L.what, kss[j] == 1 ? 0 : kss[j] / 10, kss[j] % 10);
+                check_case(&L.h, L.wref, L.dw, L.gate_up, ms[i], L.epi, W4A16_KERNEL_DECODE, 0, what);
+                ASSERT_OK_SO_FAR();
+            }
+        }
+        dc_layer_free(&L);
+    }
+    w4a16_decode_ksplit(k0);
+    const unsigned long n = w4a16_decode_ksplit_launches() - l0;
+    /* on a 132-SM GPU: the Qwen3-32B down, o and tp = 2 down, Qwen3-8B down at M = 6-8 */
+    ASSERT_MSG(g.sms != 132 || by_rule >= 8, "the rule took %d points", by_rule);
+    ASSERT_MSG(cc_major_here() < 9 || n >= 40, "the K split ran %lu times", n);
+}
+
 /* x staged group by group (w4a16_decode_x_groups: each of a warp's first
  * ring-turn groups its own cp.async group, waited for in the first column's
  * turns) changes no value: at M = 1-8 the kernel is run with it from M = 1

@@ -497,6 +497,15 @@ TEST(dc_plan, ksplit_rule) {
     /* uneven thirds: K / 128 = 200 as 66 / 67 / 67, the plan's x room for 67 */
     struct dc_plan q;
     ASSERT(dc_plan_gs(1, 25600, 320, 128, &H200, 3, 4, fl, &q) && q.k == 67 * 128 && q.blocks == 80);
+    /* where x of all of K leaves no one-block plan (dc_gs_pick_any): Qwen3-32B down at M = 4
+     * (30.65 -> 20.11 us against the skinny kernel), its tp = 2 down at M = 8 (16.71 -> 12.60);
+     * not at M = 6 (no split of one wave: x of a third of K, 103 KB, leaves one block a SM) */
+    ASSERT(!dc_plan_make(4, 25600, 320, 128, &H200, 0, fl, &pl));
+    ASSERT(dc_gs_pick_any(4, 25600, 320, 128, &H200, fl, &q) && q.cl == 3 && q.tb == 4 && q.blocks == 80);
+    ASSERT(dc_gs_pick_any(3, 25600, 320, 128, &H200, fl, &q) && q.cl == 3 && q.tb == 4);
+    ASSERT(dc_gs_pick_any(8, 12800, 320, 128, &H200, fl, &q) && q.cl == 3 && q.tb == 4);
+    ASSERT(!dc_gs_pick_any(6, 25600, 320, 128, &H200, fl, &q));
+    ASSERT(!dc_gs_pick_any(9, 25600, 320, 128, &H200, fl, &q));
     /* not: M > 8, fewer groups than blocks */
     ASSERT(!dc_plan_gs(9, 8192, 320, 128, &H200, 3, 4, fl, &q));
     ASSERT(!dc_plan_gs(1, 256, 320, 128, &H200, 3, 4, fl, &q));

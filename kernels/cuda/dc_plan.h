@@ -257,6 +257,35 @@ DC_FN int dc_gs_pick(const struct dc_plan *pl, const struct dc_gpu *g, struct dc
     return best > 0 && 100 * best >= DC_GS_FILL_PCT * res1;
 }
 
+/* A stand-in one-block plan at m <= 8 rows where x of all of K leaves none
+ * (dc_plan_make refused it): one tile a block, every column its block, and
+ * more shared memory than an SM holds (no block resident), for dc_gs_pick */
+DC_FN void dc_plan_none(int m, int K, int n16, int flags, struct dc_plan *pl) {
+    pl->m = m;
+    pl->mt = 1;
+    pl->tb = 1;
+    pl->cl = 1;
+    pl->gs = 0;
+    pl->k = K;
+    pl->n16 = n16;
+    pl->blocks = n16;
+    pl->pf = 0;
+    pl->smem = dc_smem_bytes(m, K, 1, 1);
+    pl->wbytes = (size_t)8 * K;
+    pl->flags = flags;
+}
+/* dc_gs_pick for m rows of (K, n16), against the one-block plan or, where
+ * there is none at m <= 8, the stand-in (the K split then the only decode
+ * plan: Qwen3-32B down at M = 4, x of 200 KB) */
+DC_FN int dc_gs_pick_any(int m, int K, int n16, int group, const struct dc_gpu *g, int flags, struct dc_plan *out) {
+    struct dc_plan pl;
+    if (!dc_plan_make(m, K, n16, group, g, 0, flags, &pl)) {
+        if (m < 1 || m > 8 || group != 128) return 0;
+        dc_plan_none(m, K, n16, flags, &pl);
+    }
+    return dc_gs_pick(&pl, g, out);
+}
+
 /* Where the dispatch runs the decode kernel as the cluster K split
  * (dc_plan_cluster, two blocks a column): K = 8192 at M = 12-24 (each block
  * x of 4096 columns, where the kernel measured best), at M = 17-24 on

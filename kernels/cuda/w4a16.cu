@@ -1964,6 +1964,34 @@ static int decode_plan_gs(const struct w4a16_weight *w, int m, struct dc_plan *p
     return 1;
 }
 
+/* The decode kernel's plan at m rows for the plain and SUM variants: the
+ * one-block plan (with the K split where decode_plan_gs takes it), or, where
+ * x of all of K leaves no one-block plan (M <= 8), the K split alone (its
+ * pick against a plan with no block resident). 0 where neither applies. */
+static int decode_plan_any(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
+    if (decode_plan(w, m, pl)) {
+        decode_plan_gs(w, m, pl);
+        return 1;
+    }
+    if (m < 1 || m > 8 || w->group != 128) return 0;
+    struct dc_plan one;
+    dc_plan_none(m, w->k, w->n16, DC_PLAN_HALVE | DC_PLAN_TB1 | DC_PLAN_TB4, &one);
+    if (!decode_plan_gs(w, m, &one)) return 0;
+    *pl = one;
+    return 1;
+}
+
+/* The dispatch takes the decode kernel with the K split at M = 3-8 also
+ * where it would not take the one-block plan (or there is none), before the
+ * skinny kernel. H200, session 53, back to back, `--set all` at M = 3 / 4 /
+ * 6 / 8, on against off: Qwen3-32B down at M = 3 / 4 26.09 / 30.65 ->
+ * 19.76 / 20.11 us (no split fits one wave at M = 6-8), its tp = 2 down at
+ * M = 6 / 8 16.59 / 16.71 -> 12.31 / 12.60; no other point changed by more
+ * than 2.2%; qwen3-32b batch 3 / 4 0.926x a step. AWQD_W4A16_DC_KSX=0 turns
+ * that off (w4a16_decode_ksplit_dispatch) */
+static env_knob g_dc_ksx = ENV_KNOB_INIT("AWQD_W4A16_DC_KSX", 1, 0, 1);
+extern "C" int w4a16_decode_ksplit_dispatch(int v) { return knob_set(&g_dc_ksx, v); }
+
 extern "C" int w4a16_decode_applies(const struct w4a16_weight *w, int m) {
     struct dc_plan pl;
     return w && decode_plan(w, m, &pl);
@@ -2027,10 +2055,13 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
     if (gemm_pick(w, m, kern, ksplit)) return; /* gemm helper: large M on sm_90a */
     k = *kern;
     {   /* the decode kernel for small M */
-        if (k == W4A16_KERNEL_AUTO && decode_mode() && dc_in_dispatch(w, m, has ? &pl : NULL))
+        struct dc_plan gs;
+        const int has_gs = decode_plan_any(w, m, &gs) && gs.gs;
+        if (k == W4A16_KERNEL_AUTO && decode_mode() &&
+            (dc_in_dispatch(w, m, has ? &pl : NULL) || (has_gs && knob_get(&g_dc_ksx))))
             k = W4A16_KERNEL_DECODE;
         if (k == W4A16_KERNEL_DECODE) {
-            if (has) {
+            if (has || has_gs) {
                 *kern = k;
                 *ksplit = 1;
                 return;
@@ -2101,9 +2132,9 @@ static size_t ws_need(const struct w4a16_weight *w, int m, enum w4a16_kernel k, 
     if (k == W4A16_KERNEL_CUBLAS)
         return align256((size_t)w->n16 * 16 * w->k * 2) +
                (w->layout == W4A16_LAYOUT_GATE_UP ? align256((size_t)m * w->n16 * 16 * 2) : 0);
-    if (k == W4A16_KERNEL_DECODE) { /* the K split's sums (decode_plan_gs) */
+    if (k == W4A16_KERNEL_DECODE) { /* the K split's sums (decode_plan_any) */
         struct dc_plan pl;
-        return decode_plan(w, m, &pl) && decode_plan_gs(w, m, &pl) ? dc_gs_ws_bytes(&pl) : 0;
+        return decode_plan_any(w, m, &pl) && pl.gs ? dc_gs_ws_bytes(&pl) : 0;
     }
     if (ksplit <= 1) return 0;
     int nb, mbk, na;
@@ -2608,8 +2639,8 @@ extern "C" int w4a16_decode_blocks_per_column(const struct w4a16_weight *w, int 
 
 extern "C" int w4a16_decode_describe(const struct w4a16_weight *w, int m, int *tb, int *cols, int *grid) {
     struct dc_plan pl;
-    if (!w || !decode_plan(w, m, &pl)) return 0;
-    const int gs = decode_plan_gs(w, m, &pl), ps = gs ? 0 : decode_ps_grid(w, &pl, 0);
+    if (!w || !decode_plan_any(w, m, &pl)) return 0;
+    const int gs = pl.gs, ps = gs ? 0 : decode_ps_grid(w, &pl, 0);
     *tb = pl.tb;
     *cols = pl.blocks;
     *grid = ps ? ps : gs ? pl.blocks * pl.cl : pl.blocks;
@@ -2621,15 +2652,17 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
                          const norm_args *na, const w4a16_sum *xs, float *part, size_t ws_bytes,
                          cudaStream_t s, char *err, size_t errlen) {
     struct dc_plan pl;
-    if (!decode_plan(w, ep.m, &pl))
-        return util_err(err, errlen, -EINVAL, "w4a16_linear: decode kernel does not fit m=%d K=%d G=%d",
-                        ep.m, w->k, w->group);
+    const int has1 = decode_plan(w, ep.m, &pl);
+    {   /* the K split through global memory (decode_plan_any), where the workspace holds its sums */
+        struct dc_plan q;
+        q.gs = 0;
+        if (!na && decode_plan_any(w, ep.m, &q) && q.gs && part && dc_gs_ws_bytes(&q) <= ws_bytes) pl = q;
+        else if (!has1)
+            return util_err(err, errlen, -EINVAL, "w4a16_linear: decode kernel does not fit m=%d K=%d G=%d%s",
+                            ep.m, w->k, w->group, !na && q.gs ? " (no workspace for its K split)" : "");
+    }
     if (na && pl.mt != 1) /* the prologue's row sums hold 8 rows */
         return util_err(err, errlen, -ENOTSUP, "w4a16_linear_norm: m=%d > 8", ep.m);
-    {   /* the K split through global memory (decode_plan_gs), where the workspace holds its sums */
-        struct dc_plan q = pl;
-        if (!na && decode_plan_gs(w, ep.m, &q) && part && dc_gs_ws_bytes(&q) <= ws_bytes) pl = q;
-    }
     const int ps = pl.gs ? 0 : decode_ps_grid(w, &pl, xs != NULL);
     /* The prefetch compiled in (PF) on the plain grid only where the plan
      * prefetches (MT = 1, not SUM). The persistent grid at MT = 1 keeps it
@@ -2823,7 +2856,7 @@ extern "C" int w4a16_linear_norm_ok(const struct w4a16_weight *w, int m) {
     enum w4a16_kernel k = W4A16_KERNEL_AUTO;
     int ks = 0;
     choose(w, m, &k, &ks);
-    return k == W4A16_KERNEL_DECODE;
+    return k == W4A16_KERNEL_DECODE && w4a16_decode_applies(w, m); /* the one-block plan: the prologue has no K split */
 }
 
 extern "C" int w4a16_linear_norm(const struct w4a16_weight *w, const uint16_t *rin,

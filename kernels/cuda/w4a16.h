@@ -285,6 +285,11 @@ int w4a16_decode_cluster(int mode);
  * w4a16_decode_ksplit_launches counts its launches. */
 int w4a16_decode_ksplit(int v);
 unsigned long w4a16_decode_ksplit_launches(void);
+/* Whether the dispatch also takes the decode kernel with the K split at M
+ * = 3-8 where it would not take the one-block plan, or there is none (x of
+ * all of K too large): v = 1 yes (the default), 0 no; other values only
+ * query (AWQD_W4A16_DC_KSX sets the default). */
+int w4a16_decode_ksplit_dispatch(int v);
 /* The blocks (a thread-block cluster) the decode kernel's plan gives each
  * column at m rows now (1, or 2 with the cluster K split; the K split
  * through global memory shows in w4a16_decode_describe instead); 0 where

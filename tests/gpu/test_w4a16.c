@@ -679,7 +679,13 @@ TEST(w4a16, decode_dispatch_rule) {
             ASSERT_MSG((w4a16_decode_blocks_per_column(dw, m) == 2) == cl, "K %d N %d M=%d: the cluster split %s",
                        cs[ci].k, cs[ci].n, m, cl ? "not planned" : "planned");
             split += cl;
-            const int want = cl || dc_dispatch_takes(m, DC_DISPATCH_MAX_M, has ? &pl : NULL, &g);
+            /* and the K split through global memory at M <= 8 (dc_gs_pick_any: also where the
+             * one-block plan is not taken or does not fit) */
+            struct dc_plan pg;
+            const int gs = w4a16_decode_ksplit(-1) == 1 && w4a16_decode_ksplit_dispatch(-1) &&
+                           dc_gs_pick_any(m, cs[ci].k, (cs[ci].n + 15) / 16, 128, &g,
+                                          DC_PLAN_HALVE | DC_PLAN_TB1 | DC_PLAN_TB4, &pg);
+            const int want = cl || gs || dc_dispatch_takes(m, DC_DISPATCH_MAX_M, has ? &pl : NULL, &g);
             w4a16_choice(dw, m, &k, &ks);
             ASSERT_MSG((k == W4A16_KERNEL_DECODE) == want, "K %d N %d M=%d: kernel %d, the rule says %s", cs[ci].k,
                        cs[ci].n, m, (int)k, want ? "decode" : "not decode");

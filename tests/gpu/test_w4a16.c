@@ -649,7 +649,7 @@ TEST(w4a16, decode_dispatch_rule) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     if (!w4a16_decode_kernel(-1)) TEST_SKIP("decode kernel turned off (AWQD_W4A16_DECODE=0)");
     if (getenv("AWQD_W4A16_DC_MAX_M") || getenv("AWQD_W4A16_DC_TB") || getenv("AWQD_W4A16_DC_WAVES") ||
-        getenv("AWQD_W4A16_DC_PLAN") || w4a16_decode_cluster(-1) != 0)
+        getenv("AWQD_W4A16_DC_PLAN") || w4a16_decode_cluster(-1) != 0 || w4a16_decode_ksplit(-1) > 1)
         TEST_SKIP("a decode-plan knob is set");
     struct dc_gpu g;
     ASSERT(dc_gpu_here(&g));

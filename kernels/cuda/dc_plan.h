@@ -210,7 +210,7 @@ DC_FN int dc_plan_gs(int m, int K, int n16, int group, const struct dc_gpu *g, i
     pl->pf = 0;
     return 1;
 }
-/* Its workspace: [columns][ks][tb][mt * 4][32] fp32 */
+/* Its workspace: [columns][ks][mt * 4][tb * 32] fp32 (splitk_reduce's layout) */
 DC_FN size_t dc_gs_ws_bytes(const struct dc_plan *pl) {
     return (size_t)pl->blocks * pl->cl * pl->tb * pl->mt * 4 * 32 * 4;
 }

@@ -154,13 +154,15 @@ struct norm_args {
  * thread to part[(tile * ksplit + split) * NACC * NT + i * NT + tid]; the
  * last block to arrive (atomic counter) adds the ksplit partials in split
  * order (deterministic) and returns 1 with the sum in acc. The counter is
- * reset for the next call. */
+ * reset for the next call. Every thread of the block must call it (its
+ * barriers); only the active ones (tid < NT) hold values: the others
+ * neither write nor read and return 0. */
 template <int NACC, int NT>
 static __device__ __forceinline__ int splitk_reduce(float *acc, float *part, int *cnt, int tile,
-                                                    int split, int ksplit, int tid, bool writer) {
+                                                    int split, int ksplit, int tid, bool active) {
     __shared__ int s_last;
     float *mine = part + ((size_t)tile * ksplit + split) * NACC * NT;
-    if (writer) {
+    if (active) {
 #pragma unroll
         for (int i = 0; i < NACC; i++) __stcg(mine + i * NT + tid, acc[i]);
     }
@@ -172,7 +174,7 @@ static __device__ __forceinline__ int splitk_reduce(float *acc, float *part, int
         if (s_last) cnt[tile] = 0;
     }
     __syncthreads();
-    if (!s_last) return 0;
+    if (!s_last || !active) return 0;
     __threadfence();
 #pragma unroll
     for (int i = 0; i < NACC; i++) acc[i] = 0.f;
@@ -782,6 +784,16 @@ static __device__ __forceinline__ void dc_sum_epilogue(const epi_args &ep, const
     w4_epilogue(e, nt, r, 2 * c, acc[0], acc[1], acc[2], acc[3]);
 }
 
+/* The 8 warps' partials of tile tb, row tile i, for this lane, added in
+ * warp order (red: [TB][MT * 4][DC_WARPS][32], k_decode's reduction area) */
+template <int MT>
+static __device__ __forceinline__ void dc_warp_sum(const float *red, int tb, int i, int lane, float v[4]) {
+    v[0] = v[1] = v[2] = v[3] = 0.f;
+    for (int w = 0; w < DC_WARPS; w++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] += red[((tb * MT * 4 + i * 4 + j) * DC_WARPS + w) * 32 + lane];
+}
+
 /* MINB: the blocks per SM the registers must allow (__launch_bounds__): 2
  * (128 registers) where the plan's shared memory lets two blocks share an
  * SM, 1 at MT = 2 where it does not (launch_decode) — the MT = 2 persistent
@@ -943,43 +955,17 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         __syncthreads();
         if (CL == 1 && !PS && warp >= TB) return;
         if constexpr (GS) {
-            /* the block's sums of its K range into part [column][rank][TB][MT * 4][32]; the
-             * last of the column's CL blocks to arrive adds all CL in rank order (the same
-             * order whoever arrives last) and stores */
-            __shared__ int s_last;
-            float v[MT][4];
-            if (warp < TB) {
+            /* the block's sums of its K range into the workspace; the last of the column's CL
+             * blocks to arrive adds all CL in rank order (the same order whoever arrives
+             * last: splitk_reduce, its threads warp * 32 + lane of warps < TB) and stores */
+            float v[MT * 4];
+            if (warp < TB)
 #pragma unroll
-                for (int i = 0; i < MT; i++) {
-                    v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.f;
-                    for (int w = 0; w < DC_WARPS; w++)
-#pragma unroll
-                        for (int j = 0; j < 4; j++) v[i][j] += red[((warp * MT * 4 + i * 4 + j) * DC_WARPS + w) * 32 + lane];
-                }
-                float *mine = part + (((size_t)col * CL + rank) * TB + warp) * MT * 4 * 32 + lane;
-#pragma unroll
-                for (int i = 0; i < MT; i++)
-#pragma unroll
-                    for (int j = 0; j < 4; j++) __stcg(mine + (i * 4 + j) * 32, v[i][j]);
-            }
-            __threadfence();
-            __syncthreads();
-            if (tid == 0) {
-                const int old = atomicAdd(cnt + col, 1);
-                s_last = old == CL - 1;
-                if (s_last) cnt[col] = 0;
-            }
-            __syncthreads();
-            if (!s_last || warp >= TB) return;
-            __threadfence();
+                for (int i = 0; i < MT; i++) dc_warp_sum<MT>(red, warp, i, lane, v + 4 * i);
+            if (!splitk_reduce<MT * 4, TB * 32>(v, part, cnt, col, rank, CL, tid, warp < TB)) return;
 #pragma unroll
             for (int i = 0; i < MT; i++) {
-                float a[4] = {0.f, 0.f, 0.f, 0.f};
-                for (int q = 0; q < CL; q++) {
-                    const float *p = part + (((size_t)col * CL + q) * TB + warp) * MT * 4 * 32 + lane;
-#pragma unroll
-                    for (int j = 0; j < 4; j++) a[j] += __ldcg(p + (i * 4 + j) * 32);
-                }
+                float *a = v + 4 * i;
                 if (SUM) dc_sum_epilogue(ep, xsum, t0 + warp, lane, a); /* MT = 1 */
                 else w4_epilogue(ep, t0 + warp, r, i * 8 + 2 * c, a[0], a[1], a[2], a[3]);
             }
@@ -994,10 +980,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
             for (int i = 0; i < MT; i++) v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.f;
             if (warp < TB)
 #pragma unroll
-                for (int i = 0; i < MT; i++)
-                    for (int w = 0; w < DC_WARPS; w++)
-#pragma unroll
-                        for (int j = 0; j < 4; j++) v[i][j] += red[((warp * MT * 4 + i * 4 + j) * DC_WARPS + w) * 32 + lane];
+                for (int i = 0; i < MT; i++) dc_warp_sum<MT>(red, warp, i, lane, v[i]);
             cl_wait();
             if (rank > 0 && warp < TB)
 #pragma unroll
@@ -1022,10 +1005,8 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         } else if (warp < TB) {
 #pragma unroll
             for (int i = 0; i < MT; i++) {
-                float v[4] = {0.f, 0.f, 0.f, 0.f};
-                for (int w = 0; w < DC_WARPS; w++)
-#pragma unroll
-                    for (int j = 0; j < 4; j++) v[j] += red[((warp * MT * 4 + i * 4 + j) * DC_WARPS + w) * 32 + lane];
+                float v[4];
+                dc_warp_sum<MT>(red, warp, i, lane, v);
                 if (SUM) dc_sum_epilogue(ep, xsum, t0 + warp, lane, v); /* MT = 1 (w4a16_linear_sum) */
                 else w4_epilogue(ep, t0 + warp, r, i * 8 + 2 * c, v[0], v[1], v[2], v[3]);
             }
@@ -1967,9 +1948,10 @@ static int decode_plan_gs(const struct w4a16_weight *w, int m, struct dc_plan *p
 /* The decode kernel's plan at m rows for the plain and SUM variants: the
  * one-block plan (with the K split where decode_plan_gs takes it), or, where
  * x of all of K leaves no one-block plan (M <= 8), the K split alone (its
- * pick against a plan with no block resident). 0 where neither applies. */
-static int decode_plan_any(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
-    if (decode_plan(w, m, pl)) {
+ * pick against a plan with no block resident). 0 where neither applies.
+ * has: decode_plan's result, its plan in *pl (made once by the callers). */
+static int decode_plan_any_of(const struct w4a16_weight *w, int m, int has, struct dc_plan *pl) {
+    if (has) {
         decode_plan_gs(w, m, pl);
         return 1;
     }
@@ -1979,6 +1961,9 @@ static int decode_plan_any(const struct w4a16_weight *w, int m, struct dc_plan *
     if (!decode_plan_gs(w, m, &one)) return 0;
     *pl = one;
     return 1;
+}
+static int decode_plan_any(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
+    return decode_plan_any_of(w, m, decode_plan(w, m, pl), pl);
 }
 
 /* The dispatch takes the decode kernel with the K split at M = 3-8 also
@@ -2044,7 +2029,7 @@ static int tc_use_cluster(const struct w4a16_weight *w, int mbk, int ksplit);
 static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern, int *ksplit) {
     enum w4a16_kernel k = *kern;
     /* the decode kernel's plan, made once for its questions below */
-    struct dc_plan pl;
+    struct dc_plan pl = {};
     const int has = decode_plan(w, m, &pl);
     /* its cluster K split before the GEMM's rules */
     if (k == W4A16_KERNEL_AUTO && decode_mode() && has && pl.cl > 1 && dc_in_dispatch(w, m, &pl)) {
@@ -2055,8 +2040,8 @@ static void choose(const struct w4a16_weight *w, int m, enum w4a16_kernel *kern,
     if (gemm_pick(w, m, kern, ksplit)) return; /* gemm helper: large M on sm_90a */
     k = *kern;
     {   /* the decode kernel for small M */
-        struct dc_plan gs;
-        const int has_gs = decode_plan_any(w, m, &gs) && gs.gs;
+        struct dc_plan gs = pl;
+        const int has_gs = decode_plan_any_of(w, m, has, &gs) && gs.gs;
         if (k == W4A16_KERNEL_AUTO && decode_mode() &&
             (dc_in_dispatch(w, m, has ? &pl : NULL) || (has_gs && knob_get(&g_dc_ksx))))
             k = W4A16_KERNEL_DECODE;
@@ -2499,41 +2484,30 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
             return util_err(err, errlen, -EINVAL, "w4a16_linear_norm: m=%d > 8", ep.m);
         }
     }
+    if (xs && (MT != 1 || PS || PF)) /* launch_decode gives SUM only the plain grid without prefetch */
+        return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: m=%d > 8 or not the plain grid", ep.m);
+    if constexpr (GS) { /* the K split through global memory: CL blocks a column, plain grid; with xs
+                         * the last block of a column makes the sum */
+        const char *fn = xs ? "w4a16_linear_sum" : "w4a16_linear";
+        if (pl->cl != CL || !pl->gs || !part)
+            return util_err(err, errlen, -EINVAL, "%s: decode plan cl=%d gs=%d", fn, pl->cl, pl->gs);
+        auto *kern = xs ? k_decode<1, TB, false, true, false, false, 2, false, CL, true>
+                        : k_decode<MT, TB, false, false, false, false, MINB, XP, CL, true>;
+        g_gs_launches.fetch_add(1, std::memory_order_relaxed);
+        rc = cuda_smem_limit_once(xs ? &smem_set_s : &smem_set, (const void *)kern, dc_smem_max(MT), err, errlen);
+        if (rc) return rc;
+        CUDA_CHECK(launch_pdl(w, kern, dim3(pl->blocks * CL), dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr,
+                              x, w->k, w->n16a, w->kc, flags, ep, none, xs ? *xs : nosum, pl->blocks, part, w->cnt),
+                   err, errlen);
+        return 0;
+    }
     if (xs) {
-        if (MT != 1 || PS || PF) /* launch_decode gives SUM only the plain grid without prefetch */
-            return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: m=%d > 8 or not the plain grid", ep.m);
-        if constexpr (GS) { /* the K split, the last block of a column making the sum */
-            if (pl->cl != CL || !pl->gs || !part)
-                return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: decode plan cl=%d gs=%d", pl->cl, pl->gs);
-            g_gs_launches.fetch_add(1, std::memory_order_relaxed);
-            rc = cuda_smem_limit_once(&smem_set_s, (const void *)k_decode<1, TB, false, true, false, false, 2, false, CL, true>,
-                                      dc_smem_max(MT), err, errlen);
-            if (rc) return rc;
-            CUDA_CHECK(launch_pdl(w, k_decode<1, TB, false, true, false, false, 2, false, CL, true>, dim3(pl->blocks * CL),
-                                  dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc,
-                                  flags, ep, none, *xs, pl->blocks, part, w->cnt),
-                       err, errlen);
-            return 0;
-        }
         rc = cuda_smem_limit_once(&smem_set_s, (const void *)k_decode<1, TB, false, true>,
                                   dc_smem_max(MT), err, errlen);
         if (rc) return rc;
         CUDA_CHECK(launch_pdl(w, k_decode<1, TB, false, true>, dim3(pl->blocks),
                               dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
                               w->n16a, w->kc, flags, ep, none, *xs, pl->blocks, nullptr, nullptr),
-                   err, errlen);
-        return 0;
-    }
-    if constexpr (GS) { /* the K split through global memory: CL blocks a column, plain grid */
-        if (pl->cl != CL || !pl->gs || !part)
-            return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan cl=%d gs=%d", pl->cl, pl->gs);
-        g_gs_launches.fetch_add(1, std::memory_order_relaxed);
-        rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, false, false, MINB, XP, CL, true>,
-                                  dc_smem_max(MT), err, errlen);
-        if (rc) return rc;
-        CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false, false, false, MINB, XP, CL, true>, dim3(grid * CL),
-                              dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, flags,
-                              ep, none, nosum, pl->blocks, part, w->cnt),
                    err, errlen);
         return 0;
     }
@@ -2651,12 +2625,12 @@ extern "C" int w4a16_decode_describe(const struct w4a16_weight *w, int m, int *t
 static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
                          const norm_args *na, const w4a16_sum *xs, float *part, size_t ws_bytes,
                          cudaStream_t s, char *err, size_t errlen) {
-    struct dc_plan pl;
+    struct dc_plan pl = {};
     const int has1 = decode_plan(w, ep.m, &pl);
     {   /* the K split through global memory (decode_plan_any), where the workspace holds its sums */
-        struct dc_plan q;
+        struct dc_plan q = pl;
         q.gs = 0;
-        if (!na && decode_plan_any(w, ep.m, &q) && q.gs && part && dc_gs_ws_bytes(&q) <= ws_bytes) pl = q;
+        if (!na && decode_plan_any_of(w, ep.m, has1, &q) && q.gs && part && dc_gs_ws_bytes(&q) <= ws_bytes) pl = q;
         else if (!has1)
             return util_err(err, errlen, -EINVAL, "w4a16_linear: decode kernel does not fit m=%d K=%d G=%d%s",
                             ep.m, w->k, w->group, !na && q.gs ? " (no workspace for its K split)" : "");

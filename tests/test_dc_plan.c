@@ -452,9 +452,10 @@ TEST(dc_plan, cluster_split_rule) {
 }
 
 /* The K split through global memory at M <= 8 (dc_gs_pick, dc_plan_gs;
- * session 53's measured points on the H200's 132 SMs): where a split grid
- * of one wave has at least 1.4x the blocks the one-block plan has resident,
- * K >= 6144 and N >= 4096, the most blocks */
+ * sessions 53-54's measured points on the H200's 132 SMs): where a split
+ * grid of one wave has at least 1.4x the blocks the one-block plan has
+ * resident, K >= 6144 and N >= 4096, the most blocks (4 x 4 before 2 x 2);
+ * where there is no one-block plan, grids of more than one wave */
 TEST(dc_plan, ksplit_rule) {
     static const struct { int m, k, n, ks, tb; const char *what; } cs[] = {
         {1, 25600, 5120, 3, 4, "Qwen3-32B down (23.3 -> 19.2 us)"},
@@ -465,7 +466,8 @@ TEST(dc_plan, ksplit_rule) {
         {4, 12800, 5120, 3, 4, "its tp = 2 down (0.80x)"},
         {1, 6400, 5120, 3, 4, "its tp = 4 down (0.94x)"},
         {8, 8192, 5120, 3, 4, "the Llama-3-70B tp = 2 q|k|v shard (0.81x)"},
-        {8, 12288, 4096, 2, 2, "Qwen3-8B down (256 blocks of one a SM before: 0.90x)"},
+        {8, 12288, 4096, 4, 4, "Qwen3-8B down (256 blocks of one a SM before: 0.90x; 4 x 4 of the same count 0.90x 2 x 2's)"},
+        {5, 12288, 4096, 4, 4, "Qwen3-8B down (4 x 4 0.96x 2 x 2)"},
         {2, 28672, 8192, 2, 4, "Llama-3-70B down (0.87x)"},
         {8, 8192, 8192, 2, 4, "Llama-3-70B o (0.93x)"},
         {1, 5120, 5120, 0, 0, "the Qwen3-32B tp = 2 q|k|v shard (K = 5120: 1.06x)"},
@@ -498,14 +500,39 @@ TEST(dc_plan, ksplit_rule) {
     struct dc_plan q;
     ASSERT(dc_plan_gs(1, 25600, 320, 128, &H200, 3, 4, fl, &q) && q.k == 67 * 128 && q.blocks == 80);
     /* where x of all of K leaves no one-block plan (dc_gs_pick_any): Qwen3-32B down at M = 4
-     * (30.65 -> 20.11 us against the skinny kernel), its tp = 2 down at M = 8 (16.71 -> 12.60);
-     * not at M = 6 (no split of one wave: x of a third of K, 103 KB, leaves one block a SM) */
+     * (30.65 -> 20.11 us against the skinny kernel), its tp = 2 down at M = 8 (16.71 -> 12.60) */
     ASSERT(!dc_plan_make(4, 25600, 320, 128, &H200, 0, fl, &pl));
     ASSERT(dc_gs_pick_any(4, 25600, 320, 128, &H200, fl, &q) && q.cl == 3 && q.tb == 4 && q.blocks == 80);
     ASSERT(dc_gs_pick_any(3, 25600, 320, 128, &H200, fl, &q) && q.cl == 3 && q.tb == 4);
     ASSERT(dc_gs_pick_any(8, 12800, 320, 128, &H200, fl, &q) && q.cl == 3 && q.tb == 4);
-    ASSERT(!dc_gs_pick_any(6, 25600, 320, 128, &H200, fl, &q));
     ASSERT(!dc_gs_pick_any(9, 25600, 320, 128, &H200, fl, &q));
+    /* and there no split of one wave (session 54): more than one wave of 4 x 4, else 4 x 2 tiles,
+     * where two blocks fit an SM (x of a third of K at M = 6, 103 KB, leaves one a SM) */
+    static const struct { int m, k, n, ks, tb; const char *what; } mw[] = {
+        {6, 25600, 5120, 4, 4, "Qwen3-32B down (33.3 -> 26.1 us)"},
+        {7, 25600, 5120, 4, 4, "Qwen3-32B down (30.2 -> 26.5 us)"},
+        {8, 25600, 5120, 4, 2, "Qwen3-32B down (29.5 -> 27.5 us; 4 x 4, one block a SM, 31.7)"},
+        {5, 28672, 8192, 4, 4, "Llama-3-70B down (39.8 -> 34.0 us)"},
+        {6, 28672, 8192, 4, 4, "Llama-3-70B down (42.4 -> 35.9 us)"},
+        {7, 28672, 8192, 4, 2, "Llama-3-70B down (49.8 -> 47.7 us)"},
+        {8, 28672, 8192, 0, 0, "Llama-3-70B down (4 x 2 one block a SM: 59.2 us against 45.4)"},
+        {7, 14336, 8192, 4, 4, "its tp = 2 down (23.2 -> 21.3 us)"},
+        {8, 14336, 8192, 4, 4, "its tp = 2 down (24.9 -> 20.8 us)"},
+    };
+    for (size_t i = 0; i < sizeof mw / sizeof mw[0]; i++) {
+        memset(&q, 0, sizeof q);
+        ASSERT(!dc_plan_make(mw[i].m, mw[i].k, n16_of(mw[i].n), 128, &H200, 0, fl, &pl));
+        const int got = dc_gs_pick_any(mw[i].m, mw[i].k, n16_of(mw[i].n), 128, &H200, fl, &q);
+        ASSERT_MSG(got == (mw[i].ks > 0), "%s M=%d: %d", mw[i].what, mw[i].m, got);
+        if (!got) continue;
+        ASSERT_MSG(q.cl == mw[i].ks && q.tb == mw[i].tb && !dc_gs_one_wave(&q, &H200) &&
+                       dc_blocks_per_sm(&H200, q.smem) == 2,
+                   "%s M=%d: %d x %d tiles", mw[i].what, mw[i].m, q.cl, q.tb);
+    }
+    /* not past one wave where a one-block plan exists (Qwen3-32B o at M = 8: its 3 x 4 of one wave) */
+    ASSERT(dc_plan_make(8, 8192, 320, 128, &H200, 0, fl, &pl) && dc_gs_pick(&pl, &H200, &q) && q.cl == 3 &&
+           dc_gs_one_wave(&q, &H200));
+    ASSERT(dc_plan_make(1, 28672, 512, 128, &H200, 0, fl, &pl) && !dc_gs_pick(&pl, &H200, &q));
     /* not: M > 8, fewer groups than blocks */
     ASSERT(!dc_plan_gs(9, 8192, 320, 128, &H200, 3, 4, fl, &q));
     ASSERT(!dc_plan_gs(1, 256, 320, 128, &H200, 3, 4, fl, &q));

@@ -237,16 +237,33 @@ DC_FN int dc_gs_one_wave(const struct dc_plan *pl, const struct dc_gpu *g) {
  * 1.06-1.21x), on the 2560-column Llama-3-70B tp = 4 q|k|v shard at M = 1-2
  * (1.07-1.2x), and where the one-block plan has two blocks on most SMs
  * (Qwen3-8B o 1.25-1.32x, down at M = 1-2 1.09-1.15x). */
+/*
+ * Session 54 added 4 x 4 tiles (first: of equal counts, 4 x 4 before 2 x 2)
+ * and, where x of all of K leaves no one-block plan (the stand-in below: the
+ * dispatch's alternative is the skinny kernel), grids of more than one wave:
+ * 4 x 4, else 4 x 2 tiles, wherever two of their blocks fit an SM. H200,
+ * back to back, forced against the rule, M = 5-8 (`s54c`): Qwen3-8B down
+ * 4 x 4 against 2 x 2 10.05 / 9.94 / 10.25 / 10.05 against 10.43 / 10.56 /
+ * 11.14 / 11.17 us (0.90-0.96x); past one wave, against the skinny kernel,
+ * Qwen3-32B down M = 6 / 7 33.3 / 30.2 -> 26.1 / 26.5 (4 x 4), M = 8 29.5
+ * -> 27.5 (4 x 2), Llama-3-70B down M = 5 / 6 39.8 / 42.4 -> 34.0 / 35.9
+ * (4 x 4), M = 7 49.8 -> 47.7 (4 x 2), its tp = 2 down M = 7 / 8 23.2 /
+ * 24.9 -> 21.3 / 20.8 (4 x 4). Where one block a SM is all that fits the
+ * grids of more than one wave lost (Qwen3-32B down M = 8 at 4 x 4 31.7 us,
+ * Llama-3-70B down M = 8 at 4 x 2 59.2), and so did 3 x 4 and 2 x 4 past one
+ * wave (1.03-1.35x).
+ */
 #define DC_GS_MIN_K 6144
 #define DC_GS_MIN_N16 256
 #define DC_GS_FILL_PCT 140
 DC_FN int dc_gs_pick(const struct dc_plan *pl, const struct dc_gpu *g, struct dc_plan *out) {
-    static const int cand[3][2] = {{3, 4}, {2, 4}, {2, 2}}; /* ks, tb */
+    static const int cand[4][2] = {{4, 4}, {3, 4}, {2, 4}, {2, 2}}, multi[2][2] = {{4, 4}, {4, 2}}; /* ks, tb */
     if (pl->mt != 1 || pl->cl != 1 || pl->k < DC_GS_MIN_K || pl->n16 < DC_GS_MIN_N16) return 0;
-    const int sms = g->sms > 0 ? g->sms : 1, slots1 = sms * dc_blocks_per_sm(g, pl->smem),
-              res1 = pl->blocks < slots1 ? pl->blocks : slots1;
+    /* none: pl is dc_plan_none's stand-in (x of all of K fits no block) */
+    const int none = !dc_smem_fits(g, pl->smem, pl->mt), sms = g->sms > 0 ? g->sms : 1,
+              slots1 = none ? 0 : sms * dc_blocks_per_sm(g, pl->smem), res1 = pl->blocks < slots1 ? pl->blocks : slots1;
     int best = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         struct dc_plan q;
         if (!dc_plan_gs(pl->m, pl->k, pl->n16, 128, g, cand[i][0], cand[i][1], pl->flags, &q) ||
             !dc_gs_one_wave(&q, g) || q.blocks * q.cl <= best)
@@ -254,12 +271,22 @@ DC_FN int dc_gs_pick(const struct dc_plan *pl, const struct dc_gpu *g, struct dc
         best = q.blocks * q.cl;
         *out = q;
     }
-    return best > 0 && 100 * best >= DC_GS_FILL_PCT * res1;
+    if (best > 0) return 100 * best >= DC_GS_FILL_PCT * res1;
+    if (!none) return 0; /* the grids of more than one wave only where there is no one-block plan */
+    for (int i = 0; i < 2; i++) {
+        struct dc_plan q;
+        if (dc_plan_gs(pl->m, pl->k, pl->n16, 128, g, multi[i][0], multi[i][1], pl->flags, &q) &&
+            dc_blocks_per_sm(g, q.smem) >= 2) {
+            *out = q;
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* A stand-in one-block plan at m <= 8 rows where x of all of K leaves none
  * (dc_plan_make refused it): one tile a block, every column its block, and
- * more shared memory than an SM holds (no block resident), for dc_gs_pick */
+ * more shared memory than a block may have (none resident), for dc_gs_pick */
 DC_FN void dc_plan_none(int m, int K, int n16, int flags, struct dc_plan *pl) {
     pl->m = m;
     pl->mt = 1;

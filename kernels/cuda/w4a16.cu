@@ -154,15 +154,13 @@ struct norm_args {
  * thread to part[(tile * ksplit + split) * NACC * NT + i * NT + tid]; the
  * last block to arrive (atomic counter) adds the ksplit partials in split
  * order (deterministic) and returns 1 with the sum in acc. The counter is
- * reset for the next call. Every thread of the block must call it (its
- * barriers); only the active ones (tid < NT) hold values: the others
- * neither write nor read and return 0. */
+ * reset for the next call. */
 template <int NACC, int NT>
 static __device__ __forceinline__ int splitk_reduce(float *acc, float *part, int *cnt, int tile,
-                                                    int split, int ksplit, int tid, bool active) {
+                                                    int split, int ksplit, int tid, bool writer) {
     __shared__ int s_last;
     float *mine = part + ((size_t)tile * ksplit + split) * NACC * NT;
-    if (active) {
+    if (writer) {
 #pragma unroll
         for (int i = 0; i < NACC; i++) __stcg(mine + i * NT + tid, acc[i]);
     }
@@ -174,7 +172,7 @@ static __device__ __forceinline__ int splitk_reduce(float *acc, float *part, int
         if (s_last) cnt[tile] = 0;
     }
     __syncthreads();
-    if (!s_last || !active) return 0;
+    if (!s_last) return 0;
     __threadfence();
 #pragma unroll
     for (int i = 0; i < NACC; i++) acc[i] = 0.f;
@@ -955,17 +953,41 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         __syncthreads();
         if (CL == 1 && !PS && warp >= TB) return;
         if constexpr (GS) {
-            /* the block's sums of its K range into the workspace; the last of the column's CL
-             * blocks to arrive adds all CL in rank order (the same order whoever arrives
-             * last: splitk_reduce, its threads warp * 32 + lane of warps < TB) and stores */
-            float v[MT * 4];
-            if (warp < TB)
+            /* the block's sums of its K range into part [column][rank][TB][MT * 4][32]; the
+             * last of the column's CL blocks to arrive adds all CL in rank order (the same
+             * order whoever arrives last) and stores. splitk_reduce's form of the same
+             * (its layout [column][rank][MT * 4][TB * 32], warps >= TB idle) measured
+             * 0.5-1.2% slower on these grids (H200, session 54, back to back, three runs:
+             * Qwen3-32B o M = 1-4 8.13-8.43 -> 8.22-8.50 us) */
+            __shared__ int s_last;
+            float v[MT][4];
+            if (warp < TB) {
 #pragma unroll
-                for (int i = 0; i < MT; i++) dc_warp_sum<MT>(red, warp, i, lane, v + 4 * i);
-            if (!splitk_reduce<MT * 4, TB * 32>(v, part, cnt, col, rank, CL, tid, warp < TB)) return;
+                for (int i = 0; i < MT; i++) dc_warp_sum<MT>(red, warp, i, lane, v[i]);
+                float *mine = part + (((size_t)col * CL + rank) * TB + warp) * MT * 4 * 32 + lane;
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) __stcg(mine + (i * 4 + j) * 32, v[i][j]);
+            }
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) {
+                const int old = atomicAdd(cnt + col, 1);
+                s_last = old == CL - 1;
+                if (s_last) cnt[col] = 0;
+            }
+            __syncthreads();
+            if (!s_last || warp >= TB) return;
+            __threadfence();
 #pragma unroll
             for (int i = 0; i < MT; i++) {
-                float *a = v + 4 * i;
+                float a[4] = {0.f, 0.f, 0.f, 0.f};
+                for (int q = 0; q < CL; q++) {
+                    const float *p = part + (((size_t)col * CL + q) * TB + warp) * MT * 4 * 32 + lane;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) a[j] += __ldcg(p + (i * 4 + j) * 32);
+                }
                 if (SUM) dc_sum_epilogue(ep, xsum, t0 + warp, lane, a); /* MT = 1 */
                 else w4_epilogue(ep, t0 + warp, r, i * 8 + 2 * c, a[0], a[1], a[2], a[3]);
             }
@@ -1924,21 +1946,23 @@ static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) 
 
 /* The decode kernel's K split through global memory at M <= 8 (dc_plan.h,
  * dc_plan_gs / dc_gs_pick): AWQD_W4A16_DC_KS (w4a16_decode_ksplit) 1 by
- * the rule (the default), 0 never, 10 ks + tb (ks 2 or 3, tb 2 or 4)
- * wherever that grid is one wave (for measurements). */
-static env_knob g_dc_ks = ENV_KNOB_INIT("AWQD_W4A16_DC_KS", 1, 0, 99);
+ * the rule (the default), 0 never, 10 ks + tb (ks 2, 3 or 4, tb 2 or 4)
+ * wherever that grid is one wave, 100 + 10 ks + tb wherever it fits at all
+ * (for measurements). */
+static env_knob g_dc_ks = ENV_KNOB_INIT("AWQD_W4A16_DC_KS", 1, 0, 199);
 extern "C" int w4a16_decode_ksplit(int v) { return knob_set(&g_dc_ks, v); }
 
 /* pl (decode_plan's) replaced by the K split's where it applies (the plain
  * and SUM variants; the caller checks the workspace): 1 if so */
 static int decode_plan_gs(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
-    const int v = knob_get(&g_dc_ks), ks = v / 10, tb = v % 10;
+    const int v0 = knob_get(&g_dc_ks), v = v0 % 100, any_wave = v0 >= 100, ks = v / 10, tb = v % 10;
     const struct dc_gpu g = dc_gpu_of(w);
     struct dc_plan q;
     if (!v || pl->mt != 1 || pl->cl != 1) return 0;
     if (v == 1 ? !dc_gs_pick(pl, &g, &q)
-               : (ks != 2 && ks != 3) || (tb != 2 && tb != 4) ||
-                     !dc_plan_gs(m, w->k, w->n16, w->group, &g, ks, tb, pl->flags, &q) || !dc_gs_one_wave(&q, &g))
+               : (ks < 2 || ks > 4) || (tb != 2 && tb != 4) ||
+                     !dc_plan_gs(m, w->k, w->n16, w->group, &g, ks, tb, pl->flags, &q) ||
+                     (!any_wave && !dc_gs_one_wave(&q, &g)))
         return 0;
     if (q.blocks > w->cnt_len) return 0;
     *pl = q;
@@ -2667,6 +2691,10 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     case 20100014: return launch_decode_t<1, 4, false, false, 2, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     case 30100012: return launch_decode_t<1, 2, false, false, 2, true, 3, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     case 30100014: return launch_decode_t<1, 4, false, false, 2, true, 3, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 40000012: return launch_decode_t<1, 2, false, false, 2, false, 4, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 40000014: return launch_decode_t<1, 4, false, false, 2, false, 4, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 40100012: return launch_decode_t<1, 2, false, false, 2, true, 4, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 40100014: return launch_decode_t<1, 4, false, false, 2, true, 4, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     case 11: return launch_decode_t<1, 1, false, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     case 12: return launch_decode_t<1, 2, false, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     case 14: return launch_decode_t<1, 4, false, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);

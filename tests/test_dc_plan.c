@@ -454,7 +454,8 @@ TEST(dc_plan, cluster_split_rule) {
 /* The K split through global memory at M <= 8 (dc_gs_pick, dc_plan_gs;
  * sessions 53-54's measured points on the H200's 132 SMs): where a split
  * grid of one wave has at least 1.4x the blocks the one-block plan has
- * resident, K >= 6144 and N >= 4096, the most blocks (4 x 4 before 2 x 2);
+ * resident (4 x 4 of as many where its x is >= 64 KB), K >= 6144 and
+ * N >= 4096, the most blocks (4 x 4 before 2 x 2);
  * where there is no one-block plan, grids of more than one wave */
 TEST(dc_plan, ksplit_rule) {
     static const struct { int m, k, n, ks, tb; const char *what; } cs[] = {
@@ -474,7 +475,10 @@ TEST(dc_plan, ksplit_rule) {
         {1, 4096, 5120, 0, 0, "its tp = 2 o shard (K = 4096: 1.21x)"},
         {1, 5120, 10240, 0, 0, "Qwen3-32B q|k|v (K = 5120)"},
         {1, 12288, 4096, 0, 0, "Qwen3-8B down (256 blocks, two a SM: 1.09x)"},
-        {4, 12288, 4096, 0, 0, "Qwen3-8B down (256 blocks, two a SM)"},
+        {4, 12288, 4096, 4, 4, "Qwen3-8B down (256 blocks, two a SM, x of 98 KB: 4 x 4 0.86x)"},
+        {3, 12288, 4096, 4, 4, "Qwen3-8B down (x of 74 KB: 4 x 4 0.96x)"},
+        {2, 12288, 4096, 0, 0, "Qwen3-8B down (x of 49 KB: 4 x 4 1.01x)"},
+        {6, 7168, 8192, 0, 0, "the Llama-3-70B tp = 4 down (2 x 4 as many blocks: 1.07x)"},
         {1, 4096, 4096, 0, 0, "Qwen3-8B o (1.25x)"},
         {1, 28672, 8192, 0, 0, "Llama-3-70B down (256 blocks, two a SM)"},
         {1, 8192, 8192, 0, 0, "Llama-3-70B o (256 blocks, two a SM: 1.08x)"},

@@ -210,7 +210,7 @@ DC_FN int dc_plan_gs(int m, int K, int n16, int group, const struct dc_gpu *g, i
     pl->pf = 0;
     return 1;
 }
-/* Its workspace: [columns][ks][mt * 4][tb * 32] fp32 (splitk_reduce's layout) */
+/* Its workspace: [columns][ks][tb][mt * 4][32] fp32 */
 DC_FN size_t dc_gs_ws_bytes(const struct dc_plan *pl) {
     return (size_t)pl->blocks * pl->cl * pl->tb * pl->mt * 4 * 32 * 4;
 }
@@ -251,11 +251,18 @@ DC_FN int dc_gs_one_wave(const struct dc_plan *pl, const struct dc_gpu *g) {
  * 24.9 -> 21.3 / 20.8 (4 x 4). Where one block a SM is all that fits the
  * grids of more than one wave lost (Qwen3-32B down M = 8 at 4 x 4 31.7 us,
  * Llama-3-70B down M = 8 at 4 x 2 59.2), and so did 3 x 4 and 2 x 4 past one
- * wave (1.03-1.35x).
+ * wave (1.03-1.35x). And 4 x 4 tiles of as many blocks as the one-block
+ * plan has resident where that plan's x is >= 64 KB (each block of the split
+ * stages a quarter of it after the wait): Qwen3-8B down at M = 3 / 4 (x of
+ * 74 / 98 KB, 256 blocks of one tile two a SM) 9.59 / 10.82 -> 9.24 / 9.32
+ * us, at M = 2 (49 KB) 1.013x, so not there (`s54h`); 2 x 4 tiles in the same
+ * place gained nothing (Llama-3-70B o M = 4-6 1.00x) or lost (its tp = 4
+ * down M = 6 1.07x, `s54c`).
  */
 #define DC_GS_MIN_K 6144
 #define DC_GS_MIN_N16 256
 #define DC_GS_FILL_PCT 140
+#define DC_GS_X_BYTES (64 * 1024) /* see "4 x 4 ... where its x is large" in dc_gs_pick */
 DC_FN int dc_gs_pick(const struct dc_plan *pl, const struct dc_gpu *g, struct dc_plan *out) {
     static const int cand[4][2] = {{4, 4}, {3, 4}, {2, 4}, {2, 2}}, multi[2][2] = {{4, 4}, {4, 2}}; /* ks, tb */
     if (pl->mt != 1 || pl->cl != 1 || pl->k < DC_GS_MIN_K || pl->n16 < DC_GS_MIN_N16) return 0;
@@ -271,7 +278,11 @@ DC_FN int dc_gs_pick(const struct dc_plan *pl, const struct dc_gpu *g, struct dc
         best = q.blocks * q.cl;
         *out = q;
     }
-    if (best > 0) return 100 * best >= DC_GS_FILL_PCT * res1;
+    /* or 4 x 4 tiles of as many blocks as the one-block plan has resident, where its x is large
+     * (x staged after the wait: each block of the split stages a quarter of it) */
+    if (best > 0)
+        return 100 * best >= DC_GS_FILL_PCT * res1 ||
+               (best >= res1 && out->cl == 4 && dc_x_bytes(pl->m, pl->k) >= DC_GS_X_BYTES);
     if (!none) return 0; /* the grids of more than one wave only where there is no one-block plan */
     for (int i = 0; i < 2; i++) {
         struct dc_plan q;

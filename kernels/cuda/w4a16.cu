@@ -2651,10 +2651,17 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
                          cudaStream_t s, char *err, size_t errlen) {
     struct dc_plan pl = {};
     const int has1 = decode_plan(w, ep.m, &pl);
-    {   /* the K split through global memory (decode_plan_any), where the workspace holds its sums */
+    {   /* the K split through global memory (decode_plan_any), where the workspace holds its sums;
+         * with the SUM epilogue only as one wave (its last blocks wait for the other ranks' sums:
+         * every block must be resident, as w4a16_linear_sum_ok asks of the one-block plan; the
+         * rule splits past one wave only where there is no one-block plan, but the forced knob
+         * can) */
         struct dc_plan q = pl;
         q.gs = 0;
-        if (!na && decode_plan_any_of(w, ep.m, has1, &q) && q.gs && part && dc_gs_ws_bytes(&q) <= ws_bytes) pl = q;
+        const struct dc_gpu g1 = dc_gpu_of(w);
+        if (!na && decode_plan_any_of(w, ep.m, has1, &q) && q.gs && part && dc_gs_ws_bytes(&q) <= ws_bytes &&
+            (!xs || dc_gs_one_wave(&q, &g1)))
+            pl = q;
         else if (!has1)
             return util_err(err, errlen, -EINVAL, "w4a16_linear: decode kernel does not fit m=%d K=%d G=%d%s",
                             ep.m, w->k, w->group, !na && q.gs ? " (no workspace for its K split)" : "");

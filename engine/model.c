@@ -267,13 +267,20 @@ void model_free(struct model *m) {
  * bucket's M: from 16 to 32 they grow in steps (H200, session 50: Qwen3-32B
  * q|k|v 20.5 us at M = 20, 27.1 at 24; the sum over the 28 shapes of `bench
  * kernels --set all` 856 against 873 us), hence steps of 4 there since
- * session 50 (step8: 8, as before; AWQD_GRAPH_STEP8=1, for measurements).
- * Returns the count (at most max). */
-int model_graph_buckets(int lim, int step8, int *bucket, int max) {
-    const int st = step8 ? 8 : 4;
+ * session 50 (MODEL_BUCKETS_STEP8: 8, as before; AWQD_GRAPH_STEP8=1, for
+ * measurements). MODEL_BUCKETS_FINE (AWQD_GRAPH_FINE=1, for measurements,
+ * not yet measured end to end) adds 3, 5, 6 and 12: the four linears of a
+ * layer at M = 5 / 6 take 0.86-0.97x their time at M = 8 (H200, session 54,
+ * back to back, sums over the Qwen3-32B, Llama-3-70B and tp = 2 shapes:
+ * Llama-3-70B 125.6 / 130.3 against 146.4 us), at M = 7 0.98-1.04x (so no
+ * 7). Returns the count (at most max). */
+int model_graph_buckets(int lim, int flags, int *bucket, int max) {
+    const int st = (flags & MODEL_BUCKETS_STEP8) ? 8 : 4, fine = (flags & MODEL_BUCKETS_FINE) != 0;
     int n = 0;
     for (int b = 1; b <= lim && n < max;
-         b = b < 8 ? 2 * b : b < 16 ? b + 8 : b < 32 ? b + st : b < 128 ? b + 16 : b < 256 ? b + 32 : b + 64)
+         b = b < 8 ? (fine ? (b < 6 ? b + 1 : 8) : 2 * b)
+             : b < 16 ? b + (fine ? 4 : 8)
+             : b < 32 ? b + st : b < 128 ? b + 16 : b < 256 ? b + 32 : b + 64)
         bucket[n++] = b;
     if (n > 0 && n < max && bucket[n - 1] < lim) bucket[n++] = lim;
     return n;
@@ -404,8 +411,9 @@ int model_init(const struct model_weights *w, struct ops *ops, struct comm *comm
         goto oom;
     if (ops->graph_begin && ops->graph_end && ops->graph_run && ops->graph_free) {
         int lim = S < T ? S : T;
-        const char *e8 = getenv("AWQD_GRAPH_STEP8");
-        m->n_buckets = model_graph_buckets(lim, e8 && !strcmp(e8, "1"), m->bucket, MODEL_MAX_BUCKETS);
+        const char *e8 = getenv("AWQD_GRAPH_STEP8"), *ef = getenv("AWQD_GRAPH_FINE");
+        const int bf = (e8 && !strcmp(e8, "1") ? MODEL_BUCKETS_STEP8 : 0) | (ef && !strcmp(ef, "1") ? MODEL_BUCKETS_FINE : 0);
+        m->n_buckets = model_graph_buckets(lim, bf, m->bucket, MODEL_MAX_BUCKETS);
     }
     *out = m;
     return 0;

@@ -130,11 +130,22 @@ TEST(model_graph, buckets) {
     ASSERT_EQ_INT(n, (int)(sizeof want / sizeof want[0]));
     for (int i = 0; i < n; i++) ASSERT_MSG(b[i] == want[i], "bucket %d: %d, want %d", i, b[i], want[i]);
     static const int want8[] = {1, 2, 4, 8, 16, 24, 32, 40};
-    n = model_graph_buckets(40, 1, b, 64);
+    n = model_graph_buckets(40, MODEL_BUCKETS_STEP8, b, 64);
     ASSERT_EQ_INT(n, 8);
     for (int i = 0; i < n; i++) ASSERT_MSG(b[i] == want8[i], "step 8, bucket %d: %d, want %d", i, b[i], want8[i]);
     ASSERT_EQ_INT(model_graph_buckets(12, 0, b, 64), 5); /* 1 2 4 8 12 */
     ASSERT_EQ_INT(b[4], 12);
     ASSERT_EQ_INT(model_graph_buckets(1, 0, b, 64), 1);
     ASSERT_EQ_INT(model_graph_buckets(300, 0, b, 3), 3); /* at most max */
+    /* finer below 16 (AWQD_GRAPH_FINE=1): 3, 5, 6 and 12 too, no 7 */
+    static const int wantf[] = {1, 2, 3, 4, 5, 6, 8, 12, 16, 20, 24, 28, 32, 48};
+    n = model_graph_buckets(48, MODEL_BUCKETS_FINE, b, 64);
+    ASSERT_EQ_INT(n, (int)(sizeof wantf / sizeof wantf[0]));
+    for (int i = 0; i < n; i++) ASSERT_MSG(b[i] == wantf[i], "fine, bucket %d: %d, want %d", i, b[i], wantf[i]);
+    static const int wantf8[] = {1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 40};
+    n = model_graph_buckets(40, MODEL_BUCKETS_FINE | MODEL_BUCKETS_STEP8, b, 64);
+    ASSERT_EQ_INT(n, (int)(sizeof wantf8 / sizeof wantf8[0]));
+    for (int i = 0; i < n; i++) ASSERT_MSG(b[i] == wantf8[i], "fine + step 8, bucket %d: %d, want %d", i, b[i], wantf8[i]);
+    ASSERT_EQ_INT(model_graph_buckets(7, MODEL_BUCKETS_FINE, b, 64), 7); /* 1 2 3 4 5 6 7 (the limit last) */
+    ASSERT_EQ_INT(b[6], 7);
 }

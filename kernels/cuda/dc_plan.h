@@ -201,11 +201,14 @@ DC_FN int dc_plan_cluster(int m, int K, int n16, int group, const struct dc_gpu 
  * its sums into a workspace, the last of the column's blocks to arrive
  * adding all ks in order (then storing, or making the tensor-parallel sum).
  * The plan of one block of the largest piece; blocks = columns (the launch
- * multiplies by ks). */
+ * multiplies by ks). Its shared memory is a plain block's (x of its piece
+ * and the warps' partials): the cluster split's area for the other ranks'
+ * sums is not used (until session 55 it was counted, 6 KB at 4 x 4). */
 DC_FN int dc_plan_gs(int m, int K, int n16, int group, const struct dc_gpu *g, int ks, int tb, int flags,
                      struct dc_plan *pl) {
     if (m > 8 || ks < 2 || K % 128 != 0 || K / 128 < ks) return 0;
-    if (!dc_plan_make_cl(m, (K / 128 + ks - 1) / ks * 128, n16, group, g, ks, tb, flags, pl)) return 0;
+    if (!dc_plan_make_cl(m, (K / 128 + ks - 1) / ks * 128, n16, group, g, 1, tb, flags, pl)) return 0;
+    pl->cl = ks;
     pl->gs = 1;
     pl->pf = 0;
     return 1;
@@ -258,13 +261,29 @@ DC_FN int dc_gs_one_wave(const struct dc_plan *pl, const struct dc_gpu *g) {
  * us, at M = 2 (49 KB) 1.013x, so not there (`s54h`); 2 x 4 tiles in the same
  * place gained nothing (Llama-3-70B o M = 4-6 1.00x) or lost (its tp = 4
  * down M = 6 1.07x, `s54c`).
+ *
+ * Session 55 added 6 x 4 and 8 x 4 tiles past one wave and picks among them
+ * by the fill of the last wave (a grid of B blocks on 2 x SMs slots fills
+ * B / (waves x slots) of them), and of those within DC_GS_FILL_TOL points of
+ * the fullest the fewest blocks (each stages its x after the wait: at M = 8
+ * Llama-3-70B down's 4 x 2 grid stages ~100 MB of x from L2 beside its 117
+ * MB of weights). H200, back to back, forced (`s55a`, two runs): Qwen3-32B
+ * down M = 6 / 7 / 8 26.0 / 26.5 / 27.5 (4 x 4, 4 x 4, 4 x 2: 61, 61, 81%
+ * full) -> 22.9 / 23.8 / 23.4 us (6 x 4, 91%; 8 x 4, 81%: 25.8 / 25.2 /
+ * 25.4), Llama-3-70B down M = 7 / 8 46.7 (4 x 2) / 45.6 (skinny) -> 39.5 /
+ * 38.1 (6 x 4; 8 x 4 41.1 / 38.5); at 97% all, Llama-3-70B down M = 5 / 6
+ * keeps 4 x 4 (34.0 / 36.3 against 6 x 4's 35.2 / 36.4), its tp = 2 down M
+ * = 7 / 8 too (21.0 / 20.6 against 23.7 / 22.7).
  */
 #define DC_GS_MIN_K 6144
 #define DC_GS_MIN_N16 256
 #define DC_GS_FILL_PCT 140
 #define DC_GS_X_BYTES (64 * 1024) /* see "4 x 4 ... where its x is large" in dc_gs_pick */
+#define DC_GS_MULTI 4                /* the candidates past one wave */
+#define DC_GS_FILL_TOL 5             /* points of last-wave fill (session 55) */
 DC_FN int dc_gs_pick(const struct dc_plan *pl, const struct dc_gpu *g, struct dc_plan *out) {
-    static const int cand[4][2] = {{4, 4}, {3, 4}, {2, 4}, {2, 2}}, multi[2][2] = {{4, 4}, {4, 2}}; /* ks, tb */
+    static const int cand[4][2] = {{4, 4}, {3, 4}, {2, 4}, {2, 2}}, /* ks, tb */
+        multi[DC_GS_MULTI][2] = {{4, 4}, {6, 4}, {8, 4}, {4, 2}};
     if (pl->mt != 1 || pl->cl != 1 || pl->k < DC_GS_MIN_K || pl->n16 < DC_GS_MIN_N16) return 0;
     /* none: pl is dc_plan_none's stand-in (x of all of K fits no block) */
     const int none = !dc_smem_fits(g, pl->smem, pl->mt), sms = g->sms > 0 ? g->sms : 1,
@@ -284,15 +303,26 @@ DC_FN int dc_gs_pick(const struct dc_plan *pl, const struct dc_gpu *g, struct dc
         return 100 * best >= DC_GS_FILL_PCT * res1 ||
                (best >= res1 && out->cl == 4 && dc_x_bytes(pl->m, pl->k) >= DC_GS_X_BYTES);
     if (!none) return 0; /* the grids of more than one wave only where there is no one-block plan */
-    for (int i = 0; i < 2; i++) {
-        struct dc_plan q;
-        if (dc_plan_gs(pl->m, pl->k, pl->n16, 128, g, multi[i][0], multi[i][1], pl->flags, &q) &&
-            dc_blocks_per_sm(g, q.smem) >= 2) {
-            *out = q;
-            return 1;
-        }
+    /* of those with two blocks a SM, the fullest last wave (the share of the waves' slots the
+     * grid fills), and of those within DC_GS_FILL_TOL points of it the fewest blocks */
+    struct dc_plan c[DC_GS_MULTI];
+    int fill[DC_GS_MULTI], nc = 0, top = 0, pick = -1;
+    for (int i = 0; i < DC_GS_MULTI; i++) {
+        struct dc_plan *q = &c[nc];
+        if (!dc_plan_gs(pl->m, pl->k, pl->n16, 128, g, multi[i][0], multi[i][1], pl->flags, q) ||
+            dc_blocks_per_sm(g, q->smem) < 2)
+            continue;
+        const int b = q->blocks * q->cl, slots = 2 * sms, waves = (b + slots - 1) / slots;
+        fill[nc] = 100 * b / (waves * slots);
+        if (fill[nc] > top) top = fill[nc];
+        nc++;
     }
-    return 0;
+    for (int i = 0; i < nc; i++)
+        if (fill[i] + DC_GS_FILL_TOL >= top && (pick < 0 || c[i].blocks * c[i].cl < c[pick].blocks * c[pick].cl))
+            pick = i;
+    if (pick < 0) return 0;
+    *out = c[pick];
+    return 1;
 }
 
 /* A stand-in one-block plan at m <= 8 rows where x of all of K leaves none

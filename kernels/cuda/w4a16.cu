@@ -1946,9 +1946,9 @@ static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) 
 
 /* The decode kernel's K split through global memory at M <= 8 (dc_plan.h,
  * dc_plan_gs / dc_gs_pick): AWQD_W4A16_DC_KS (w4a16_decode_ksplit) 1 by
- * the rule (the default), 0 never, 10 ks + tb (ks 2, 3 or 4, tb 2 or 4)
- * wherever that grid is one wave, 100 + 10 ks + tb wherever it fits at all
- * (for measurements). */
+ * the rule (the default), 0 never, 10 ks + tb (ks 2, 3 or 4 with tb 2 or 4;
+ * ks 6 or 8 with tb 4) wherever that grid is one wave, 100 + 10 ks + tb
+ * wherever it fits at all (for measurements). */
 static env_knob g_dc_ks = ENV_KNOB_INIT("AWQD_W4A16_DC_KS", 1, 0, 199);
 extern "C" int w4a16_decode_ksplit(int v) { return knob_set(&g_dc_ks, v); }
 
@@ -1960,7 +1960,7 @@ static int decode_plan_gs(const struct w4a16_weight *w, int m, struct dc_plan *p
     struct dc_plan q;
     if (!v || pl->mt != 1 || pl->cl != 1) return 0;
     if (v == 1 ? !dc_gs_pick(pl, &g, &q)
-               : (ks < 2 || ks > 4) || (tb != 2 && tb != 4) ||
+               : (ks < 2 || (ks > 4 && ks != 6 && ks != 8)) || (tb != 2 && tb != 4) || (ks > 4 && tb != 4) ||
                      !dc_plan_gs(m, w->k, w->n16, w->group, &g, ks, tb, pl->flags, &q) ||
                      (!any_wave && !dc_gs_one_wave(&q, &g)))
         return 0;
@@ -2702,6 +2702,10 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     case 40000014: return launch_decode_t<1, 4, false, false, 2, false, 4, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     case 40100012: return launch_decode_t<1, 2, false, false, 2, true, 4, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     case 40100014: return launch_decode_t<1, 4, false, false, 2, true, 4, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 60000014: return launch_decode_t<1, 4, false, false, 2, false, 6, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 60100014: return launch_decode_t<1, 4, false, false, 2, true, 6, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 80000014: return launch_decode_t<1, 4, false, false, 2, false, 8, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 80100014: return launch_decode_t<1, 4, false, false, 2, true, 8, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     case 11: return launch_decode_t<1, 1, false, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     case 12: return launch_decode_t<1, 2, false, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     case 14: return launch_decode_t<1, 4, false, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);

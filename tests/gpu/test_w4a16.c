@@ -536,7 +536,8 @@ TEST(w4a16, decode_cluster_split) {
 /* The K split through global memory at M <= 8 (w4a16_decode_ksplit,
  * dc_plan_gs): by the rule (dc_gs_pick: its blocks a column and tiles
  * exactly where the rule says, on this GPU) and forced to 2, 3 or 4
- * plain blocks a column of 2 or 4 tiles (4 also past one wave), the last to arrive adding the
+ * plain blocks a column of 2 or 4 tiles, 6 or 8 of 4 tiles (4, 6 and 8 also
+ * past one wave), the last to arrive adding the
  * pieces in order, against the CPU reference (two calls alike: the arrival
  * counters reset): the Qwen3-32B down and o and their tp = 2 shards (K /
  * 128 = 200, 64, 100, 32), Qwen3-8B down, a gate|up (silu), 325 tiles with
@@ -548,7 +549,7 @@ TEST(w4a16, decode_ksplit) {
         {25600, 5120, 0, 0}, {8192, 5120, 0, 0}, {12800, 5120, 0, 0}, {4096, 5120, 0, 1},
         {12288, 4096, 0, 0}, {5120, 5120, 1, 0}, {3072, 5200, 0, 1},
     };
-    static const int ms[] = {1, 3, 6, 8}, kss[] = {1, 22, 24, 32, 34, 44, 142, 144};
+    static const int ms[] = {1, 3, 6, 8}, kss[] = {1, 22, 24, 32, 34, 44, 64, 84, 142, 144, 164, 184};
     const int k0 = w4a16_decode_ksplit(-1);
     struct dc_gpu g;
     ASSERT(dc_gpu_here(&g));

@@ -261,24 +261,28 @@ void model_free(struct model *m) {
     free(m);
 }
 
-/* The decode graph buckets up to lim rows: 1 2 4 8 16, then steps of 4 to
- * 32, 16 to 128, 32 to 256, 64 beyond, and lim itself last. A batch replays
- * the smallest bucket that holds it, so it runs the linears at that
+/* The decode graph buckets up to lim rows: 1 2 4 5 6 8 16, then steps of
+ * 4 to 32, 16 to 128, 32 to 256, 64 beyond, and lim itself last. A batch
+ * replays the smallest bucket that holds it, so it runs the linears at that
  * bucket's M: from 16 to 32 they grow in steps (H200, session 50: Qwen3-32B
  * q|k|v 20.5 us at M = 20, 27.1 at 24; the sum over the 28 shapes of `bench
  * kernels --set all` 856 against 873 us), hence steps of 4 there since
  * session 50 (MODEL_BUCKETS_STEP8: 8, as before; AWQD_GRAPH_STEP8=1, for
- * measurements). MODEL_BUCKETS_FINE (AWQD_GRAPH_FINE=1, for measurements,
- * not yet measured end to end) adds 3, 5, 6 and 12: the four linears of a
- * layer at M = 5 / 6 take 0.86-0.97x their time at M = 8 (H200, session 54,
- * back to back, sums over the Qwen3-32B, Llama-3-70B and tp = 2 shapes:
- * Llama-3-70B 125.6 / 130.3 against 146.4 us), at M = 7 0.98-1.04x (so no
- * 7). Returns the count (at most max). */
+ * measurements). 5 and 6 since session 55: batch 5-6 replayed the 8 graph,
+ * and a layer's four linears at M = 5 / 6 take 0.86-0.97x their time at M =
+ * 8 (session 54, back to back); end to end (H200, session 55, 20-layer
+ * models, context 512) llama3-70b batch 5 / 6 3.80-3.83 / 3.81-3.84 ->
+ * 3.42-3.43 / 3.55-3.56 ms a step, qwen3-32b 2.49-2.50 / 2.52-2.53 -> 2.35 /
+ * 2.47-2.48, Qwen3-8B unchanged. MODEL_BUCKETS_FINE (AWQD_GRAPH_FINE=1, for
+ * measurements) adds 3 and 12: there the same runs gained nothing (batch 12
+ * at 12 against 16, batch 9 at 12) or were mixed (batch 3: llama3-70b 0.98x,
+ * Qwen3-8B 1.01x). No 7: at M = 7 the linears take 0.98-1.04x their M = 8
+ * time. Returns the count (at most max). */
 int model_graph_buckets(int lim, int flags, int *bucket, int max) {
     const int st = (flags & MODEL_BUCKETS_STEP8) ? 8 : 4, fine = (flags & MODEL_BUCKETS_FINE) != 0;
     int n = 0;
     for (int b = 1; b <= lim && n < max;
-         b = b < 8 ? (fine ? (b < 6 ? b + 1 : 8) : 2 * b)
+         b = b < 8 ? (b < 6 ? (b == 2 && !fine ? 4 : b + 1) : 8)
              : b < 16 ? b + (fine ? 4 : 8)
              : b < 32 ? b + st : b < 128 ? b + 16 : b < 256 ? b + 32 : b + 64)
         bucket[n++] = b;

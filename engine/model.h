@@ -92,9 +92,9 @@ void model_opts_default(struct model_opts *o);
  * freed when model_init returns. -ENOMEM with a message naming what did not
  * fit; -EINVAL on inconsistent options. */
 /* The decode CUDA-graph buckets for batches of up to lim sequences, in
- * order (1 2 4 8 16 20 24 28 32 48 64 ...; MODEL_BUCKETS_STEP8: steps of 8
- * from 16 to 32 as before session 50; MODEL_BUCKETS_FINE: 3, 5, 6 and 12
- * too); returns how many (at most max). */
+ * order (1 2 4 5 6 8 16 20 24 28 32 48 64 ...; MODEL_BUCKETS_STEP8: steps of
+ * 8 from 16 to 32 as before session 50; MODEL_BUCKETS_FINE: 3 and 12 too);
+ * returns how many (at most max). */
 #define MODEL_BUCKETS_STEP8 1
 #define MODEL_BUCKETS_FINE 2
 int model_graph_buckets(int lim, int flags, int *bucket, int max);

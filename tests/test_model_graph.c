@@ -121,23 +121,27 @@ TEST(model_graph, replay_and_group_status) {
     ckpt_close(ck);
 }
 
-/* The decode graph buckets: steps of 4 from 16 to 32 (session 50), of 8 with
- * step8, and the limit itself last */
+/* The decode graph buckets: 5 and 6 (session 55), steps of 4 from 16 to 32
+ * (session 50), of 8 with step8, and the limit itself last */
 TEST(model_graph, buckets) {
     int b[64];
-    static const int want[] = {1, 2, 4, 8, 16, 20, 24, 28, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 300};
+    static const int want[] = {1, 2, 4, 5, 6, 8, 16, 20, 24, 28, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 300};
     int n = model_graph_buckets(300, 0, b, 64);
     ASSERT_EQ_INT(n, (int)(sizeof want / sizeof want[0]));
     for (int i = 0; i < n; i++) ASSERT_MSG(b[i] == want[i], "bucket %d: %d, want %d", i, b[i], want[i]);
-    static const int want8[] = {1, 2, 4, 8, 16, 24, 32, 40};
+    static const int want8[] = {1, 2, 4, 5, 6, 8, 16, 24, 32, 40};
     n = model_graph_buckets(40, MODEL_BUCKETS_STEP8, b, 64);
-    ASSERT_EQ_INT(n, 8);
+    ASSERT_EQ_INT(n, 10);
     for (int i = 0; i < n; i++) ASSERT_MSG(b[i] == want8[i], "step 8, bucket %d: %d, want %d", i, b[i], want8[i]);
-    ASSERT_EQ_INT(model_graph_buckets(12, 0, b, 64), 5); /* 1 2 4 8 12 */
-    ASSERT_EQ_INT(b[4], 12);
+    ASSERT_EQ_INT(model_graph_buckets(12, 0, b, 64), 7); /* 1 2 4 5 6 8 12 */
+    ASSERT_EQ_INT(b[6], 12);
+    ASSERT_EQ_INT(model_graph_buckets(3, 0, b, 64), 3); /* 1 2 3 */
+    ASSERT_EQ_INT(b[2], 3);
+    ASSERT_EQ_INT(model_graph_buckets(7, 0, b, 64), 6); /* 1 2 4 5 6 7 */
+    ASSERT_EQ_INT(b[5], 7);
     ASSERT_EQ_INT(model_graph_buckets(1, 0, b, 64), 1);
     ASSERT_EQ_INT(model_graph_buckets(300, 0, b, 3), 3); /* at most max */
-    /* finer below 16 (AWQD_GRAPH_FINE=1): 3, 5, 6 and 12 too, no 7 */
+    /* finer below 16 (AWQD_GRAPH_FINE=1): 3 and 12 too, no 7 */
     static const int wantf[] = {1, 2, 3, 4, 5, 6, 8, 12, 16, 20, 24, 28, 32, 48};
     n = model_graph_buckets(48, MODEL_BUCKETS_FINE, b, 64);
     ASSERT_EQ_INT(n, (int)(sizeof wantf / sizeof wantf[0]));

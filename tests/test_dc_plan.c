@@ -197,7 +197,8 @@ TEST(dc_plan, dispatch_rule_on_measured_shapes) {
 /* The L2 prefetch (one ring turn ahead) where one block fits per SM, at MT
  * = 1 only: points measured in session 24 (H200, back to back: 2.6-7.3%
  * faster at all 23 points of the first kind at M = 1-8, up to 25% slower
- * with two blocks per SM). */
+ * with two blocks per SM). The plan's pf; the persistent grid drops it
+ * (DC_PS_NO_PF, test persistent_grid). */
 TEST(dc_plan, l2_prefetch_where_one_block_fits) {
     static const struct { int k, n, m, pf; const char *what; } cs[] = {
         {12288, 4096, 5, 1, "Qwen3-8B down"},
@@ -282,6 +283,15 @@ TEST(dc_plan, persistent_grid) {
     ASSERT(dc_plan_make(16, 4096, n16_of(6144), 128, &H200, 0, DC_PLAN_HALVE, &pl));
     ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 132);
     ASSERT(pl.tb == 2 && pl.blocks == 192);
+    /* the persistent grid without the L2 prefetch (DC_PS_NO_PF, session 55): Llama-3-70B gate|up
+     * at M = 8, 896 columns of four tiles on 128 blocks; the plain grid keeps it (its tp = 4
+     * q|k|v shard, 80 blocks) */
+    ASSERT(dc_plan_make(8, 8192, n16_of(57344), 128, &H200, 0, DC_PLAN_HALVE | DC_PLAN_TB1, &pl) && pl.pf == 1);
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 128);
+    ASSERT(pl.tb == 4 && pl.blocks == 896 && pl.pf == 0);
+    ASSERT(dc_plan_make(8, 8192, n16_of(2560), 128, &H200, 0, DC_PLAN_HALVE | DC_PLAN_TB1, &pl) && pl.pf == 1);
+    ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 0);
+    ASSERT_EQ_INT(pl.pf, 1);
     /* ... not at MT = 3 (M = 20: mixed, session 38) nor where two blocks fit per SM (M = 9) */
     ASSERT(dc_plan_make(20, 4096, n16_of(6144), 128, &H200, 0, DC_PLAN_HALVE | DC_PLAN_TB1, &pl));
     ASSERT_EQ_INT(dc_ps_plan(&pl, &H200, 0), 132);
@@ -322,6 +332,8 @@ TEST(dc_plan, persistent_grid) {
                     }
                     const int slots = H200.sms * dc_slots_per_sm(&H200, pl.smem, pl.mt), waves = (pl.blocks + slots - 1) / slots;
                     ASSERT(pl0.blocks > H200.sms * dc_slots_per_sm(&H200, pl0.smem, pl0.mt));
+                    ASSERT(pl.pf == 0); /* DC_PS_NO_PF */
+                    pl.pf = pl0.pf;     /* for the comparisons below */
                     ASSERT((k / 128) % (DC_WARPS * (4 / pl.tb)) == 0 && pl.mt == pl0.mt &&
                            (pl.mt == 1 || pl.tb == 2 ||
                             (f && pl.mt == 2 && pl.tb == 1 && dc_blocks_per_sm(&H200, pl.smem) == 1) ||
@@ -331,8 +343,8 @@ TEST(dc_plan, persistent_grid) {
                     if (100L * pl.blocks >= (long)DC_PS_FILL_PCT * waves * slots) { /* full waves */
                         ASSERT((long)g * waves >= pl.blocks && (long)g * (waves - 1) < pl.blocks);
                     } else if ((k / 128) % (DC_WARPS * (4 / pl0.tb)) == 0) {
-                        /* ragged: the plan's TB, one block per slot; over two waves of two blocks
-                         * per SM at MT = 1 two columns a block */
+                        /* ragged: the plan's TB (pf aside), one block per slot; over two waves of
+                         * two blocks per SM at MT = 1 two columns a block */
                         ASSERT(memcmp(&pl, &pl0, sizeof pl) == 0);
                         ASSERT(g == (pl.mt == 1 && slots > H200.sms && waves == 2 ? (pl.blocks + 1) / 2 : slots));
                     } else { /* MT >= 2 whose plan's TB has no whole turns: the TB that has them */

@@ -496,8 +496,8 @@ DC_FN int dc_dispatch_takes(int m, int max_m, const struct dc_plan *pl, const st
  * waves or waves - 1 columns. Where no TB reaches DC_PS_FILL_PCT, the
  * plan's TB (if its turns are whole) on one block per slot instead, the
  * last wave as ragged as the plain grid's. Returns the grid and rewrites
- * pl's tb, blocks (columns), smem, wbytes and pf (pl untouched on the
- * ragged grid), or 0 for the plain grid. At MT >= 2, where the plan's TB
+ * pl's tb, blocks (columns), smem, wbytes and pf (only pf, 0, on the ragged
+ * grid), or 0 for the plain grid. At MT >= 2, where the plan's TB
  * has no whole turns, the TB with the fullest waves among those that have
  * them, at any fill (dc_ps_tb4).
  *
@@ -566,6 +566,15 @@ DC_FN int dc_ps_tb4(const struct dc_plan *pl) { return pl->mt == 2 && (pl->flags
 DC_FN int dc_whole_turns(int kg, int tb, int cl) {
     return kg % (DC_WARPS * (4 / tb)) == 0 || (cl > 1 && tb == 4 && kg >= DC_WARPS);
 }
+/* DC_PS_NO_PF: the persistent grid streams without the L2 prefetch (pf 0;
+ * only MT = 1 with one block a SM had it). H200, session 55, back to back,
+ * the prefetch off against on (`s55c`, two runs): Llama-3-70B gate|up at M =
+ * 7 / 8 (896 columns of four tiles on 128 blocks) 71.3 / 70.6 -> 69.4 / 68.5
+ * us, its tp = 2 shard 41.2 / 40.9 -> 39.3 / 38.8, the tp = 4 shard and
+ * q|k|v (1.2-1.7 waves) 0.99-1.0x; it stays on the plain grid, where it
+ * still gains (the Llama-3-70B tp = 4 q|k|v shard at M = 7-8, 80 blocks:
+ * 1.016x the time without). Session 24 measured it before the persistent
+ * grid (session 25) and x staged group by group (session 51). */
 DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
     const int sms = g->sms > 0 ? g->sms : 1, kg = pl->k / 128,
               plan_slots = sms * dc_slots_per_sm(g, pl->smem, pl->mt);
@@ -587,11 +596,13 @@ DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
     if (!best_tb || best_fill < DC_PS_FILL_PCT) {
         /* no TB fills the waves: the plan's TB on one block per slot (the
          * first blocks % slots of them take one column more), where its
-         * turns are whole; pl untouched. At MT = 1 over two waves of two
+         * turns are whole; pl untouched but its pf. At MT = 1 over two waves of two
          * blocks per SM, every block two columns instead (DC_PS_TWO_WAVES) */
-        if (dc_whole_turns(kg, pl->tb, pl->cl))
+        if (dc_whole_turns(kg, pl->tb, pl->cl)) {
+            pl->pf = 0; /* see DC_PS_NO_PF */
             return pl->mt == 1 && plan_slots > sms && pl->blocks <= 2 * plan_slots ? (pl->blocks + 1) / 2
                                                                                    : plan_slots;
+        }
         /* at MT >= 2 the plain grid stages x (up to 164 KB) in every one
          * of its blocks: any TB with whole turns beats it */
         if (!best_tb || pl->mt < 2) return 0;
@@ -600,7 +611,7 @@ DC_FN int dc_ps_plan(struct dc_plan *pl, const struct dc_gpu *g, int tb_fixed) {
     pl->blocks = (pl->n16 + best_tb - 1) / best_tb;
     pl->smem = dc_smem_cl(pl->m, pl->k, best_tb, pl->mt, pl->cl);
     pl->wbytes = (size_t)best_tb * 8 * pl->k;
-    pl->pf = dc_pf_rule(pl->mt, g, pl->smem);
+    pl->pf = 0; /* DC_PS_NO_PF */
     return best_grid;
 }
 

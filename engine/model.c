@@ -274,10 +274,12 @@ void model_free(struct model *m) {
  * models, context 512) llama3-70b batch 5 / 6 3.80-3.83 / 3.81-3.84 ->
  * 3.42-3.43 / 3.55-3.56 ms a step, qwen3-32b 2.49-2.50 / 2.52-2.53 -> 2.35 /
  * 2.47-2.48, Qwen3-8B unchanged. MODEL_BUCKETS_FINE (AWQD_GRAPH_FINE=1, for
- * measurements) adds 3 and 12: there the same runs gained nothing (batch 12
- * at 12 against 16, batch 9 at 12) or were mixed (batch 3: llama3-70b 0.98x,
- * Qwen3-8B 1.01x). No 7: at M = 7 the linears take 0.98-1.04x their M = 8
- * time. Returns the count (at most max). */
+ * measurements) adds 3 and 12: 3 was mixed (llama3-70b 0.98x, Qwen3-8B
+ * 1.01x), and 12 lost: Qwen3-8B batch 9 / 12 2.76-2.77 / 2.83 -> 3.17-3.20 /
+ * 3.25-3.27 ms a step (at M = 9-15 o and down run the skinny kernel, 12.3
+ * and 17.8 us a layer in the step against 5.6 and 13.5 at M = 16). No 7: at
+ * M = 7 the linears take 0.98-1.04x their M = 8 time. Returns the count (at
+ * most max). */
 int model_graph_buckets(int lim, int flags, int *bucket, int max) {
     const int st = (flags & MODEL_BUCKETS_STEP8) ? 8 : 4, fine = (flags & MODEL_BUCKETS_FINE) != 0;
     int n = 0;

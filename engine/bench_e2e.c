@@ -51,6 +51,7 @@ int bench_e2e(int argc, char **argv) { return cmd_not_built("bench e2e", "the CU
 #include <unistd.h>
 
 #include "engine/ckpt.h"
+#include "engine/engine.h"
 #include "engine/kv.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -397,18 +398,24 @@ int bench_e2e(int argc, char **argv) {
         goto out;
     }
     struct cuda_mem_plan plan;
-    /* rows of one forward: the largest chunk (or whole prompt without --chunk) or batch */
+    /* sequences the model holds: at least ENGINE_MAX_N, as `awqd serve` sizes it (engine/sched.c),
+     * so that the decode graph buckets are the server's: the model's limit, min(sequences, rows),
+     * is always its last bucket, and a limit of 9-15 replays batch 9..limit at M = limit instead of
+     * 16 (Qwen3-8B batch 9 / 12 ~1.15x a step, H200, session 55) */
+    const int S = max_b > ENGINE_MAX_N ? max_b : ENGINE_MAX_N;
+    /* rows of one forward: the largest chunk (or whole prompt without --chunk) or batch, and at
+     * least S (a decode step of S sequences) */
     int T = nk ? max_k : max_p;
-    if (T < max_b) T = max_b;
-    if (cuda_mem_plan_make(cfg, tp, devices[0], fraction, bsz, T, max_b, &plan, err, sizeof err)) {
+    if (T < S) T = S;
+    if (cuda_mem_plan_make(cfg, tp, devices[0], fraction, bsz, T, S, &plan, err, sizeof err)) {
         fprintf(stderr, "awqd bench e2e: %s\n", err);
         goto out;
     }
     cuda_mem_plan_print(&plan, stdout);
     for (int i = 0; i < nk; i++) { /* what each chunk size would cost (the plan's formula) */
         struct cuda_mem_plan pk;
-        int Tk = chunks[i] > max_b ? chunks[i] : max_b;
-        if (!cuda_mem_plan_make(cfg, tp, devices[0], fraction, bsz, Tk, max_b, &pk, NULL, 0))
+        int Tk = chunks[i] > S ? chunks[i] : S;
+        if (!cuda_mem_plan_make(cfg, tp, devices[0], fraction, bsz, Tk, S, &pk, NULL, 0))
             printf("  (max_tokens %d: workspace %.3f GB, weights + workspace %.3f GB = %.3f GiB)\n",
                    Tk, pk.workspace / 1e9, (pk.weights + pk.workspace) / 1e9,
                    (pk.weights + pk.workspace) / 1073741824.0);
@@ -428,7 +435,7 @@ int bench_e2e(int argc, char **argv) {
     go.model.n_blocks = n_blocks;
     go.model.block_size = bsz;
     go.model.max_tokens = T;
-    go.model.max_seqs = max_b;
+    go.model.max_seqs = S;
     int mbp = (max_c + steps + 4 + bsz - 1) / bsz, pb = (max_p + bsz - 1) / bsz;
     go.model.max_blocks_per_seq = mbp > pb ? mbp : pb;
     uint64_t used0 = 0, used = 0, total = 0;

@@ -495,6 +495,10 @@ TEST(dc_plan, ksplit_rule) {
         {1, 28672, 8192, 0, 0, "Llama-3-70B down (256 blocks, two a SM)"},
         {1, 8192, 8192, 0, 0, "Llama-3-70B o (256 blocks, two a SM: 1.08x)"},
         {1, 8192, 2560, 0, 0, "the Llama-3-70B tp = 4 q|k|v shard (N = 2560: 1.07-1.2x)"},
+        {3, 8192, 2560, 0, 0, "the Llama-3-70B tp = 4 q|k|v shard (6 x 4 1.05x)"},
+        {4, 8192, 2560, 6, 4, "the Llama-3-70B tp = 4 q|k|v shard (6.90 -> 6.34 us; 4 x 4 6.45)"},
+        {6, 8192, 2560, 6, 4, "the Llama-3-70B tp = 4 q|k|v shard (8.00 -> 6.73 us)"},
+        {8, 8192, 2560, 6, 4, "the Llama-3-70B tp = 4 q|k|v shard (80 blocks of one a SM, 7.38 -> 6.80 us)"},
     };
     const int fl = DC_PLAN_HALVE | DC_PLAN_TB1 | DC_PLAN_TB4;
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
@@ -550,6 +554,25 @@ TEST(dc_plan, ksplit_rule) {
     ASSERT(dc_plan_make(8, 8192, 320, 128, &H200, 0, fl, &pl) && dc_gs_pick(&pl, &H200, &q) && q.cl == 3 &&
            dc_gs_one_wave(&q, &H200));
     ASSERT(dc_plan_make(1, 28672, 512, 128, &H200, 0, fl, &pl) && !dc_gs_pick(&pl, &H200, &q));
+    /* but past one wave as 2 x 4 where that plan has one block a SM over more than one wave, in at
+     * most 4 waves whose last is >= 80% full (session 56): the Llama-3-70B gate|up shards at M = 7-8
+     * (tp = 2 3.4 waves, tp = 4 1.7, both 85%), not the whole matrix (6.8 waves) nor its q|k|v (1.2
+     * waves, 61%); without session 56's cases (dc_gs_pick_flags 0) none of them */
+    static const struct { int m, k, n, take; } wide[] = {
+        {7, 8192, 28672, 1}, {8, 8192, 28672, 1}, {7, 8192, 14336, 1}, {8, 8192, 14336, 1},
+        {8, 8192, 57344, 0}, {8, 8192, 10240, 0}, {6, 8192, 28672, 0},
+    };
+    for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++) {
+        ASSERT(dc_plan_make(wide[i].m, wide[i].k, n16_of(wide[i].n), 128, &H200, 0, fl, &pl));
+        memset(&q, 0, sizeof q);
+        const int got = dc_gs_pick(&pl, &H200, &q);
+        ASSERT_MSG(got == wide[i].take, "N=%d M=%d: %d", wide[i].n, wide[i].m, got);
+        if (got)
+            ASSERT(q.cl == 2 && q.tb == 4 && !dc_gs_one_wave(&q, &H200) && dc_blocks_per_sm(&H200, q.smem) == 2 &&
+                   dc_blocks_per_sm(&H200, pl.smem) == 1);
+        ASSERT(!dc_gs_pick_flags(&pl, &H200, 0, &q));
+    }
+    ASSERT(dc_plan_make(6, 8192, 160, 128, &H200, 0, fl, &pl) && !dc_gs_pick_flags(&pl, &H200, 0, &q));
     /* not: M > 8, fewer groups than blocks */
     ASSERT(!dc_plan_gs(9, 8192, 320, 128, &H200, 3, 4, fl, &q));
     ASSERT(!dc_plan_gs(1, 256, 320, 128, &H200, 3, 4, fl, &q));

@@ -275,21 +275,45 @@ DC_FN int dc_gs_one_wave(const struct dc_plan *pl, const struct dc_gpu *g) {
  * keeps 4 x 4 (34.0 / 36.3 against 6 x 4's 35.2 / 36.4), its tp = 2 down M
  * = 7 / 8 too (21.0 / 20.6 against 23.7 / 22.7).
  */
+/*
+ * Session 56 added two cases, both where the one-block plan leaves SMs with one block (H200, back to
+ * back, forced, two runs each):
+ * - The 2560-column matrices (160 tiles, under DC_GS_MIN_N16) from M = 4 (DC_GS_NARROW_MIN_M), with
+ *   6 x 4 tiles among the one-wave candidates (240 blocks; with 256 or more tiles 6 x 4 is never one
+ *   wave, so no other shape sees it): the Llama-3-70B tp = 4 q|k|v shard at M = 4 / 5 / 6 / 7 / 8 6.90
+ *   / 7.38 / 8.00 / 7.45 / 7.38 us (the plain grid, 160 or 80 blocks) -> 6.34 / 6.55 / 6.73 / 7.27 /
+ *   6.80 (`s56b`, `s55a`); 4 x 4 6.45 / 6.60 / 6.91 / 7.70 / 6.98; at M = 1-3 every split lost (M = 3:
+ *   1.05x, M = 1: 1.16x).
+ * - Past one wave where the one-block plan has one block a SM (x of K = 8192 at M = 7-8: 115-131 KB)
+ *   on more blocks than SMs: 2 x 4 tiles, two blocks a SM, where that is at most DC_GS_WIDE_WAVES
+ *   waves whose last is at least DC_GS_WIDE_FILL percent full. The Llama-3-70B gate|up shards at M =
+ *   7 / 8 (the persistent grid of 128 blocks): tp = 2 (3.4 waves, 85%) 39.94 / 39.05 -> 39.43 / 37.84
+ *   us, tp = 4 (1.7 waves, 85%) 23.29 / 22.82 -> 21.95 / 21.55 (`s56c`); the whole matrix, 6.8 waves,
+ *   69.44 / 68.48 against 73.86 / 70.45 (`s55c`), and Llama-3-70B q|k|v (1.2 waves, 61%) 17.73 /
+ *   17.32 against 17.74 / 17.41 (`s56c`), so not there.
+ * DC_GS_NARROW (AWQD_W4A16_DC_KS=2 leaves both out, as before; dc_gs_pick_flags).
+ */
 #define DC_GS_MIN_K 6144
 #define DC_GS_MIN_N16 256
+#define DC_GS_NARROW_N16 160
+#define DC_GS_NARROW_MIN_M 4
+#define DC_GS_WIDE_WAVES 4
+#define DC_GS_WIDE_FILL 80
 #define DC_GS_FILL_PCT 140
 #define DC_GS_X_BYTES (64 * 1024) /* see "4 x 4 ... where its x is large" in dc_gs_pick */
 #define DC_GS_MULTI 4                /* the candidates past one wave */
 #define DC_GS_FILL_TOL 5             /* points of last-wave fill (session 55) */
-DC_FN int dc_gs_pick(const struct dc_plan *pl, const struct dc_gpu *g, struct dc_plan *out) {
-    static const int cand[4][2] = {{4, 4}, {3, 4}, {2, 4}, {2, 2}}, /* ks, tb */
+#define DC_GS_S56 1                  /* dc_gs_pick_flags: session 56's two cases */
+DC_FN int dc_gs_pick_flags(const struct dc_plan *pl, const struct dc_gpu *g, int s56, struct dc_plan *out) {
+    static const int cand[5][2] = {{6, 4}, {4, 4}, {3, 4}, {2, 4}, {2, 2}}, /* ks, tb */
         multi[DC_GS_MULTI][2] = {{4, 4}, {6, 4}, {8, 4}, {4, 2}};
-    if (pl->mt != 1 || pl->cl != 1 || pl->k < DC_GS_MIN_K || pl->n16 < DC_GS_MIN_N16) return 0;
+    const int narrow = s56 && pl->m >= DC_GS_NARROW_MIN_M && pl->n16 >= DC_GS_NARROW_N16;
+    if (pl->mt != 1 || pl->cl != 1 || pl->k < DC_GS_MIN_K || (pl->n16 < DC_GS_MIN_N16 && !narrow)) return 0;
     /* none: pl is dc_plan_none's stand-in (x of all of K fits no block) */
     const int none = !dc_smem_fits(g, pl->smem, pl->mt), sms = g->sms > 0 ? g->sms : 1,
               slots1 = none ? 0 : sms * dc_blocks_per_sm(g, pl->smem), res1 = pl->blocks < slots1 ? pl->blocks : slots1;
     int best = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = s56 ? 0 : 1; i < 5; i++) {
         struct dc_plan q;
         if (!dc_plan_gs(pl->m, pl->k, pl->n16, 128, g, cand[i][0], cand[i][1], pl->flags, &q) ||
             !dc_gs_one_wave(&q, g) || q.blocks * q.cl <= best)
@@ -302,7 +326,18 @@ DC_FN int dc_gs_pick(const struct dc_plan *pl, const struct dc_gpu *g, struct dc
     if (best > 0)
         return 100 * best >= DC_GS_FILL_PCT * res1 ||
                (best >= res1 && out->cl == 4 && dc_x_bytes(pl->m, pl->k) >= DC_GS_X_BYTES);
-    if (!none) return 0; /* the grids of more than one wave only where there is no one-block plan */
+    if (!none) {
+        /* past one wave only where there is no one-block plan, or (session 56) where it has one
+         * block a SM on more than one wave: 2 x 4 tiles of at most DC_GS_WIDE_WAVES waves */
+        struct dc_plan q;
+        if (!s56 || slots1 != sms || pl->blocks <= sms ||
+            !dc_plan_gs(pl->m, pl->k, pl->n16, 128, g, 2, 4, pl->flags, &q) || dc_blocks_per_sm(g, q.smem) < 2)
+            return 0;
+        const int b = q.blocks * q.cl, waves = (b + 2 * sms - 1) / (2 * sms);
+        if (waves > DC_GS_WIDE_WAVES || 100 * b < DC_GS_WIDE_FILL * waves * 2 * sms) return 0;
+        *out = q;
+        return 1;
+    }
     /* of those with two blocks a SM, the fullest last wave (the share of the waves' slots the
      * grid fills), and of those within DC_GS_FILL_TOL points of it the fewest blocks */
     struct dc_plan c[DC_GS_MULTI];
@@ -323,6 +358,10 @@ DC_FN int dc_gs_pick(const struct dc_plan *pl, const struct dc_gpu *g, struct dc
     if (pick < 0) return 0;
     *out = c[pick];
     return 1;
+}
+
+DC_FN int dc_gs_pick(const struct dc_plan *pl, const struct dc_gpu *g, struct dc_plan *out) {
+    return dc_gs_pick_flags(pl, g, DC_GS_S56, out);
 }
 
 /* A stand-in one-block plan at m <= 8 rows where x of all of K leaves none

@@ -1946,7 +1946,8 @@ static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) 
 
 /* The decode kernel's K split through global memory at M <= 8 (dc_plan.h,
  * dc_plan_gs / dc_gs_pick): AWQD_W4A16_DC_KS (w4a16_decode_ksplit) 1 by
- * the rule (the default), 0 never, 10 ks + tb (ks 2, 3 or 4 with tb 2 or 4;
+ * the rule (the default), 2 by the rule without session 56's cases
+ * (dc_gs_pick_flags), 0 never, 10 ks + tb (ks 2, 3 or 4 with tb 2 or 4;
  * ks 6 or 8 with tb 4) wherever that grid is one wave, 100 + 10 ks + tb
  * wherever it fits at all (for measurements). */
 static env_knob g_dc_ks = ENV_KNOB_INIT("AWQD_W4A16_DC_KS", 1, 0, 199);
@@ -1959,7 +1960,7 @@ static int decode_plan_gs(const struct w4a16_weight *w, int m, struct dc_plan *p
     const struct dc_gpu g = dc_gpu_of(w);
     struct dc_plan q;
     if (!v || pl->mt != 1 || pl->cl != 1) return 0;
-    if (v == 1 ? !dc_gs_pick(pl, &g, &q)
+    if (v <= 2 ? !dc_gs_pick_flags(pl, &g, v == 1 ? DC_GS_S56 : 0, &q)
                : (ks < 2 || (ks > 4 && ks != 6 && ks != 8)) || (tb != 2 && tb != 4) || (ks > 4 && tb != 4) ||
                      !dc_plan_gs(m, w->k, w->n16, w->group, &g, ks, tb, pl->flags, &q) ||
                      (!any_wave && !dc_gs_one_wave(&q, &g)))

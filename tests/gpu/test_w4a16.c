@@ -460,14 +460,21 @@ TEST(w4a16, decode_persistent_grid) {
             const int M = ms[i];
             struct dc_plan pl;
             int want = 0, tb0 = 0;
+            int gs = 0; /* the K split takes it instead (dc_gs_pick: K = 8192 at M = 8, session 56) */
             if (dc_plan_make(M, K, (shp[si].n + 15) / 16, 128, &g, 0, DC_PLAN_HALVE | DC_PLAN_TB1 | DC_PLAN_TB4, &pl)) {
+                struct dc_plan q;
                 tb0 = pl.tb;
-                want = dc_ps_plan(&pl, &g, 0);
+                gs = dc_gs_pick(&pl, &g, &q);
+                want = gs ? 0 : dc_ps_plan(&pl, &g, 0);
             }
             int dtb = 0, dcols = 0, dgrid = 0; /* the launch: grid < columns is the persistent grid */
             const int has = w4a16_decode_describe(dw, M, &dtb, &dcols, &dgrid);
             const int grid = has && dgrid < dcols ? dgrid : 0;
             ASSERT_MSG(grid == want, "%s M=%d: grid %d, the rule says %d", what, M, grid, want);
+            if (gs) { /* 2 x 4 tiles past one wave: against the reference too */
+                check_case(&L.h, L.wref, dw, L.gate_up, M, L.epi, W4A16_KERNEL_DECODE, 0, what);
+                ASSERT_OK_SO_FAR();
+            }
             if (!want) continue;
             ASSERT_MSG(dtb == pl.tb && dcols == pl.blocks, "%s M=%d: TB %d, %d columns; the rule says TB %d, %d", what,
                        M, dtb, dcols, pl.tb, pl.blocks);

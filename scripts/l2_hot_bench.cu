@@ -19,21 +19,8 @@
 #include <cstdlib>
 #include <vector>
 #include <cuda_runtime.h>
+#include "microbench.cuh"
 
-#define CK(x)                                                                                            \
-    do {                                                                                                 \
-        cudaError_t e_ = (x);                                                                            \
-        if (e_ != cudaSuccess) {                                                                         \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));          \
-            exit(1);                                                                                     \
-        }                                                                                                \
-    } while (0)
-
-static __device__ __forceinline__ uint64_t gtime(void) {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 
 struct args {
     const unsigned char *src; /* this launch's buffer: R replicas of X bytes, stride XS */
@@ -72,19 +59,7 @@ static __global__ void __launch_bounds__(256) k_stage(args a) {
     }
 }
 
-static void launch(cudaStream_t st, int grid, const args &a) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(256);
-    cfg.dynamicSmemBytes = a.x;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&cfg, k_stage, a));
-}
+static void launch(cudaStream_t st, int grid, const args &a) { launch_pdl(k_stage, grid, 256, a.x, st, a); }
 
 int main(int argc, char **argv) {
     const int N = 200, STAMPED = 100;
@@ -122,21 +97,7 @@ int main(int argc, char **argv) {
                 }
                 CK(cudaStreamEndCapture(st, &graph));
                 CK(cudaGraphInstantiate(&ge, graph, 0));
-                CK(cudaGraphLaunch(ge, st)); /* warm */
-                CK(cudaStreamSynchronize(st));
-                cudaEvent_t e0, e1;
-                CK(cudaEventCreate(&e0));
-                CK(cudaEventCreate(&e1));
-                float best = 1e30f;
-                for (int t = 0; t < 5; t++) {
-                    CK(cudaEventRecord(e0, st));
-                    CK(cudaGraphLaunch(ge, st));
-                    CK(cudaEventRecord(e1, st));
-                    CK(cudaStreamSynchronize(st));
-                    float ms;
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    best = std::min(best, ms);
-                }
+                const float best = graph_best_ms(ge, st, 5);
                 std::vector<unsigned long long> h((size_t)STAMPED * g);
                 CK(cudaMemcpy(h.data(), stamp, h.size() * 8, cudaMemcpyDeviceToHost));
                 std::sort(h.begin(), h.end());
@@ -145,8 +106,6 @@ int main(int argc, char **argv) {
                 fflush(stdout);
                 CK(cudaGraphExecDestroy(ge));
                 CK(cudaGraphDestroy(graph));
-                CK(cudaEventDestroy(e0));
-                CK(cudaEventDestroy(e1));
             }
     (void)argc, (void)argv;
     return 0;

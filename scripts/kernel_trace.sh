@@ -6,7 +6,12 @@
 #   scripts/kernel_trace.sh ./build-gpu/awqd bench e2e --model /dev/shm/q8 \
 #       --prompts none --batches 1 --contexts 512 --steps 8
 # env: OUT (default /tmp/kernel_trace): trace.csv (raw), trace_d.csv
-#      (demangled), step.txt (the summary, also printed).
+#      (demangled), step.txt (the summary, also printed); CUPTI_TRACE_DEVICE=N
+#      keeps device N's kernels only (one rank of a tensor-parallel run).
+# The tracing costs ~1 us a graph node at each replay's launch: the gap before
+# a step's first kernel (and the ranks' skew at its first all-reduce) is the
+# trace's, not the engine's (docs/PERFORMANCE.md "Session 56" item 6); the
+# kernels' times and end increments inside a step are not affected.
 set -eu
 OUT=${OUT:-/tmp/kernel_trace}
 mkdir -p "$OUT"

@@ -280,10 +280,10 @@ DC_FN int dc_gs_one_wave(const struct dc_plan *pl, const struct dc_gpu *g) {
  * back, forced, two runs each):
  * - The 2560-column matrices (160 tiles, under DC_GS_MIN_N16) from M = 4 (DC_GS_NARROW_MIN_M), with
  *   6 x 4 tiles among the one-wave candidates (240 blocks; with 256 or more tiles 6 x 4 is never one
- *   wave, so no other shape sees it): the Llama-3-70B tp = 4 q|k|v shard at M = 4 / 5 / 6 / 7 / 8 6.90
- *   / 7.38 / 8.00 / 7.45 / 7.38 us (the plain grid, 160 or 80 blocks) -> 6.34 / 6.55 / 6.73 / 7.27 /
- *   6.80 (`s56b`, `s55a`); 4 x 4 6.45 / 6.60 / 6.91 / 7.70 / 6.98; at M = 1-3 every split lost (M = 3:
- *   1.05x, M = 1: 1.16x).
+ *   wave, so no other shape sees it): the Llama-3-70B tp = 4 q|k|v shard at M = 4 / 5 / 6 / 7 / 8 6.93
+ *   / 7.45 / 8.05 / 7.50 / 7.43 us (the plain grid, 160 or 80 blocks) -> 6.40 / 6.54 / 6.75 / 7.27 /
+ *   6.81 (`s56c`); 4 x 4 6.45 / 6.60 / 6.91 / 7.70 / 6.98 (`s56b`, `s55a`); at M = 1-3 every split
+ *   lost (M = 3: 1.05x, M = 1: 1.16x).
  * - Past one wave where the one-block plan has one block a SM (x of K = 8192 at M = 7-8: 115-131 KB)
  *   on more blocks than SMs: 2 x 4 tiles, two blocks a SM, where that is at most DC_GS_WIDE_WAVES
  *   waves whose last is at least DC_GS_WIDE_FILL percent full. The Llama-3-70B gate|up shards at M =
@@ -291,7 +291,9 @@ DC_FN int dc_gs_one_wave(const struct dc_plan *pl, const struct dc_gpu *g) {
  *   us, tp = 4 (1.7 waves, 85%) 23.29 / 22.82 -> 21.95 / 21.55 (`s56c`); the whole matrix, 6.8 waves,
  *   69.44 / 68.48 against 73.86 / 70.45 (`s55c`), and Llama-3-70B q|k|v (1.2 waves, 61%) 17.73 /
  *   17.32 against 17.74 / 17.41 (`s56c`), so not there.
- * DC_GS_NARROW (AWQD_W4A16_DC_KS=2 leaves both out, as before; dc_gs_pick_flags).
+ * DC_GS_S56 turns both on in dc_gs_pick_flags (AWQD_W4A16_DC_KS=2 leaves them out, as before). The
+ * tensor-parallel sum epilogue still takes one-wave grids only (launch_decode), so the second case
+ * never reaches it.
  */
 #define DC_GS_MIN_K 6144
 #define DC_GS_MIN_N16 256

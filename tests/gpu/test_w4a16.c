@@ -435,7 +435,8 @@ static void dc_same_bits(const struct dc_layer *L, int M, int (*set)(int), int o
 TEST(w4a16, decode_persistent_grid) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     if (getenv("AWQD_W4A16_DC_TB") || getenv("AWQD_W4A16_DC_WAVES") || getenv("AWQD_W4A16_DC_PLAN") ||
-        getenv("AWQD_W4A16_DC_LATE") || getenv("AWQD_W4A16_DC_TB1") || getenv("AWQD_W4A16_DC_TB4"))
+        getenv("AWQD_W4A16_DC_LATE") || getenv("AWQD_W4A16_DC_TB1") || getenv("AWQD_W4A16_DC_TB4") ||
+        getenv("AWQD_W4A16_DC_KS"))
         TEST_SKIP("a decode-plan knob is set");
     const int cl0 = w4a16_decode_cluster(-1);
     w4a16_decode_cluster(1); /* one block a column: the plans below */

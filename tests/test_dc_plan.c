@@ -499,6 +499,7 @@ TEST(dc_plan, ksplit_rule) {
         {4, 8192, 2560, 6, 4, "the Llama-3-70B tp = 4 q|k|v shard (6.90 -> 6.34 us; 4 x 4 6.45)"},
         {6, 8192, 2560, 6, 4, "the Llama-3-70B tp = 4 q|k|v shard (8.00 -> 6.73 us)"},
         {8, 8192, 2560, 6, 4, "the Llama-3-70B tp = 4 q|k|v shard (80 blocks of one a SM, 7.38 -> 6.80 us)"},
+        {6, 6144, 2560, 0, 0, "N = 2560 below K = 8192 (not measured)"},
     };
     const int fl = DC_PLAN_HALVE | DC_PLAN_TB1 | DC_PLAN_TB4;
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {

@@ -278,7 +278,9 @@ DC_FN int dc_gs_one_wave(const struct dc_plan *pl, const struct dc_gpu *g) {
 /*
  * Session 56 added two cases, both where the one-block plan leaves SMs with one block (H200, back to
  * back, forced, two runs each):
- * - The 2560-column matrices (160 tiles, under DC_GS_MIN_N16) from M = 4 (DC_GS_NARROW_MIN_M), with
+ * - The 2560-column matrices (160 tiles, under DC_GS_MIN_N16) from M = 4 (DC_GS_NARROW_MIN_M), at K
+ *   >= 8192 where a one-block plan exists (the shape measured; K = 6144-8191 would give the six
+ *   blocks a column one or one and a half groups a warp), with
  *   6 x 4 tiles among the one-wave candidates (240 blocks; with 256 or more tiles 6 x 4 is never one
  *   wave, so no other shape sees it): the Llama-3-70B tp = 4 q|k|v shard at M = 4 / 5 / 6 / 7 / 8 6.93
  *   / 7.45 / 8.05 / 7.50 / 7.43 us (the plain grid, 160 or 80 blocks) -> 6.40 / 6.54 / 6.75 / 7.27 /
@@ -299,6 +301,7 @@ DC_FN int dc_gs_one_wave(const struct dc_plan *pl, const struct dc_gpu *g) {
 #define DC_GS_MIN_N16 256
 #define DC_GS_NARROW_N16 160
 #define DC_GS_NARROW_MIN_M 4
+#define DC_GS_NARROW_MIN_K 8192 /* as measured; and only with a one-block plan */
 #define DC_GS_WIDE_WAVES 4
 #define DC_GS_WIDE_FILL 80
 #define DC_GS_FILL_PCT 140
@@ -309,11 +312,12 @@ DC_FN int dc_gs_one_wave(const struct dc_plan *pl, const struct dc_gpu *g) {
 DC_FN int dc_gs_pick_flags(const struct dc_plan *pl, const struct dc_gpu *g, int s56, struct dc_plan *out) {
     static const int cand[5][2] = {{6, 4}, {4, 4}, {3, 4}, {2, 4}, {2, 2}}, /* ks, tb */
         multi[DC_GS_MULTI][2] = {{4, 4}, {6, 4}, {8, 4}, {4, 2}};
-    const int narrow = s56 && pl->m >= DC_GS_NARROW_MIN_M && pl->n16 >= DC_GS_NARROW_N16;
-    if (pl->mt != 1 || pl->cl != 1 || pl->k < DC_GS_MIN_K || (pl->n16 < DC_GS_MIN_N16 && !narrow)) return 0;
     /* none: pl is dc_plan_none's stand-in (x of all of K fits no block) */
     const int none = !dc_smem_fits(g, pl->smem, pl->mt), sms = g->sms > 0 ? g->sms : 1,
-              slots1 = none ? 0 : sms * dc_blocks_per_sm(g, pl->smem), res1 = pl->blocks < slots1 ? pl->blocks : slots1;
+              narrow = s56 && !none && pl->m >= DC_GS_NARROW_MIN_M && pl->n16 >= DC_GS_NARROW_N16 &&
+                       pl->k >= DC_GS_NARROW_MIN_K;
+    if (pl->mt != 1 || pl->cl != 1 || pl->k < DC_GS_MIN_K || (pl->n16 < DC_GS_MIN_N16 && !narrow)) return 0;
+    const int slots1 = none ? 0 : sms * dc_blocks_per_sm(g, pl->smem), res1 = pl->blocks < slots1 ? pl->blocks : slots1;
     int best = 0;
     for (int i = s56 ? 0 : 1; i < 5; i++) {
         struct dc_plan q;

@@ -261,6 +261,16 @@ void model_free(struct model *m) {
     free(m);
 }
 
+/* The decode graph bucket after b (model_graph_buckets below) */
+static int next_bucket(int b, int flags) {
+    const int fine = (flags & MODEL_BUCKETS_FINE) != 0;
+    if (b < 8) return b == 2 && !fine ? 4 : b < 6 ? b + 1 : 8;
+    if (b < 16) return b + (fine ? 4 : 8);
+    if (b < 32) return b + ((flags & MODEL_BUCKETS_STEP8) ? 8 : 4);
+    if (b < 128) return b + 16;
+    return b < 256 ? b + 32 : b + 64;
+}
+
 /* The decode graph buckets up to lim rows: 1 2 4 5 6 8 16, then steps of
  * 4 to 32, 16 to 128, 32 to 256, 64 beyond, and lim itself last. A batch
  * replays the smallest bucket that holds it, so it runs the linears at that
@@ -281,13 +291,8 @@ void model_free(struct model *m) {
  * M = 7 the linears take 0.98-1.04x their M = 8 time. Returns the count (at
  * most max). */
 int model_graph_buckets(int lim, int flags, int *bucket, int max) {
-    const int st = (flags & MODEL_BUCKETS_STEP8) ? 8 : 4, fine = (flags & MODEL_BUCKETS_FINE) != 0;
     int n = 0;
-    for (int b = 1; b <= lim && n < max;
-         b = b < 8 ? (b < 6 ? (b == 2 && !fine ? 4 : b + 1) : 8)
-             : b < 16 ? b + (fine ? 4 : 8)
-             : b < 32 ? b + st : b < 128 ? b + 16 : b < 256 ? b + 32 : b + 64)
-        bucket[n++] = b;
+    for (int b = 1; b <= lim && n < max; b = next_bucket(b, flags)) bucket[n++] = b;
     if (n > 0 && n < max && bucket[n - 1] < lim) bucket[n++] = lim;
     return n;
 }

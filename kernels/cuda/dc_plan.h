@@ -309,6 +309,12 @@ DC_FN int dc_gs_one_wave(const struct dc_plan *pl, const struct dc_gpu *g) {
 #define DC_GS_MULTI 4                /* the candidates past one wave */
 #define DC_GS_FILL_TOL 5             /* points of last-wave fill (session 55) */
 #define DC_GS_S56 1                  /* dc_gs_pick_flags: session 56's two cases */
+/* Waves of a split grid of two blocks a SM, and in *fill the percent of their slots it fills */
+DC_FN int dc_gs_waves(const struct dc_plan *q, int sms, int *fill) {
+    const int b = q->blocks * q->cl, slots = 2 * sms, waves = (b + slots - 1) / slots;
+    *fill = 100 * b / (waves * slots);
+    return waves;
+}
 DC_FN int dc_gs_pick_flags(const struct dc_plan *pl, const struct dc_gpu *g, int s56, struct dc_plan *out) {
     static const int cand[5][2] = {{6, 4}, {4, 4}, {3, 4}, {2, 4}, {2, 2}}, /* ks, tb */
         multi[DC_GS_MULTI][2] = {{4, 4}, {6, 4}, {8, 4}, {4, 2}};
@@ -339,8 +345,8 @@ DC_FN int dc_gs_pick_flags(const struct dc_plan *pl, const struct dc_gpu *g, int
         if (!s56 || slots1 != sms || pl->blocks <= sms ||
             !dc_plan_gs(pl->m, pl->k, pl->n16, 128, g, 2, 4, pl->flags, &q) || dc_blocks_per_sm(g, q.smem) < 2)
             return 0;
-        const int b = q.blocks * q.cl, waves = (b + 2 * sms - 1) / (2 * sms);
-        if (waves > DC_GS_WIDE_WAVES || 100 * b < DC_GS_WIDE_FILL * waves * 2 * sms) return 0;
+        int fill;
+        if (dc_gs_waves(&q, sms, &fill) > DC_GS_WIDE_WAVES || fill < DC_GS_WIDE_FILL) return 0;
         *out = q;
         return 1;
     }
@@ -353,8 +359,7 @@ DC_FN int dc_gs_pick_flags(const struct dc_plan *pl, const struct dc_gpu *g, int
         if (!dc_plan_gs(pl->m, pl->k, pl->n16, 128, g, multi[i][0], multi[i][1], pl->flags, q) ||
             dc_blocks_per_sm(g, q->smem) < 2)
             continue;
-        const int b = q->blocks * q->cl, slots = 2 * sms, waves = (b + slots - 1) / slots;
-        fill[nc] = 100 * b / (waves * slots);
+        dc_gs_waves(q, sms, &fill[nc]);
         if (fill[nc] > top) top = fill[nc];
         nc++;
     }

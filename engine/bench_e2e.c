@@ -113,6 +113,7 @@ static const char *usage =
     "                      [--prompts 128,1024,4096] [--steps 16] [--fraction 0.9]\n"
     "                      [--sampling greedy,t1[,full]] [--chunk N,..]\n"
     "                      [--tp N [--devices a,b,..] [--comm-off]] [--settle-ms 1000]\n"
+    "                      [--max-model-len N]\n"
     "(a list may be `none`)\n"
     "Decode tokens/s per batch size and context, TTFT per prompt length and GPU\n"
     "memory of the model on GPU 0 (or sharded over --tp GPUs: --devices, default\n"
@@ -128,7 +129,9 @@ static const char *usage =
     "the model's row workspace is sized for max(largest chunk or prompt, batch).\n"
     "Make a model with `awqd mkmodel qwen3-8b DIR`.\n"
     "--settle-ms: pause between the TTFT runs and the decode table (the GPU's\n"
-    "power cap, engaged by long prefills, releases; 0: none)\n";
+    "power cap, engaged by long prefills, releases; 0: none)\n"
+    "--max-model-len: size the sequences' block tables for N tokens, as `awqd\n"
+    "serve` does for its max_model_len (default: the bench's longest sequence)\n";
 
 static void samp_params(enum e2e_mode mode, int row, struct sampling_params *p) {
     sampling_params_default(p);
@@ -325,7 +328,7 @@ int bench_e2e(int argc, char **argv) {
     int modes[MODE_COUNT] = {MODE_GREEDY, MODE_T1}, nm = 2;
     int steps = 16, settle_ms = 1000;
     double fraction = 0.90;
-    int tp = 1, devices[E2E_MAX_LIST] = {0}, nd = 0, comm_off = 0;
+    int tp = 1, devices[E2E_MAX_LIST] = {0}, nd = 0, comm_off = 0, max_model_len = 0;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"batches", required_argument, 0, 'b'},
                                          {"contexts", required_argument, 0, 'c'},
@@ -338,6 +341,7 @@ int bench_e2e(int argc, char **argv) {
                                          {"devices", required_argument, 0, 'd'},
                                          {"comm-off", no_argument, 0, 'o'},
                                          {"settle-ms", required_argument, 0, 'P'},
+                                         {"max-model-len", required_argument, 0, 'L'},
                                          {0, 0, 0, 0}};
     optind = 1;
     opterr = 0;
@@ -356,11 +360,13 @@ int bench_e2e(int argc, char **argv) {
         case 'd': nd = util_parse_int_list(optarg, devices, E2E_MAX_LIST); break;
         case 'o': comm_off = 1; break;
         case 'P': settle_ms = atoi(optarg); break;
+        case 'L': max_model_len = atoi(optarg); break;
         default: fprintf(stderr, "%s", usage); return 2;
         }
     }
     if (!model_dir || nb < 0 || nc < 0 || np < 0 || nk < 0 || nm < 1 || steps < 1 ||
-        !(fraction > 0 && fraction <= 1) || tp < 1 || tp > E2E_MAX_LIST || (nd && nd != tp)) {
+        !(fraction > 0 && fraction <= 1) || tp < 1 || tp > E2E_MAX_LIST || (nd && nd != tp) ||
+        max_model_len < 0) {
         fprintf(stderr, "%s", usage);
         if (nd && nd != tp) fprintf(stderr, "--devices lists %d devices for --tp %d\n", nd, tp);
         if (nm < 1) fprintf(stderr, "--sampling: a list of greedy, t1, full\n");
@@ -436,8 +442,9 @@ int bench_e2e(int argc, char **argv) {
     go.model.block_size = bsz;
     go.model.max_tokens = T;
     go.model.max_seqs = S;
-    int mbp = (max_c + steps + 4 + bsz - 1) / bsz, pb = (max_p + bsz - 1) / bsz;
+    int mbp = (max_c + steps + 4 + bsz - 1) / bsz, pb = (max_p + bsz - 1) / bsz, lb = (max_model_len + bsz - 1) / bsz;
     go.model.max_blocks_per_seq = mbp > pb ? mbp : pb;
+    if (lb > go.model.max_blocks_per_seq) go.model.max_blocks_per_seq = lb;
     uint64_t used0 = 0, used = 0, total = 0;
     cuda_mem_in_use(devices[0], &used0, &total);
     double t0 = now_s();

@@ -77,7 +77,9 @@ struct model {
     /* host staging */
     int32_t *h_ids, *h_pos, *h_slots, *h_rows;      /* [T] */
     int32_t *h_q_start, *h_past;                    /* [max_seqs + 1], [max_seqs] */
-    int32_t *h_bt;                                  /* [max_seqs * max_blocks_per_seq] */
+    int32_t *h_bt;                                  /* [max_seqs * max_blocks_per_seq], staged as
+                                                       rows of bt_w (stage_batch) */
+    int bt_w;                                       /* the last batch's block-table row width */
     float *h_logits;                                /* [logit_chunk * vocab_rows] */
     /* sampling (MODEL_LOGITS_SAMPLE rows), allocated on first use */
     const struct model_out *sout;                   /* the forward's outputs (model_forward_out) */
@@ -470,6 +472,19 @@ static int stage_batch(struct model *m, const struct batch *b, int *n_rows, int 
     if (b->n_seqs < 1 || b->n_seqs > o->max_seqs)
         return util_err(err, errlen, -EINVAL, "batch: %d sequences (1..%d)", b->n_seqs, o->max_seqs);
     int n = 0, nl = 0;
+    /* the block table is staged as rows of w entries, the most any sequence
+     * of the batch needs (upload_group writes them max_blocks_per_seq apart;
+     * no kernel reads a row past its sequence's context) */
+    int w = 1;
+    static int full = -1; /* AWQD_STAGE_FULL_BT=1 (measurement only): whole rows, as before session 57 */
+    if (full < 0) full = !util_env_is_zero("AWQD_STAGE_FULL_BT") && getenv("AWQD_STAGE_FULL_BT") != NULL;
+    if (full) w = o->max_blocks_per_seq;
+    for (int s = 0; s < b->n_seqs && !full; s++) {
+        const struct batch_seq *q = &b->seqs[s];
+        const long need = ((long)q->past + q->n_tokens + o->block_size - 1) / o->block_size;
+        if (need > w) w = need < o->max_blocks_per_seq ? (int)need : o->max_blocks_per_seq;
+    }
+    m->bt_w = w;
     for (int s = 0; s < b->n_seqs; s++) {
         const struct batch_seq *q = &b->seqs[s];
         if (q->n_tokens < 1 || q->past < 0)
@@ -486,8 +501,8 @@ static int stage_batch(struct model *m, const struct batch *b, int *n_rows, int 
         if (q->logits < MODEL_LOGITS_NONE || q->logits > MODEL_LOGITS_SAMPLE ||
             (q->logits == MODEL_LOGITS_SAMPLE && !m->h_srows))
             return util_err(err, errlen, -EINVAL, "batch: sequence %d: bad logits mode", s);
-        int32_t *bt = m->h_bt + (size_t)s * o->max_blocks_per_seq;
-        for (int j = 0; j < o->max_blocks_per_seq; j++) {
+        int32_t *bt = m->h_bt + (size_t)s * w;
+        for (int j = 0; j < w; j++) {
             if (j < need) {
                 if (q->blocks[j] < 0 || q->blocks[j] >= o->n_blocks)
                     return util_err(err, errlen, -EINVAL, "batch: sequence %d: block id %d out of range",
@@ -681,13 +696,18 @@ static int rows_identity(const int32_t *rows, int n) {
 }
 
 /* Small 4-byte uploads at offset 0: as one (ops->upload_group) where the
- * backend has it, else one by one. */
+ * backend has it, else one by one; width / stride (or NULL): rows of
+ * width[i] written stride[i] apart (ops->upload_group). */
 static int upload_parts(struct ops *O, struct buf *const *dst, const void *const *src,
-                        const size_t *n, int parts) {
-    if (O->upload_group) return O->upload_group(O->ctx, dst, src, n, parts);
+                        const size_t *n, const size_t *width, const size_t *stride, int parts) {
+    if (O->upload_group) return O->upload_group(O->ctx, dst, src, n, width, stride, parts);
     for (int i = 0; i < parts; i++) {
-        int rc = n[i] ? O->upload(O->ctx, dst[i], 0, src[i], n[i]) : 0;
-        if (rc) return rc;
+        const size_t w = width && width[i] ? width[i] : n[i];
+        for (size_t r = 0; w && r < n[i] / w; r++) {
+            int rc = O->upload(O->ctx, dst[i], r * (width && width[i] ? stride[i] : 0),
+                               (const int32_t *)src[i] + r * w, w);
+            if (rc) return rc;
+        }
     }
     return 0;
 }
@@ -718,14 +738,17 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
         const void *src[12] = {m->h_ids, m->h_pos, m->h_slots, m->h_q_start, m->h_past, m->h_bt,
                                m->h_rows};
         size_t cnt[] = {(size_t)nr, (size_t)nr, (size_t)nr, (size_t)ns + 1, (size_t)ns,
-                        (size_t)ns * m->opts.max_blocks_per_seq, nl > 0 ? (size_t)nl : 0,
+                        (size_t)ns * m->bt_w, nl > 0 ? (size_t)nl : 0,
                         0, 0, 0, 0, 0};
+        /* the block table's rows: bt_w entries each, max_blocks_per_seq apart */
+        size_t wd[12] = {0, 0, 0, 0, 0, (size_t)m->bt_w}, ld[12] = {0, 0, 0, 0, 0,
+                                                                  (size_t)m->opts.max_blocks_per_seq};
         /* sample chunk 0's inputs go up with the batch: nothing to upload
          * between the layers and the lm_head */
         m->s_pre = m->n_srows > 0 && sample_inputs_ok(m) &&
                    sample_stage(m, 0, dst + 7, src + 7, cnt + 7, &m->s_pre_mr, &m->s_pre_na,
                                 &m->s_pre_race) == 0;
-        if ((rc = upload_parts(O, dst, src, cnt, m->s_pre ? 12 : 7)))
+        if ((rc = upload_parts(O, dst, src, cnt, wd, ld, m->s_pre ? 12 : 7)))
             return util_err(err, errlen, rc, "model: upload of the batch failed");
     }
     if (tr) t[1] = util_now_s();
@@ -913,7 +936,7 @@ static int sample_rows(struct model *m, const struct batch *b, int cols, char *e
             size_t cnt[5];
             if ((rc = sample_stage(m, c0, dst, src, cnt, &mr, &na, &race)))
                 return util_err(err, errlen, rc, "model: out of %s memory for sampling", O->name);
-            if ((rc = upload_parts(O, dst, src, cnt, 5)))
+            if ((rc = upload_parts(O, dst, src, cnt, NULL, NULL, 5)))
                 return util_err(err, errlen, rc, "model: upload failed");
         }
         if ((rc = sample_chunk_logits(m, c0 / m->logit_chunk, 1)))

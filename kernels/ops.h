@@ -163,11 +163,14 @@ struct ops {
     int (*upload)(void *ctx, struct buf *dst, size_t off, const void *src, size_t n);
     /* Optional (NULL: upload each part): parts (<= OPS_UPLOAD_PARTS) uploads
      * of 4-byte elements (F32 / I32 buffers) at offset 0 as one: dst[i][0,
-     * n[i]) = src[i][0, n[i]); parts with n[i] = 0 are skipped. The CUDA
-     * backend packs them into one copy and one scatter kernel (a decode
-     * step's batch description is 6-7 small arrays). */
+     * n[i]) = src[i][0, n[i]); parts with n[i] = 0 are skipped. With width
+     * (may be NULL) and width[i] > 0, part i is n[i] / width[i] rows of
+     * width[i] elements written stride[i] apart: dst[i][r * stride[i] + j] =
+     * src[i][r * width[i] + j] (the block table's rows as long as the batch
+     * needs). The CUDA backend packs them into one copy and one scatter
+     * kernel (a decode step's batch description is 6-7 small arrays). */
     int (*upload_group)(void *ctx, struct buf *const *dst, const void *const *src,
-                        const size_t *n, int parts);
+                        const size_t *n, const size_t *width, const size_t *stride, int parts);
     /* Backend -> host (float for ACT/F32, int32_t for I32). Synchronous. */
     int (*download)(void *ctx, void *dst, const struct buf *src, size_t off, size_t n);
     /* Copies n elements of the same kind between buffers of this backend. */

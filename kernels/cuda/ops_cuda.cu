@@ -311,6 +311,7 @@ static int cu_upload(void *ctx, struct buf *dst, size_t off, const void *src, si
 struct grp_args {
     uint32_t *dst[OPS_UPLOAD_PARTS];
     unsigned end[OPS_UPLOAD_PARTS];
+    unsigned w[OPS_UPLOAD_PARTS], ld[OPS_UPLOAD_PARTS]; /* rows of w written ld apart (w = 0: contiguous) */
     int parts;
 };
 
@@ -319,26 +320,34 @@ static __global__ void k_upload_scatter(const uint32_t *__restrict__ src, grp_ar
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         int p = 0;
         while (i >= a.end[p]) p++;
-        a.dst[p][i - (p ? a.end[p - 1] : 0u)] = src[i];
+        const unsigned j = i - (p ? a.end[p - 1] : 0u);
+        a.dst[p][a.w[p] ? j / a.w[p] * a.ld[p] + j % a.w[p] : j] = src[i];
     }
 }
 
 static int cu_upload_group(void *ctx, struct buf *const *dst, const void *const *src,
-                           const size_t *n, int parts) {
+                           const size_t *n, const size_t *width, const size_t *stride, int parts) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (refuse_capturing(c, "upload_group")) return -EBUSY;
     if (parts < 0 || parts > OPS_UPLOAD_PARTS) return -EINVAL;
     size_t total = 0;
     for (int i = 0; i < parts; i++) {
         if (n[i] == 0) continue;
-        if (n[i] > dst[i]->n || elem_bytes(dst[i]->kind) != 4) return -ERANGE;
+        const size_t w = width ? width[i] : 0;
+        if (elem_bytes(dst[i]->kind) != 4) return -ERANGE;
+        if (w ? n[i] % w || stride[i] < w || (n[i] / w - 1) * stride[i] + w > dst[i]->n : n[i] > dst[i]->n)
+            return -ERANGE;
         total += n[i];
     }
     if (total == 0) return 0;
     if (!c->grp_on || !c->h_ring || total * 4 > RING_BYTES / 4) {
-        for (int i = 0; i < parts; i++) { /* one copy each */
-            int rc = n[i] ? cu_upload(ctx, dst[i], 0, src[i], n[i]) : 0;
-            if (rc) return rc;
+        for (int i = 0; i < parts; i++) { /* one copy each (a row each where strided) */
+            const size_t w = width && width[i] ? width[i] : n[i];
+            for (size_t r = 0; w && r < n[i] / w; r++) {
+                int rc = cu_upload(ctx, dst[i], r * (width && width[i] ? stride[i] : 0),
+                                   (const int32_t *)src[i] + r * w, w);
+                if (rc) return rc;
+            }
         }
         return 0;
     }
@@ -362,6 +371,8 @@ static int cu_upload_group(void *ctx, struct buf *const *dst, const void *const 
         memcpy(h + at * 4, src[i], n[i] * 4);
         at += n[i];
         a.dst[a.parts] = (uint32_t *)dst[i]->d;
+        a.w[a.parts] = width ? (unsigned)width[i] : 0u;
+        a.ld[a.parts] = width ? (unsigned)stride[i] : 0u;
         a.end[a.parts++] = (unsigned)at;
     }
     CUDA_CHECK(cudaMemcpyAsync(c->d_grp, h, bytes, cudaMemcpyHostToDevice, c->stream), NULL, 0);

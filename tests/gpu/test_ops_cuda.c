@@ -194,18 +194,24 @@ TEST(ops_cuda, upload_group) {
         for (size_t j = 0; j < cap[i]; j++) want[i][j] = -1 - (int32_t)j; /* the old contents */
         ASSERT_EQ_INT(g->upload(g->ctx, b[i], 0, want[i], cap[i]), 0);
     }
-    for (int round = 0; round < 3 && !test_failed(); round++) {
-        size_t n[6] = {1 + (size_t)round * 300, 7, round == 1 ? 0 : 513, 1, round == 2 ? big : 0, 0};
+    for (int round = 0; round < 4 && !test_failed(); round++) {
+        size_t n[6] = {1 + (size_t)round * 300, 7, round == 1 ? 0 : 513, 1, round >= 2 ? big : 0, 0};
+        /* rounds 1 and 3: part 0 as 30 rows of 7 written 30 apart (through the
+         * scatter kernel); round 3: part 4 as 2000 rows of 1000 written 1500
+         * apart (8 MB: a copy a row) */
+        size_t wd[6] = {0}, ld[6] = {0};
+        if (round & 1) n[0] = 30 * 7, wd[0] = 7, ld[0] = 30;
+        if (round == 3) n[4] = 2000 * 1000, wd[4] = 1000, ld[4] = 1500;
         for (int i = 0; i < 5; i++)
             for (size_t j = 0; j < n[i]; j++) {
                 float f = (float)round + 0.25f * (float)j;
                 if (i == 1) memcpy(&h[i][j], &f, 4);
                 else h[i][j] = (int32_t)(rnd() & 0x7fffffff);
-                want[i][j] = h[i][j];
+                want[i][wd[i] ? j / wd[i] * ld[i] + j % wd[i] : j] = h[i][j];
             }
         struct buf *dst[6] = {b[0], b[1], b[2], b[3], b[4], NULL};
         const void *src[6] = {h[0], h[1], h[2], h[3], h[4], NULL};
-        ASSERT_EQ_INT(g->upload_group(g->ctx, dst, src, n, 6), 0);
+        ASSERT_EQ_INT(g->upload_group(g->ctx, dst, src, n, round & 1 ? wd : NULL, ld, 6), 0);
         for (int i = 0; i < 5; i++) /* the host arrays may be reused at once */
             for (size_t j = 0; j < n[i]; j++) h[i][j] = 12345;
         for (int i = 0; i < 5 && !test_failed(); i++) {
@@ -217,7 +223,9 @@ TEST(ops_cuda, upload_group) {
     }
     size_t too[1] = {cap[0] + 1};
     const void *s0[1] = {h[0]};
-    ASSERT_EQ_INT(g->upload_group(g->ctx, b, s0, too, 1), -ERANGE);
+    ASSERT_EQ_INT(g->upload_group(g->ctx, b, s0, too, NULL, NULL, 1), -ERANGE);
+    size_t rows_n[1] = {7 * 35}, rows_w[1] = {7}, rows_ld[1] = {30}; /* 34 * 30 + 7 > 1000 */
+    ASSERT_EQ_INT(g->upload_group(g->ctx, b, s0, rows_n, rows_w, rows_ld, 1), -ERANGE);
     for (int i = 0; i < 5; i++) {
         g->free(g->ctx, b[i]);
         free(h[i]);

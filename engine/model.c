@@ -718,7 +718,7 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
     void *c = O->ctx;
     int n = 0, nl = 0, rc;
     const int tr = trace_forward();
-    double t[6] = {0};
+    double t[6] = {0}, t_up = 0;
     if (tr) t[0] = util_now_s();
     if ((rc = stage_batch(m, b, &n, &nl, err, errlen))) return rc;
     if (nl > 0 && !logits) return util_err(err, errlen, -EINVAL, "batch: logits wanted, no output array");
@@ -748,6 +748,7 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
         m->s_pre = m->n_srows > 0 && sample_inputs_ok(m) &&
                    sample_stage(m, 0, dst + 7, src + 7, cnt + 7, &m->s_pre_mr, &m->s_pre_na,
                                 &m->s_pre_race) == 0;
+        if (tr) t_up = util_now_s();
         if ((rc = upload_parts(O, dst, src, cnt, wd, ld, m->s_pre ? 12 : 7)))
             return util_err(err, errlen, rc, "model: upload of the batch failed");
     }
@@ -791,9 +792,9 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
     if ((rc = O->sync(c))) return util_err(err, errlen, rc, "model: backend sync failed");
     if (tr) {
         t[5] = util_now_s();
-        log_info("forward trace (rank %d, %d rows, %s): stage+upload %.3f ms, layers submitted "
-                 "%.3f, full logits %.3f, sampling %.3f, sync %.3f, total %.3f ms",
-                 m->comm->rank, n, gi >= 0 ? "graph" : "eager", (t[1] - t[0]) * 1e3,
+        log_info("forward trace (rank %d, %d rows, %s): stage+upload %.3f ms (upload %.3f), layers "
+                 "submitted %.3f, full logits %.3f, sampling %.3f, sync %.3f, total %.3f ms",
+                 m->comm->rank, n, gi >= 0 ? "graph" : "eager", (t[1] - t[0]) * 1e3, (t[1] - t_up) * 1e3,
                  (t[2] - t[1]) * 1e3, (t[3] - t[2]) * 1e3, (t[4] - t[3]) * 1e3,
                  (t[5] - t[4]) * 1e3, (t[5] - t[0]) * 1e3);
     }

@@ -341,13 +341,18 @@ static int cu_upload_group(void *ctx, struct buf *const *dst, const void *const 
     }
     if (total == 0) return 0;
     if (!c->grp_on || !c->h_ring || total * 4 > RING_BYTES / 4) {
-        for (int i = 0; i < parts; i++) { /* one copy each (a row each where strided) */
-            const size_t w = width && width[i] ? width[i] : n[i];
-            for (size_t r = 0; w && r < n[i] / w; r++) {
-                int rc = cu_upload(ctx, dst[i], r * (width && width[i] ? stride[i] : 0),
-                                   (const int32_t *)src[i] + r * w, w);
+        for (int i = 0; i < parts; i++) { /* one copy each (a 2D copy where strided) */
+            if (n[i] == 0) continue;
+            const size_t w = width ? width[i] : 0;
+            if (!w) {
+                int rc = cu_upload(ctx, dst[i], 0, src[i], n[i]);
                 if (rc) return rc;
+                continue;
             }
+            CUDA_CHECK(cudaSetDevice(c->device), NULL, 0);
+            CUDA_CHECK(cudaMemcpy2DAsync(dst[i]->d, stride[i] * 4, src[i], w * 4, w * 4, n[i] / w,
+                                         cudaMemcpyHostToDevice, c->stream),
+                       NULL, 0);
         }
         return 0;
     }

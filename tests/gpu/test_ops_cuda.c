@@ -196,9 +196,10 @@ TEST(ops_cuda, upload_group) {
     }
     for (int round = 0; round < 4 && !test_failed(); round++) {
         size_t n[6] = {1 + (size_t)round * 300, 7, round == 1 ? 0 : 513, 1, round >= 2 ? big : 0, 0};
-        /* rounds 1 and 3: part 0 as 30 rows of 7 written 30 apart (through the
-         * scatter kernel); round 3: part 4 as 2000 rows of 1000 written 1500
-         * apart (8 MB: a copy a row) */
+        /* rounds 1 and 3: part 0 as 30 rows of 7 written 30 apart (round 1:
+         * through the scatter kernel); round 3: part 4 as 2000 rows of 1000
+         * written 1500 apart (8 MB: past the ring's quarter, so every part goes
+         * up by its own copy, the strided ones as one 2D copy each) */
         size_t wd[6] = {0}, ld[6] = {0};
         if (round & 1) n[0] = 30 * 7, wd[0] = 7, ld[0] = 30;
         if (round == 3) n[4] = 2000 * 1000, wd[4] = 1000, ld[4] = 1500;

@@ -652,8 +652,16 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
  * that the prologue after the wait has one dependent round trip (rin +
  * delta) instead of two. PRE = dc_norm_pre<TB>::n covers hidden sizes up to 32
  * pieces * 8 halves * 8 warps * PRE (8192 at TB <= 2; none at TB = 4, where
- * the registers would spill); pieces past that are loaded after the wait. */
+ * the registers would spill); the pieces past that go into shared memory by
+ * cp.async before the wait as well (dc_norm_w_stage; before session 57 they
+ * were loaded after the barrier, a round trip of their own). */
 template <int TB> struct dc_norm_pre { static constexpr int n = TB >= 4 ? 0 : 4; };
+
+template <int PRE>
+static __device__ __forceinline__ void dc_norm_w_stage(const norm_args &na, uint16_t *sw, int k0, int n8, int lane) {
+    for (int p = lane + 32 * PRE; p < n8; p += 32) cp_async16(sw + k0 + p * 8, na.w + k0 + p * 8, 16);
+    cp_async_commit();
+}
 
 template <int PRE>
 static __device__ __forceinline__ void dc_norm_w_prefetch(const norm_args &na, int k0, int n8,
@@ -671,7 +679,7 @@ static __device__ __forceinline__ void dc_norm_w_prefetch(const norm_args &na, i
  * * rsqrt(mean + eps))) in place — add_rmsnorm's arithmetic (ops_cuda.cu),
  * its sum in another order. wpre: dc_norm_w_prefetch's pieces of w. */
 template <int PRE>
-static __device__ void dc_norm_prologue(const norm_args &na, const uint4 *wpre,
+static __device__ void dc_norm_prologue(const norm_args &na, const uint4 *wpre, const uint16_t *sw,
                                         uint16_t *sx, int xs, int K, int m, int k0, int n8,
                                         int warp, int lane ST_PARAM) {
     __shared__ float ssq[8][DC_WARPS]; /* [row][warp]: m <= 8 (MT = 1 only) */
@@ -708,6 +716,7 @@ static __device__ void dc_norm_prologue(const norm_args &na, const uint4 *wpre,
     }
     ST_MARK(6); /* this warp's pieces in and summed */
     __syncthreads();
+    cp_async_wait<0>(); /* sw: this lane's pieces of w past PRE (copied before the PDL wait) */
     for (int row = 0; row < m; row++) {
         float tot = 0.0f;
         for (int w = 0; w < DC_WARPS; w++) tot += ssq[row][w];
@@ -718,7 +727,7 @@ static __device__ void dc_norm_prologue(const norm_args &na, const uint4 *wpre,
             if (p < n8) dc_norm_scale(sx + row * xs + k0 + p * 8, wpre[j], r);
         }
         for (int p = lane + 32 * PRE; p < n8; p += 32)
-            dc_norm_scale(sx + row * xs + k0 + p * 8, *(const uint4 *)(na.w + k0 + p * 8), r);
+            dc_norm_scale(sx + row * xs + k0 + p * 8, *(const uint4 *)(sw + k0 + p * 8), r);
     }
 }
 
@@ -850,7 +859,12 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     for (int d = 1; d <= pf; d++) dc_prefetch_turn<TB>(s.wp - lane, s.sp - r, s.zp - r, s.gs, d * S::UG, ng, lane);
     constexpr int PRE = dc_norm_pre<TB>::n;
     uint4 wpre[PRE > 0 ? PRE : 1];
-    if (NORM) dc_norm_w_prefetch<PRE>(na, gw0 * 128, ng * 16, lane, wpre);
+    /* NORM: w's pieces past PRE in shared memory after x and the reduction area (dc_norm_smem) */
+    uint16_t *sw = (uint16_t *)(smem + dc_x_bytes(ep.m, Kc) + (size_t)TB * MT * 4 * DC_WARPS * 32 * 4);
+    if (NORM) {
+        dc_norm_w_prefetch<PRE>(na, gw0 * 128, ng * 16, lane, wpre);
+        dc_norm_w_stage<PRE>(na, sw, gw0 * 128, ng * 16, lane);
+    }
     const int late = flags & DC_F_LATE;
     if (!late) pdl_launch();
     pdl_wait();
@@ -861,7 +875,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     /* k0: the warp's first k; k0l: the same in this block's x columns (K / CL of them) */
     const int xs = Kc + 8, k0 = gw0 * 128, k0l = k0 - glo * 128, n8 = ng * 16; /* 16-byte pieces per row */
     if (NORM) {
-        dc_norm_prologue<PRE>(na, wpre, sx, xs, K, ep.m, k0, n8, warp, lane ST_ARG);
+        dc_norm_prologue<PRE>(na, wpre, sw, sx, xs, K, ep.m, k0, n8, warp, lane ST_ARG);
     } else {
         /* XP: group by group, each of the first UG groups of the range its
          * own cp.async group (the rest one more): the first column's turns
@@ -2481,6 +2495,18 @@ static int dc_flags(void) {
     return v;
 }
 
+/* Shared memory of a NORM launch: the plan's, with w's pieces past PRE
+ * (dc_norm_w_stage) after x and the reduction area where a warp's range has
+ * such pieces (more than 32 PRE of 8 halves: at TB = 4, or K > 8192) — not
+ * otherwise, so that the block still fits beside the previous kernel's as
+ * early as before */
+template <int PRE>
+static size_t dc_norm_smem(const struct dc_plan *pl, int K) {
+    if (PRE > 0 && (K / 128 + DC_WARPS - 1) / DC_WARPS * 16 <= 32 * PRE) return pl->smem;
+    const size_t sw = dc_smem_bytes(pl->m, K, pl->tb, pl->mt) + (size_t)K * 2;
+    return pl->smem > sw ? pl->smem : sw;
+}
+
 /* PS: the persistent grid (dc_ps_plan), each block streaming ncols / grid
  * columns back to back through one register ring (plain and NORM only) */
 template <int MT, int TB, bool PS, bool PF, int MINB = 2, bool XP = false, int CL = 1, bool GS = false>
@@ -2501,7 +2527,7 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
                                       dc_smem_max(MT), err, errlen);
             if (rc) return rc;
             CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, true, false, PS, PF>, dim3(grid),
-                                  dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
+                                  dim3(DC_WARPS * 32), dc_norm_smem<dc_norm_pre<TB>::n>(pl, w->k), s, w->qw, w->sc, w->zr, x, w->k,
                                   w->n16a, w->kc, flags, ep, *na, nosum, pl->blocks, nullptr, nullptr),
                        err, errlen);
             return 0;

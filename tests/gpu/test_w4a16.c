@@ -1007,12 +1007,15 @@ TEST(w4a16, cluster_reduce_matches_workspace) {
  * fp16(w * (v * rsqrt(mean(v^2) + eps))) (sum in double: the kernel's fp32
  * sum in another order may move an element of x by an ulp, inside the bound).
  * M = 3, 4 (and 5 at K = 12288) must return -ENOTSUP and launch nothing (the
- * prologue is used up to M = 2). */
+ * prologue is used up to M = 2). K = 12288 and the four-tile 5120 x 25600
+ * take w's pieces past the registers' from shared memory. */
 TEST(w4a16, linear_norm_fused) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     static const struct { int k, n, gate_up, bias; } shp[] = {
         {4096, 6144, 0, 0}, {4096, 24576, 1, 0}, {1024, 1040, 0, 1}, {640, 272, 1, 1},
         {12288, 4096, 0, 0},
+        {5120, 25600, 1, 0}, /* the Qwen3-32B tp = 2 gate|up shard: four tiles a block, all of w's
+                                pieces in shared memory (dc_norm_w_stage) */
     };
     const float eps = 1e-6f;
     for (int si = 0; si < NM(shp) && !test_failed(); si++) {

@@ -131,7 +131,8 @@ static const char *usage =
     "--settle-ms: pause between the TTFT runs and the decode table (the GPU's\n"
     "power cap, engaged by long prefills, releases; 0: none)\n"
     "--max-model-len: size the sequences' block tables for N tokens, as `awqd\n"
-    "serve` does for its max_model_len (default: the bench's longest sequence)\n";
+    "serve` does for its max_model_len (default: the model's max_position, as\n"
+    "serve's default; at most that)\n";
 
 static void samp_params(enum e2e_mode mode, int row, struct sampling_params *p) {
     sampling_params_default(p);
@@ -442,7 +443,11 @@ int bench_e2e(int argc, char **argv) {
     go.model.block_size = bsz;
     go.model.max_tokens = T;
     go.model.max_seqs = S;
-    int mbp = (max_c + steps + 4 + bsz - 1) / bsz, pb = (max_p + bsz - 1) / bsz, lb = (max_model_len + bsz - 1) / bsz;
+    /* the block tables as `awqd serve` sizes them (engine/sched.c: max_model_len, default and
+     * at most max_position) and at least as long as the bench's longest sequence */
+    int mml = max_model_len > 0 ? max_model_len : cfg->max_position;
+    if (mml > cfg->max_position && cfg->max_position > 0) mml = cfg->max_position;
+    int mbp = (max_c + steps + 4 + bsz - 1) / bsz, pb = (max_p + bsz - 1) / bsz, lb = (mml + bsz - 1) / bsz;
     go.model.max_blocks_per_seq = mbp > pb ? mbp : pb;
     if (lb > go.model.max_blocks_per_seq) go.model.max_blocks_per_seq = lb;
     uint64_t used0 = 0, used = 0, total = 0;

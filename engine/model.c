@@ -78,8 +78,7 @@ struct model {
     int32_t *h_ids, *h_pos, *h_slots, *h_rows;      /* [T] */
     int32_t *h_q_start, *h_past;                    /* [max_seqs + 1], [max_seqs] */
     int32_t *h_bt;                                  /* [max_seqs * max_blocks_per_seq], staged as
-                                                       rows of bt_w (stage_batch) */
-    int bt_w;                                       /* the last batch's block-table row width */
+                                                       rows as long as a batch needs (stage_batch) */
     float *h_logits;                                /* [logit_chunk * vocab_rows] */
     /* sampling (MODEL_LOGITS_SAMPLE rows), allocated on first use */
     const struct model_out *sout;                   /* the forward's outputs (model_forward_out) */
@@ -463,9 +462,16 @@ int model_logit_rows(const struct batch *b) {
     return n;
 }
 
-/* Checks the batch and fills the host staging arrays. */
+/* "1" (any value but "" and "0") in the environment: the opt-in switches */
+static int env_on(const char *name) {
+    const char *e = getenv(name);
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+/* Checks the batch and fills the host staging arrays; *bt_width: the
+ * entries of each staged block-table row (h_bt is [n_seqs][*bt_width]). */
 static int stage_batch(struct model *m, const struct batch *b, int *n_rows, int *n_logit,
-                       char *err, size_t errlen) {
+                       int *bt_width, char *err, size_t errlen) {
     m->n_srows = 0; /* sample rows (MODEL_LOGITS_SAMPLE) */
     m->logits_chunk = -1;
     const struct model_opts *o = &m->opts;
@@ -477,14 +483,14 @@ static int stage_batch(struct model *m, const struct batch *b, int *n_rows, int 
      * no kernel reads a row past its sequence's context) */
     int w = 1;
     static int full = -1; /* AWQD_STAGE_FULL_BT=1 (measurement only): whole rows, as before session 57 */
-    if (full < 0) full = !util_env_is_zero("AWQD_STAGE_FULL_BT") && getenv("AWQD_STAGE_FULL_BT") != NULL;
+    if (full < 0) full = env_on("AWQD_STAGE_FULL_BT");
     if (full) w = o->max_blocks_per_seq;
     for (int s = 0; s < b->n_seqs && !full; s++) {
         const struct batch_seq *q = &b->seqs[s];
         const long need = ((long)q->past + q->n_tokens + o->block_size - 1) / o->block_size;
         if (need > w) w = need < o->max_blocks_per_seq ? (int)need : o->max_blocks_per_seq;
     }
-    m->bt_w = w;
+    *bt_width = w;
     for (int s = 0; s < b->n_seqs; s++) {
         const struct batch_seq *q = &b->seqs[s];
         if (q->n_tokens < 1 || q->past < 0)
@@ -681,10 +687,7 @@ static int forward_graph(struct model *m, int gi, const struct attn_batch *ab, c
  * phases (where a step's wall time goes when the GPU is not the limit). */
 static int trace_forward(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("AWQD_TRACE_FORWARD");
-        on = e && *e && strcmp(e, "0") != 0;
-    }
+    if (on < 0) on = env_on("AWQD_TRACE_FORWARD");
     return on;
 }
 
@@ -702,10 +705,10 @@ static int upload_parts(struct ops *O, struct buf *const *dst, const void *const
                         const size_t *n, const size_t *width, const size_t *stride, int parts) {
     if (O->upload_group) return O->upload_group(O->ctx, dst, src, n, width, stride, parts);
     for (int i = 0; i < parts; i++) {
-        const size_t w = width && width[i] ? width[i] : n[i];
+        const int rows = width && width[i];
+        const size_t w = rows ? width[i] : n[i], ld = rows ? stride[i] : 0;
         for (size_t r = 0; w && r < n[i] / w; r++) {
-            int rc = O->upload(O->ctx, dst[i], r * (width && width[i] ? stride[i] : 0),
-                               (const int32_t *)src[i] + r * w, w);
+            int rc = O->upload(O->ctx, dst[i], r * ld, (const int32_t *)src[i] + r * w, w);
             if (rc) return rc;
         }
     }
@@ -716,11 +719,11 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
                   size_t errlen) {
     struct ops *O = m->ops;
     void *c = O->ctx;
-    int n = 0, nl = 0, rc;
+    int n = 0, nl = 0, btw = 0, rc;
     const int tr = trace_forward();
     double t[6] = {0}, t_up = 0;
     if (tr) t[0] = util_now_s();
-    if ((rc = stage_batch(m, b, &n, &nl, err, errlen))) return rc;
+    if ((rc = stage_batch(m, b, &n, &nl, &btw, err, errlen))) return rc;
     if (nl > 0 && !logits) return util_err(err, errlen, -EINVAL, "batch: logits wanted, no output array");
 
     /* upload the batch description (a decode batch that replays a graph:
@@ -738,10 +741,10 @@ int model_forward(struct model *m, const struct batch *b, float *logits, char *e
         const void *src[12] = {m->h_ids, m->h_pos, m->h_slots, m->h_q_start, m->h_past, m->h_bt,
                                m->h_rows};
         size_t cnt[] = {(size_t)nr, (size_t)nr, (size_t)nr, (size_t)ns + 1, (size_t)ns,
-                        (size_t)ns * m->bt_w, nl > 0 ? (size_t)nl : 0,
+                        (size_t)ns * btw, nl > 0 ? (size_t)nl : 0,
                         0, 0, 0, 0, 0};
-        /* the block table's rows: bt_w entries each, max_blocks_per_seq apart */
-        size_t wd[12] = {0, 0, 0, 0, 0, (size_t)m->bt_w}, ld[12] = {0, 0, 0, 0, 0,
+        /* the block table's rows: btw entries each, max_blocks_per_seq apart */
+        size_t wd[12] = {0, 0, 0, 0, 0, (size_t)btw}, ld[12] = {0, 0, 0, 0, 0,
                                                                   (size_t)m->opts.max_blocks_per_seq};
         /* sample chunk 0's inputs go up with the batch: nothing to upload
          * between the layers and the lm_head */

@@ -36,6 +36,50 @@ static __device__ __forceinline__ void cp_async_wait0(void) {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
+/* q/k-norm + RoPE of one head by one warp, shared by qk_rope_kv_kernel
+ * (ops_cuda.cu) and the decode attention's fused prologue (attn_decode.cu)
+ * so that both give the same bits. Lane l holds elements [l E, (l + 1) E)
+ * of the head (E = hd / 32 <= EM; v[i] = 0 for i >= E), so element j's
+ * rotation partner j +- hd / 2 lives in lane l ^ 16. qk_rope_sincos: the
+ * lane's sines and cosines at position pos (the same for every head of a
+ * row); qk_norm_rope: the optional RMSNorm (g: the lane's norm weights) and
+ * the rotation (rotate-half: lo x1 c - x2 s, hi x2 c + x1 s), in place. */
+template <int EM>
+static __device__ __forceinline__ void qk_rope_sincos(float pos, const float *inv_freq, int lane, int E,
+                                                      int hd, float (&sn)[EM], float (&cs)[EM]) {
+    const bool lo = lane < 16;
+#pragma unroll
+    for (int i = 0; i < EM; i++) {
+        sn[i] = 0.0f, cs[i] = 1.0f;
+        if (i < E) {
+            const int j = lane * E + i - (lo ? 0 : hd >> 1); /* frequency index */
+            sincosf(pos * inv_freq[j], &sn[i], &cs[i]);
+        }
+    }
+}
+template <int EM>
+static __device__ __forceinline__ void qk_norm_rope(float (&v)[EM], const float (&g)[EM], bool norm, float eps,
+                                                    int hd, int E, const float (&sn)[EM], const float (&cs)[EM],
+                                                    int lane) {
+    if (norm) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < EM; i++) ss += v[i] * v[i];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float rr = rsqrtf(ss / (float)hd + eps);
+#pragma unroll
+        for (int i = 0; i < EM; i++)
+            if (i < E) v[i] = g[i] * (v[i] * rr);
+    }
+    const bool lo = lane < 16;
+#pragma unroll
+    for (int i = 0; i < EM; i++) {
+        const float other = __shfl_xor_sync(0xffffffffu, v[i], 16);
+        if (i < E) v[i] = lo ? v[i] * cs[i] - other * sn[i] : v[i] * cs[i] + other * sn[i];
+    }
+}
+
 /* Chunk e of a KV tile: key t0 + e / (HD / 8), dims (e % (HD / 8)) * 8 ..+7
  * of KV head g, copied from the paged cache (slot = block_table[key /
  * block_size] * block_size + key % block_size; cache [slots][nkv][HD]) into

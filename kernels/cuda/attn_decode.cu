@@ -25,7 +25,14 @@
  * on by default): the context length, the block table and every cached key
  * but the new one were in memory before the step's first kernel; only the
  * new key's row (written by qk_norm_rope_kv, the previous kernel) is loaded
- * after the wait.
+ * after the wait. From AWQD_CUDA_DEC_QK rows (8) there is no such kernel:
+ * qk_norm_rope_kv only records its inputs (c->qk_defer) and this kernel's
+ * prologue does its work after the wait (QK: each CTA normalizes and
+ * rotates its group's query heads into Q's shared rows, the CTA whose split
+ * holds the new key writes that key and value to the cache and into its
+ * first tile, bit for bit qk_rope_kv_kernel's arithmetic through
+ * qk_norm_rope), so a decode layer has one kernel less; q|k|v then keeps
+ * the raw q and k.
  *
  * Shared memory (128 threads):
  *   k, v  fp16  [TK][HD + 8]       one tile (zero past the split's end)
@@ -54,6 +61,7 @@
 #include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dec_split.h"
+#include "kernels/cuda/env_knob.h"
 #include "kernels/cuda/ops_cuda_internal.h"
 
 extern "C" {
@@ -300,12 +308,25 @@ static __device__ __forceinline__ float dec_split_weight(float m, float M) {
  * loads together alone gave -2% to +1% (docs/PERFORMANCE.md "Session 45"
  * items 5-8, 11). */
 
-template <int HD, int G, bool EMPTY, bool P2>
+/* N fp16 values at x (N * 2-byte aligned) as floats; zeros where !live */
+template <int N>
+static __device__ __forceinline__ void dec_ld_halves(float (&v)[N], const __half *x, bool live) {
+    __align__(8) __half h[N];
+    if (N == 4) *(uint2 *)h = live ? *(const uint2 *)x : make_uint2(0u, 0u);
+    else if (N == 2) *(unsigned *)h = live ? *(const unsigned *)x : 0u;
+    else
+#pragma unroll
+        for (int i = 0; i < N; i++) h[i] = live ? x[i] : __half();
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] = __half2float(h[i]);
+}
+
+template <int HD, int G, bool EMPTY, bool P2, bool QK>
 static __global__ void __launch_bounds__(DEC_NT, 4)
 attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc,
                    const int *block_table, const int *past, float *part, int nh, int nkv,
-                   int max_blocks, int block_size, float qscale, int min_keys, int prewait) {
-    constexpr int TK = 64, KS = HD / 16, DT = HD / 8;
+                   int max_blocks, int block_size, float qscale, int min_keys, int prewait, dec_qk qa) {
+    constexpr int TK = 64, KS = HD / 16, DT = HD / 8, QE = HD / 32;
     ST_DECL;
     ST_BEGIN(ST_KEY(4, nh, gridDim.x));
     if (!prewait) {
@@ -364,10 +385,77 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
         cp_async_commit();
         if (kb < ke) kv_tile_load<HD, TK, DEC_NT, true, true, BS>(vs, vc, tid, kb, ke, bt, block_size, nkv, g, nk);
         cp_async_commit();
+        /* QK: the row's sines and cosines, the norm weights and the KV slot
+         * (in memory before the step's first kernel) */
+        float sn[QE], cs[QE], gwq[QE], gwk[QE];
+        int slot = -1;
+        if (QK) {
+            qk_rope_sincos<QE>((float)qa.positions[s], qa.inv_freq, lane, QE, HD, sn, cs);
+#pragma unroll
+            for (int i = 0; i < QE; i++) {
+                gwq[i] = qa.q_norm ? __half2float(((const __half *)qa.q_norm)[lane * QE + i]) : 1.0f;
+                gwk[i] = qa.k_norm ? __half2float(((const __half *)qa.k_norm)[lane * QE + i]) : 1.0f;
+            }
+            slot = qa.slots[s];
+        }
         ops_cuda_pdl_wait();
         ops_cuda_pdl_trigger();
         ST_MARK(1);
-        if (nk >= kb && nk < kb + TK) {
+        const bool writer = QK && slot >= 0 && nk >= kb && nk < ke; /* this split holds the new key */
+        if (QK) {
+            /* q/k-norm + RoPE of the group's G query heads into Q's rows
+             * (warp w: heads w, w + 4, ...), and where this split holds the
+             * new key (a real row) of KV head g into the cache, with its V
+             * row: qk_rope_kv_kernel's arithmetic (qk_norm_rope), the same
+             * bits. q|k|v itself keeps the raw q and k. */
+            __half(*qsh)[HD + 8] = (__half(*)[HD + 8])(dec_smem + 2 * TK * (HD + 8) * 2);
+            const __half *row = qkv + (size_t)s * width;
+            constexpr int HPW = (G + 4) / 4; /* heads a warp: of the G q heads and the k head */
+            float v[HPW][QE];
+            __half vh[QE];
+#pragma unroll
+            for (int j = 0; j < HPW; j++) { /* every load first: one round trip */
+                const int r = warp + 4 * j;
+                const bool live = r < G || (r == G && writer);
+                const __half *x = row + (size_t)(r < G ? g * G + r : nh + g) * HD + lane * QE;
+                dec_ld_halves<QE>(v[j], x, live);
+                if (r == G) {
+#pragma unroll
+                    for (int i = 0; i < QE; i++) vh[i] = live ? x[(size_t)nkv * HD + i] : __half();
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < HPW; j++) {
+                const int r = warp + 4 * j;
+                if (!(r < G || (r == G && writer))) continue; /* warp-uniform */
+                qk_norm_rope<QE>(v[j], r < G ? gwq : gwk, qa.q_norm != NULL, qa.eps, HD, QE, sn, cs, lane);
+                if (r < G) {
+#pragma unroll
+                    for (int i = 0; i < QE; i++) qsh[r][lane * QE + i] = __float2half(v[j][i]);
+                } else { /* the cache's row, and the first tile's where it holds the new key */
+                    const size_t dst = ((size_t)slot * nkv + g) * HD + lane * QE;
+#pragma unroll
+                    for (int i = 0; i < QE; i++) {
+                        const __half kh = __float2half(v[j][i]);
+                        ((__half *)qa.kc)[dst + i] = kh;
+                        ((__half *)qa.vc)[dst + i] = vh[i];
+                        if (nk < kb + TK) {
+                            ks[nk - kb][lane * QE + i] = kh;
+                            vs[nk - kb][lane * QE + i] = vh[i];
+                        }
+                    }
+                }
+            }
+            for (int e = tid; e < (16 - G) * (HD / 2); e += DEC_NT)
+                *(unsigned *)&qsh[G + e / (HD / 2)][2 * (e % (HD / 2))] = 0u;
+            /* a later tile with the new key loads it from the cache */
+            __threadfence_block();
+            __syncthreads();
+        }
+        /* the new key's row of the first tile (left out before the wait):
+         * from the cache, or zeros where it is past this split's end (the
+         * fused writer has put it into the tile itself) */
+        if (!writer && nk >= kb && nk < kb + TK) {
             for (int e = tid; e < 2 * CH; e += DEC_NT)
                 kv_chunk_load<HD, P2>(e < CH ? ks : vs, e < CH ? kc : vc, (nk - kb) * CH + e % CH, kb, ke, bt,
                                       block_size, nkv, g, P2 ? __ffs(block_size) - 1 : 0);
@@ -382,7 +470,7 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
      * after the K/V tiles (A fragments are read per tile: fewer registers,
      * 4 CTAs per SM) */
     __half(*qsh)[HD + 8] = (__half(*)[HD + 8])(dec_smem + 2 * TK * (HD + 8) * 2);
-    for (int e = tid; e < 16 * (HD / 2); e += DEC_NT) {
+    for (int e = tid; !QK && e < 16 * (HD / 2); e += DEC_NT) {
         int r = e / (HD / 2), d = 2 * (e % (HD / 2));
         unsigned v = 0u;
         if (r < G) v = *(const unsigned *)(qkv + (size_t)s * width + (size_t)(g * G + r) * HD + d);
@@ -721,7 +809,7 @@ static int dec_reserve(struct cuda_ctx *c, int n_seqs, int nh, int nkv, int hd) 
 template <int HD, int G>
 static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, const __half *kc,
                          const __half *vc, const int *bt, const int *past, int nh, int nkv, int S,
-                         int ns, const struct attn_batch *ab, float qscale) {
+                         int ns, const struct attn_batch *ab, float qscale, const struct dec_qk *qk) {
     cudaError_t e;
     if (HD <= 128 && !c->dec_simt) {
         /* tensor cores; K/V tiles only (the warps' O reuse them at the end) */
@@ -729,14 +817,19 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
         size_t smem = (size_t)(2 * 64 + 16) * (HDT + 8) * 2; /* K, V tiles + Q */
         /* many splits (batch 1-4 by KV heads): the splits without keys skip
          * the work (DEC_EMPTY_NS); else the kernel without that branch (measured
-         * 0.3-0.9% faster at batch 8 / 32, where every split has keys) */
+         * 0.3-0.9% faster at batch 8 / 32, where every split has keys); qk:
+         * the q/k-norm + RoPE + K/V write in the prologue */
         const bool p2 = (ab->block_size & (ab->block_size - 1)) == 0; /* the slot by shift and mask */
-        auto *kern = ns >= DEC_EMPTY_NS
-                         ? (p2 ? attn_dec_tc_kernel<HDT, G, true, true> : attn_dec_tc_kernel<HDT, G, true, false>)
-                         : (p2 ? attn_dec_tc_kernel<HDT, G, false, true> : attn_dec_tc_kernel<HDT, G, false, false>);
+        auto *kern = qk ? (ns >= DEC_EMPTY_NS
+                               ? (p2 ? attn_dec_tc_kernel<HDT, G, true, true, true> : attn_dec_tc_kernel<HDT, G, true, false, true>)
+                               : (p2 ? attn_dec_tc_kernel<HDT, G, false, true, true> : attn_dec_tc_kernel<HDT, G, false, false, true>))
+                     : ns >= DEC_EMPTY_NS
+                         ? (p2 ? attn_dec_tc_kernel<HDT, G, true, true, false> : attn_dec_tc_kernel<HDT, G, true, false, false>)
+                         : (p2 ? attn_dec_tc_kernel<HDT, G, false, true, false> : attn_dec_tc_kernel<HDT, G, false, false, false>);
+        dec_qk qa = qk ? *qk : dec_qk{};
         e = ops_cuda_launch(c, kern, dim3(ns, nkv, S), dim3(DEC_NT), smem, out, qkv, kc, vc, bt,
                             past, c->dec_part, nh, nkv, ab->max_blocks, ab->block_size, qscale,
-                            c->dec_min_keys, c->pdl && c->dec_prewait);
+                            c->dec_min_keys, c->pdl && c->dec_prewait, qa);
     } else {
         size_t smem = dec_smem_bytes(HD, G);
         if (smem > 48 * 1024)
@@ -764,14 +857,38 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
 template <int HD>
 static void dec_launch(struct cuda_ctx *c, __half *out, const __half *qkv, const __half *kc,
                        const __half *vc, const int *bt, const int *past, int nh, int nkv, int S,
-                       int ns, const struct attn_batch *ab, float qscale) {
+                       int ns, const struct attn_batch *ab, float qscale, const struct dec_qk *qk) {
     switch (nh / nkv) {
-    case 1: dec_launch_g<HD, 1>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
-    case 2: dec_launch_g<HD, 2>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
-    case 4: dec_launch_g<HD, 4>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
-    case 8: dec_launch_g<HD, 8>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
-    default: dec_launch_g<HD, 16>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    case 1: dec_launch_g<HD, 1>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale, qk); break;
+    case 2: dec_launch_g<HD, 2>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale, qk); break;
+    case 4: dec_launch_g<HD, 4>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale, qk); break;
+    case 8: dec_launch_g<HD, 8>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale, qk); break;
+    default: dec_launch_g<HD, 16>(c, out, qkv, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale, qk); break;
     }
+}
+
+/* AWQD_CUDA_DEC_QK: decode batches of at least this many rows (graph
+ * buckets) fold q/k-norm + RoPE + the K/V write into the attention; 0:
+ * never. A process-wide knob (ops_cuda_dec_qk sets it for tests). Default 8
+ * (H200, session 58, against the separate kernel in one binary): Qwen3-8B
+ * batch 8 0.965-0.986x a step at contexts 512-2048, 32 / 64 0.99x,
+ * qwen3-32b batch 8 0.988x (tp = 1) / 0.962x (tp = 2); batch 16 0.986x at
+ * 512 but 1.003-1.015x at 2048-4096; below 8 it loses where the separate
+ * kernel launches the attention early (batch 1-2: 1.01-1.02x, every split
+ * CTA rotating the group's q heads), batch 4 0.986x at 512, 1.004-1.011x
+ * at 2048-4096 (docs/PERFORMANCE.md "Session 58"). */
+static env_knob g_dec_qk = ENV_KNOB_INIT("AWQD_CUDA_DEC_QK", 8, 0, 1 << 20);
+
+extern "C" int ops_cuda_dec_qk(int min_rows) { return knob_set(&g_dec_qk, min_rows); }
+
+int ops_cuda__attn_decode_fuse_qk(const struct cuda_ctx *c, const struct attn_batch *ab, int nh, int nkv,
+                                  int hd) {
+    const int from = knob_get(&g_dec_qk);
+    if (!from || !ab->decode_fixed || ab->n_seqs < from || ab->n_rows != ab->n_seqs) return 0;
+    if (hd > 128 || hd % 32 || c->dec_simt || !c->pdl || !c->dec_prewait || nkv <= 0 || nh % nkv ||
+        !ops_cuda__attn_decode_ok(nh / nkv))
+        return 0;
+    return 1;
 }
 
 /* query heads per KV head the decode kernel handles */
@@ -781,6 +898,9 @@ void ops_cuda__attn_decode(struct cuda_ctx *c, struct buf *out, const struct buf
                            int nkv, int hd, float scale, const struct attn_batch *ab,
                            const struct buf *k_cache, const struct buf *v_cache) {
     const int S = ab->n_seqs;
+    /* the q/k-norm + RoPE + K/V write this batch's qk_norm_rope_kv left to us */
+    struct dec_qk qk = c->qk_defer;
+    c->qk_defer.on = 0;
     AWQD_ASSERT(ab->n_rows == S && nkv > 0 && nh % nkv == 0 && ops_cuda__attn_decode_ok(nh / nkv));
     AWQD_ASSERT(hd == 32 || hd == 64 || hd == 128 || hd == 256);
     if (S <= 0) return;
@@ -796,10 +916,12 @@ void ops_cuda__attn_decode(struct cuda_ctx *c, struct buf *out, const struct buf
     const __half *q = (const __half *)qkv->d, *kc = (const __half *)k_cache->d,
                  *vc = (const __half *)v_cache->d;
     const int *bt = (const int *)ab->block_table->d, *past = (const int *)ab->past->d;
+    const struct dec_qk *qp = qk.on ? &qk : NULL;
+    AWQD_ASSERT(!qp || (hd <= 128 && (void *)qk.kc == k_cache->d && (void *)qk.vc == v_cache->d));
     switch (hd) {
-    case 32: dec_launch<32>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
-    case 64: dec_launch<64>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
-    case 128: dec_launch<128>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
-    default: dec_launch<256>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale); break;
+    case 32: dec_launch<32>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale, qp); break;
+    case 64: dec_launch<64>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale, qp); break;
+    case 128: dec_launch<128>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale, qp); break;
+    default: dec_launch<256>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale, NULL); break;
     }
 }

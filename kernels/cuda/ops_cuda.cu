@@ -630,12 +630,12 @@ add_rmsnorm_vec_kernel(__half *resid, const __half *delta, __half *out, const __
 }
 
 /* Per-head RMSNorm (optional) + RoPE (rotate-half) of q and k, in place, and
- * the write of k, v into the paged cache. One warp per head: lane l holds
- * elements [l*E, (l+1)*E) (E = hd / 32), so element j's rotation partner
- * j +- hd/2 lives in lane l ^ 16. Block: 4 warps; grid (n, ceil((nh + nkv) / 4)).
+ * the write of k, v into the paged cache. One warp per head (qk_norm_rope,
+ * attn_common.cuh). Block: 4 warps; grid (n, ceil((nh + nkv) / 4)).
  * Before the PDL wait: the norm weights, the row's position (its sines and
  * cosines) and KV slot — all in memory before the step's first kernel — so
- * that after it only q|k|v is read. */
+ * that after it only q|k|v is read. Decode batches from AWQD_CUDA_DEC_QK
+ * rows do all this inside the decode attention instead (attn_decode.cu). */
 static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
                                          const __half *q_norm, const __half *k_norm, float eps,
                                          const float *inv_freq, const int *positions,
@@ -652,22 +652,15 @@ static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
     if (early) ops_cuda_pdl_trigger();
     const int head = blockIdx.y * 4 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
-    const int E = hd >> 5, half = hd >> 1;
-    const bool live = head < nh + nkv, lo = lane < 16;
+    const int E = hd >> 5;
+    const bool live = head < nh + nkv;
     const __half *nw = head < nh ? q_norm : k_norm;
     float sn[8], cs[8], g[8];
     int slot = -1;
     if (live) {
-        const float pos = (float)pos_r;
+        qk_rope_sincos<8>((float)pos_r, inv_freq, lane, E, hd, sn, cs);
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            sn[i] = 0.0f, cs[i] = 1.0f, g[i] = 1.0f;
-            if (i < E) {
-                const int j = lane * E + i - (lo ? 0 : half); /* frequency index */
-                sincosf(pos * inv_freq[j], &sn[i], &cs[i]);
-                if (nw) g[i] = __half2float(nw[lane * E + i]);
-            }
-        }
+        for (int i = 0; i < 8; i++) g[i] = i < E && nw ? __half2float(nw[lane * E + i]) : 1.0f;
         if (head >= nh) slot = slots[r];
     }
     ops_cuda_pdl_wait();
@@ -683,27 +676,12 @@ static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
     const __half *vs = x + (size_t)nkv * hd; /* K head head - nh: its V head */
     float v[8];
     __half vh[8];
-    float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         v[i] = i < E ? __half2float(x[lane * E + i]) : 0.0f;
         vh[i] = i < E && slot >= 0 ? vs[lane * E + i] : __half();
-        ss += v[i] * v[i];
     }
-    if (nw) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        float rr = rsqrtf(ss / (float)hd + eps);
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (i < E) v[i] = g[i] * (v[i] * rr);
-    }
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        float other = __shfl_xor_sync(0xffffffffu, v[i], 16);
-        /* lo: x1 c - x2 s; hi: x2 c + x1 s */
-        if (i < E) v[i] = lo ? v[i] * cs[i] - other * sn[i] : v[i] * cs[i] + other * sn[i];
-    }
+    qk_norm_rope<8>(v, g, nw != NULL, eps, hd, E, sn, cs, lane);
 #pragma unroll
     for (int i = 0; i < 8; i++)
         if (i < E) x[lane * E + i] = __float2half(v[i]);
@@ -1054,7 +1032,15 @@ static void cu_qk_norm_rope_kv(void *ctx, struct buf *qkv, int n, int nh, int nk
     AWQD_ASSERT(hd % 32 == 0 && hd <= 256 && inv_freq->n >= (size_t)hd / 2);
     AWQD_ASSERT(k_cache->n == v_cache->n && k_cache->n % ((size_t)nkv * hd) == 0);
     AWQD_ASSERT(!q_norm == !k_norm);
+    c->qk_defer.on = 0;
     if (n <= 0 || (c->skip & OPS_SKIP_QKNORM)) return;
+    if (ops_cuda__attn_decode_fuse_qk(c, ab, nh, nkv, hd)) { /* the attention does it (attn_decode.cu) */
+        c->qk_defer = dec_qk{q_norm ? (const uint16_t *)q_norm->d : NULL,
+                                      k_norm ? (const uint16_t *)k_norm->d : NULL,
+                                      (const float *)inv_freq->d, I32(ab->positions), I32(ab->slots),
+                                      (uint16_t *)k_cache->d, (uint16_t *)v_cache->d, eps, 1};
+        return;
+    }
     dim3 grid(n, (nh + nkv + 3) / 4);
     PROF_BEGIN(c, "qk_norm_rope_kv", 0, 0);
     ops_cuda_launch(c, qk_rope_kv_kernel, grid, dim3(128), 0, H(qkv), nh, nkv, hd,
@@ -1069,7 +1055,10 @@ static void cu_attention(void *ctx, struct buf *out, const struct buf *qkv, int 
                          int hd, float scale, const struct attn_batch *ab,
                          const struct buf *k_cache, const struct buf *v_cache) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (c->skip & OPS_SKIP_ATTN) return;
+    if (c->skip & OPS_SKIP_ATTN) {
+        c->qk_defer.on = 0;
+        return;
+    }
     PROF_BEGIN(c, "attention", 0, 0);
     ops_cuda__attention(c, out, qkv, nh, nkv, hd, scale, ab, k_cache, v_cache);
     PROF_END(c);

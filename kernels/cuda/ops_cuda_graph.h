@@ -12,6 +12,13 @@ extern "C" {
  * replayed: graph_run calls (any pointer may be NULL). */
 void ops_cuda_graph_counts(long *recorded, long *failed, long *replayed);
 
+/* Decode batches (ops->attention with decode_fixed) of at least min_rows
+ * rows fold q/k-norm + RoPE + the K/V write into the decode attention
+ * (kernels/cuda/attn_decode.cu; 0: never). The AWQD_CUDA_DEC_QK knob, set
+ * for the whole process (tests, measurements); min_rows < 0 only queries.
+ * Returns the value in effect. */
+int ops_cuda_dec_qk(int min_rows);
+
 #ifdef __cplusplus
 }
 #endif

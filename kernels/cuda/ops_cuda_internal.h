@@ -42,6 +42,18 @@ struct cuda_attn {
     int n_items, n_comb, qp;
 };
 
+/* q/k-norm + RoPE + the K/V write of a decode batch done by the decode
+ * attention (attn_decode.cu, AWQD_CUDA_DEC_QK): qk_norm_rope_kv records its
+ * inputs here (on), the attention launch takes them. fp16 as uint16_t. */
+struct dec_qk {
+    const uint16_t *q_norm, *k_norm; /* NULL: no norm */
+    const float *inv_freq;           /* [hd / 2] */
+    const int *positions, *slots;    /* [rows] */
+    uint16_t *kc, *vc;               /* the caches the new key and value go to */
+    float eps;
+    int on;
+};
+
 #ifdef AWQD_STAMPS /* kernels/cuda/stamps.cuh: each unit's table, printed at teardown */
 extern "C" void w4a16_stamps_dump(void);
 extern "C" void w4a16_gemm_stamps_dump(void);
@@ -117,6 +129,8 @@ struct cuda_ctx {
     int early;                    /* OPS_EARLY_*: small kernels that trigger their dependents
                                    * before their own PDL wait (AWQD_CUDA_EARLY, a bit mask;
                                    * default both) */
+    struct dec_qk qk_defer;       /* a decode batch's q/k-norm + RoPE + K/V write left to the
+                                   * attention (ops_cuda__attn_decode_fuse_qk) */
     int early_qk_keys;            /* OPS_EARLY_QKNORM only where a row's context x the rows
                                    * <= this (AWQD_CUDA_EARLY_QK_KEYS, default 1024) */
     /* AWQD_CUDA_SKIP (measurement only: the results are wrong): ops whose
@@ -198,6 +212,12 @@ void ops_cuda__attn_free(struct cuda_attn *a);
 void ops_cuda__attn_decode(struct cuda_ctx *c, struct buf *out, const struct buf *qkv, int nh,
                            int nkv, int hd, float scale, const struct attn_batch *ab,
                            const struct buf *k_cache, const struct buf *v_cache);
+/* 1 when the decode attention of this decode batch (ab->decode_fixed, n_seqs
+ * rows) does the q/k-norm + RoPE + K/V write itself (AWQD_CUDA_DEC_QK: from
+ * that many rows; the tensor-core kernel with its pre-wait tile): then
+ * qk_norm_rope_kv records its inputs in c->qk_defer instead of launching */
+int ops_cuda__attn_decode_fuse_qk(const struct cuda_ctx *c, const struct attn_batch *ab, int nh, int nkv,
+                                  int hd);
 /* 1 when the decode kernel handles G = nh / nkv query heads per KV head
  * (1, 2, 4, 8, 16) */
 int ops_cuda__attn_decode_ok(int G);

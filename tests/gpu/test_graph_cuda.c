@@ -66,7 +66,7 @@ static double maxdiff(const float *a, const float *b, size_t n, double *mx) {
     double d = 0, m = 0;
     for (size_t i = 0; i < n; i++) {
         double e = fabs((double)a[i] - b[i]);
-        if (!(e <= d)) d = e; /* NaN sticks */
+        if (d == d && !(e <= d)) d = e; /* a NaN sticks */
         m = fmax(m, fabs(a[i]));
     }
     if (mx) *mx = m;
@@ -78,7 +78,18 @@ static double maxdiff(const float *a, const float *b, size_t n, double *mx) {
 /* One case: S real sequences padded to S + P rows; rounds of new contexts
  * replayed through one graph; eager (same ops, same batch) must give the same
  * bits and the CPU backend the same values within tolerance. */
+static void attn_graph_case_fused(int hd, int nh, int nkv, int S, int P, int rounds, int fused);
 static void attn_graph_case(int hd, int nh, int nkv, int S, int P, int rounds) {
+    const int prev = ops_cuda_dec_qk(-1); /* the knob in effect (environment or default) */
+    attn_graph_case_fused(hd, nh, nkv, S, P, rounds, 0);
+    ops_cuda_dec_qk(prev);
+}
+
+/* fused: the graph recorded with q/k-norm + RoPE + the K/V write folded into
+ * the decode attention (ops_cuda_dec_qk(1)), the eager run after each replay
+ * with the separate kernels: the outputs and, in the last round, the caches
+ * must be the same bits; q|k|v keeps the raw q and k on the fused path */
+static void attn_graph_case_fused(int hd, int nh, int nkv, int S, int P, int rounds, int fused) {
     if (!gpu_present()) TEST_SKIP("no CUDA device");
     char err[256];
     struct ops *cpu = NULL, *gpu = NULL;
@@ -186,6 +197,7 @@ static void attn_graph_case(int hd, int nh, int nkv, int S, int P, int rounds) {
         cpu->attention(cpu->ctx, O[0], Q[0], nh, nkv, hd, scale, &abc, KC[0], VC[0]);
         /* GPU graph: recorded in round 0, replayed every round */
         if (!g) {
+            ops_cuda_dec_qk(fused ? 1 : 0);
             ASSERT_EQ_INT(gpu->graph_begin(gpu->ctx), 0);
             gpu->qk_norm_rope_kv(gpu->ctx, Q[1], N, nh, nkv, hd, QN[1], KN[1], 1e-6f, IF[1], &abg,
                                  KC[1], VC[1]);
@@ -202,11 +214,13 @@ static void attn_graph_case(int hd, int nh, int nkv, int S, int P, int rounds) {
         ASSERT_MSG(d <= 4e-3, "%s: attention differs from the CPU by %g", what, d);
         for (size_t i = (size_t)S * nh * hd; i < (size_t)N * nh * hd; i++)
             ASSERT_MSG(og[i] == 0.0f, "%s: padding row output %g at %zu", what, og[i], i);
-        float *qc = get(cpu, Q[0], 0, (size_t)S * width), *qg = get(gpu, Q[1], 0, (size_t)S * width);
-        d = maxdiff(qc, qg, (size_t)S * width, &mx);
-        ASSERT_MSG(d <= 4e-3 * mx + 1e-3, "%s: q/k/v after rope differ by %g", what, d);
-        free(qc);
-        free(qg);
+        if (!fused) {
+            float *qc = get(cpu, Q[0], 0, (size_t)S * width), *qg = get(gpu, Q[1], 0, (size_t)S * width);
+            d = maxdiff(qc, qg, (size_t)S * width, &mx);
+            ASSERT_MSG(d <= 4e-3 * mx + 1e-3, "%s: q/k/v after rope differ by %g", what, d);
+            free(qc);
+            free(qg);
+        }
         if (r == rounds - 1) { /* the whole cache: no stray writes from the padding rows */
             for (int kv = 0; kv < 2 && !test_failed(); kv++) {
                 float *cc = get(cpu, kv ? VC[0] : KC[0], 0, cache), *cg = get(gpu, kv ? VC[1] : KC[1], 0, cache);
@@ -216,13 +230,29 @@ static void attn_graph_case(int hd, int nh, int nkv, int S, int P, int rounds) {
                 free(cg);
             }
         }
-        /* eager, the same ops on the same batch: the same bits */
+        /* eager, the same ops on the same batch: the same bits (fused: the
+         * separate kernels, which rewrite the same K/V rows) */
+        float *kf = NULL, *vf = NULL;
+        if (fused && r == rounds - 1) {
+            kf = get(gpu, KC[1], 0, cache);
+            vf = get(gpu, VC[1], 0, cache);
+        }
+        ops_cuda_dec_qk(0);
         gpu->upload(gpu->ctx, Q[1], 0, qkv, (size_t)N * width);
         gpu->qk_norm_rope_kv(gpu->ctx, Q[1], N, nh, nkv, hd, QN[1], KN[1], 1e-6f, IF[1], &abg,
                              KC[1], VC[1]);
         gpu->attention(gpu->ctx, OE, Q[1], nh, nkv, hd, scale, &abg, KC[1], VC[1]);
         float *oe = get(gpu, OE, 0, (size_t)N * nh * hd);
         ASSERT_MSG(!memcmp(oe, og, (size_t)N * nh * hd * sizeof(float)), "%s: replay != eager", what);
+        if (kf) {
+            float *ks = get(gpu, KC[1], 0, cache), *vs = get(gpu, VC[1], 0, cache);
+            ASSERT_MSG(!memcmp(kf, ks, cache * sizeof(float)), "%s: K cache fused != separate", what);
+            ASSERT_MSG(!memcmp(vf, vs, cache * sizeof(float)), "%s: V cache fused != separate", what);
+            free(ks);
+            free(vs);
+            free(kf);
+            free(vf);
+        }
         /* without padding, the plain eager path (decode_fixed 0, host geometry) too */
         if (P == 0) {
             struct attn_batch abe = abg;
@@ -269,6 +299,25 @@ TEST(graph_cuda, attention_replay_matches_eager_and_cpu) {
     attn_graph_case(128, 32, 8, 5, 0, 5);   /* Qwen3-8B heads, 5 sequences */
     if (!test_failed()) attn_graph_case(128, 32, 8, 1, 0, 4);   /* batch 1: many splits */
     if (!test_failed()) attn_graph_case(128, 32, 8, 40, 0, 3);  /* few splits */
+}
+
+/* q/k-norm + RoPE + K/V write inside the decode attention (AWQD_CUDA_DEC_QK)
+ * against the separate kernels: G = 1 / 2 / 4 / 8 / 16, hd 32 / 64 / 128,
+ * padded buckets, 1-64 splits (from 32 the kernel whose empty splits exit) */
+TEST(graph_cuda, attention_fused_qk_matches_separate) {
+    const int prev = ops_cuda_dec_qk(-1);
+    attn_graph_case_fused(128, 32, 8, 5, 0, 4, 1);             /* Qwen3-8B heads, 7 splits */
+    if (!test_failed()) attn_graph_case_fused(128, 32, 8, 40, 0, 3, 1);  /* one split */
+    if (!test_failed()) attn_graph_case_fused(128, 32, 8, 3, 5, 4, 1);   /* padded bucket of 8 */
+    if (!test_failed()) attn_graph_case_fused(128, 64, 8, 9, 0, 3, 1);   /* Qwen3-32B heads, GQA 8 */
+    if (!test_failed()) attn_graph_case_fused(64, 16, 2, 6, 2, 3, 1);    /* GQA 8, hd 64, 17 splits */
+    if (!test_failed()) attn_graph_case_fused(32, 16, 1, 24, 0, 3, 1);   /* GQA 16, hd 32 */
+    if (!test_failed()) attn_graph_case_fused(128, 8, 8, 8, 0, 3, 1);    /* GQA 1 */
+    if (!test_failed()) attn_graph_case_fused(64, 8, 4, 12, 1, 3, 1);    /* GQA 2, padded */
+    if (!test_failed()) attn_graph_case_fused(128, 32, 8, 1, 0, 4, 1);   /* batch 1: 33 splits, empty ones */
+    if (!test_failed()) attn_graph_case_fused(128, 32, 4, 1, 0, 4, 1);   /* a Qwen3-32B tp = 2 rank: 64 splits */
+    if (!test_failed()) attn_graph_case_fused(128, 32, 8, 2, 1, 3, 1);   /* padded, 22 splits */
+    ops_cuda_dec_qk(prev);
 }
 
 TEST(graph_cuda, attention_replay_padded) {

@@ -809,7 +809,10 @@ static struct diff_stats prefill_diff(const struct run_out *a, const struct run_
         for (int v = 0; v < V; v++) {
             mx = fmax(mx, fabs(x[v]));
             double e = fabs((double)x[v] - y[v]);
-            d = fmax(d, e);
+            { /* a NaN sticks (fmax would drop it) */
+                const double e_ = e;
+                if (d == d && !(e_ <= d)) d = e_;
+            }
             s += e;
         }
         sum_d += s / V;

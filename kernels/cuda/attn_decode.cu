@@ -424,15 +424,18 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
                     for (int i = 0; i < QE; i++) vh[i] = live ? x[(size_t)nkv * HD + i] : __half();
                 }
             }
+            /* every slot's arithmetic, live or not (zeros), with no branch
+             * between them: the heads' shuffle chains interleave */
+#pragma unroll
+            for (int j = 0; j < HPW; j++)
+                qk_norm_rope<QE>(v[j], warp + 4 * j < G ? gwq : gwk, qa.q_norm != NULL, qa.eps, HD, QE, sn, cs, lane);
 #pragma unroll
             for (int j = 0; j < HPW; j++) {
                 const int r = warp + 4 * j;
-                if (!(r < G || (r == G && writer))) continue; /* warp-uniform */
-                qk_norm_rope<QE>(v[j], r < G ? gwq : gwk, qa.q_norm != NULL, qa.eps, HD, QE, sn, cs, lane);
                 if (r < G) {
 #pragma unroll
                     for (int i = 0; i < QE; i++) qsh[r][lane * QE + i] = __float2half(v[j][i]);
-                } else { /* the cache's row, and the first tile's where it holds the new key */
+                } else if (r == G && writer) { /* the cache's row, and the first tile's where it holds the new key */
                     const size_t dst = ((size_t)slot * nkv + g) * HD + lane * QE;
 #pragma unroll
                     for (int i = 0; i < QE; i++) {

@@ -1,6 +1,8 @@
 /* ops_cuda_graph.h — counters of the CUDA backend's graphs (ops->graph_*),
  * for tests and logs: how many graphs were recorded and replayed by every
- * backend instance of this process since it started. Plain C; CUDA builds. */
+ * backend instance of this process since it started; and the knob that
+ * decides what a recorded decode step's attention does (tests switch it).
+ * Plain C; CUDA builds. */
 #ifndef AWQD_OPS_CUDA_GRAPH_H
 #define AWQD_OPS_CUDA_GRAPH_H
 

@@ -86,10 +86,7 @@ TEST(cpu_ops, linear_matches_autoawq_dequant) {
                 double ref = l.bias ? h2f(bias[j]) : 0;
                 for (int k = 0; k < K; k++) ref += (double)x[i * K + k] * h2f(d[(size_t)k * N + j]);
                 maxabs = fmax(maxabs, fabs(ref));
-                { /* a NaN sticks (fmax would drop it) */
-                    const double e_ = fabs(ref - y[i * N + j]);
-                    if (maxerr == maxerr && !(e_ <= maxerr)) maxerr = e_;
-                }
+                maxerr = test_err_max(maxerr, fabs(ref - y[i * N + j]));
             }
         /* same fp16 weights as AutoAWQ's dequant: only fp32 summation order differs */
         ASSERT_MSG(maxerr <= 1e-5 * maxabs, "layer %s: max error %g of %g", names[li], maxerr, maxabs);

@@ -115,10 +115,7 @@ TEST(model, generate_cli_matches_reference) {
                 for (int v = 0; v < f.vocab; v++) {
                     double ref = f.logits[i][(size_t)p * f.vocab + v];
                     mx = fmax(mx, fabs(ref));
-                    { /* a NaN sticks (fmax would drop it) */
-                        const double e_ = fabs(a[(size_t)p * f.vocab + v] - ref);
-                        if (d == d && !(e_ <= d)) d = e_;
-                    }
+                    d = test_err_max(d, fabs(a[(size_t)p * f.vocab + v] - ref));
                 }
                 ASSERT_MSG(d <= 1e-3 * mx, "%s prompt %d position %d: %g vs %g", fixtures[fi], i, p,
                            d, mx);

@@ -1036,9 +1036,9 @@ static void cu_qk_norm_rope_kv(void *ctx, struct buf *qkv, int n, int nh, int nk
     if (n <= 0 || (c->skip & OPS_SKIP_QKNORM)) return;
     if (ops_cuda__attn_decode_fuse_qk(c, ab, nh, nkv, hd)) { /* the attention does it (attn_decode.cu) */
         c->qk_defer = dec_qk{q_norm ? (const uint16_t *)q_norm->d : NULL,
-                                      k_norm ? (const uint16_t *)k_norm->d : NULL,
-                                      (const float *)inv_freq->d, I32(ab->positions), I32(ab->slots),
-                                      (uint16_t *)k_cache->d, (uint16_t *)v_cache->d, eps, 1};
+                             k_norm ? (const uint16_t *)k_norm->d : NULL,
+                             (const float *)inv_freq->d, I32(ab->positions), I32(ab->slots),
+                             (uint16_t *)k_cache->d, (uint16_t *)v_cache->d, eps, 1};
         return;
     }
     dim3 grid(n, (nh + nkv + 3) / 4);

@@ -66,7 +66,7 @@ static double maxdiff(const float *a, const float *b, size_t n, double *mx) {
     double d = 0, m = 0;
     for (size_t i = 0; i < n; i++) {
         double e = fabs((double)a[i] - b[i]);
-        if (d == d && !(e <= d)) d = e; /* a NaN sticks */
+        d = test_err_max(d, e);
         m = fmax(m, fabs(a[i]));
     }
     if (mx) *mx = m;

@@ -99,10 +99,7 @@ static double check_logits(const char *what, int i, const float *a, const float 
         double mx = 0, d = 0;
         for (int v = 0; v < V; v++) {
             mx = fmax(mx, fabs(ref[(size_t)p * V + v]));
-            { /* a NaN sticks (fmax would drop it) */
-                const double e_ = fabs(a[(size_t)p * V + v] - ref[(size_t)p * V + v]);
-                if (d == d && !(e_ <= d)) d = e_;
-            }
+            d = test_err_max(d, fabs(a[(size_t)p * V + v] - ref[(size_t)p * V + v]));
         }
         double q = mx > 0 ? d / mx : d;
         if (q > worst) worst = q;

@@ -809,10 +809,7 @@ static struct diff_stats prefill_diff(const struct run_out *a, const struct run_
         for (int v = 0; v < V; v++) {
             mx = fmax(mx, fabs(x[v]));
             double e = fabs((double)x[v] - y[v]);
-            { /* a NaN sticks (fmax would drop it) */
-                const double e_ = e;
-                if (d == d && !(e_ <= d)) d = e_;
-            }
+            d = test_err_max(d, e);
             s += e;
         }
         sum_d += s / V;

@@ -146,7 +146,7 @@ static void check_case(const struct ref_layer *h, const float *wref, struct w4a1
     for (int ri = 0; ri < nr; ri++)
         for (int j = 0; j < oc; j++) {
             double e = fabs(f_from_h(hy[(size_t)rows[ri] * oc + j]) - yr[(size_t)ri * oc + j]);
-            if (maxerr == maxerr && !(e <= maxerr)) { /* a NaN sticks */
+            if (test_err_above(maxerr, e)) {
                 maxerr = e;
                 worst_m = rows[ri];
                 worst_n = j;
@@ -1095,7 +1095,7 @@ TEST(w4a16, linear_norm_fused) {
                         }
                         maxref = fmax(maxref, fabs(v));
                         double e = fabs(f_from_h(hy[(size_t)m * oc + j]) - v);
-                        if (maxerr == maxerr && !(e <= maxerr)) maxerr = e; /* a NaN sticks */
+                        maxerr = test_err_max(maxerr, e);
                     }
                 }
                 double bound = gu ? 5e-3 * gmax * umax : 2e-3 * maxref;

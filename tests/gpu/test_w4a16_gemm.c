@@ -150,7 +150,7 @@ static void gcheck(const struct glayer *h, int gate_up, int M, int bias, enum w4
             double e = fabs(yv - rv);
             if (e > bound && nbad++ < 6) /* where: tells a permutation from a rounding problem */
                 fprintf(stderr, "    %s M=%d: y[%d][%d] = %.5g, ref %.5g\n", what, M, rows[ri], j, yv, rv);
-            if (maxerr == maxerr && !(e <= maxerr)) { /* a NaN sticks */
+            if (test_err_above(maxerr, e)) {
                 maxerr = e;
                 worst_m = rows[ri];
                 worst_n = j;

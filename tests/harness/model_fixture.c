@@ -198,10 +198,7 @@ void mt_check_reference(struct mt_fixture *f, struct mt_result *r) {
             double mx = 0, d = 0;
             for (int v = 0; v < V; v++) {
                 mx = fmax(mx, fabs(ref[v]));
-                { /* a NaN sticks (fmax would drop it) */
-                    const double e_ = fabs(a[v] - ref[v]);
-                    if (d == d && !(e_ <= d)) d = e_;
-                }
+                d = test_err_max(d, fabs(a[v] - ref[v]));
             }
             ASSERT_MSG(d <= 1e-3 * mx, "%s prompt %d position %d: max |diff| %g, max |logit| %g",
                        f->name, i, p, d, mx);
@@ -221,10 +218,7 @@ void mt_check_same(struct mt_fixture *f, struct mt_result *a, struct mt_result *
             double mx = 0, d = 0;
             for (int v = 0; v < V; v++) {
                 mx = fmax(mx, fabs(x[v]));
-                { /* a NaN sticks (fmax would drop it) */
-                    const double e_ = fabs(x[v] - y[v]);
-                    if (d == d && !(e_ <= d)) d = e_;
-                }
+                d = test_err_max(d, fabs(x[v] - y[v]));
             }
             ASSERT_MSG(d <= tol * mx, "%s prompt %d position %d: runs differ by %g (max %g)", f->name,
                        i, p, d, mx);

@@ -50,6 +50,13 @@ const char *test_tmpdir(void);
  * (malloc'd, NUL-terminated; caller frees) when out != NULL. */
 int test_run(const char *cmd, char **out);
 
+/* Running maximum of errors that keeps a NaN: 1 when e should replace max
+ * (e is larger, or e is a NaN and max is not); test_err_max(max, e) is the
+ * new maximum. fmax and `if (!(e <= max)) max = e` both lose a NaN to a
+ * later finite error, so a NaN result could pass a tolerance check. */
+static inline int test_err_above(double max, double e) { return max == max && !(e <= max); }
+static inline double test_err_max(double max, double e) { return test_err_above(max, e) ? e : max; }
+
 #define TEST(suite, name)                                                       \
     static void test_##suite##_##name(void);                                    \
     __attribute__((constructor)) static void test_reg_##suite##_##name(void) {  \

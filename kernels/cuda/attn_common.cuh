@@ -42,20 +42,32 @@ static __device__ __forceinline__ void cp_async_wait0(void) {
  * of the head (E = hd / 32 <= EM; v[i] = 0 for i >= E), so element j's
  * rotation partner j +- hd / 2 lives in lane l ^ 16. qk_rope_sincos: the
  * lane's sines and cosines at position pos (the same for every head of a
- * row); qk_norm_rope: the optional RMSNorm (g: the lane's norm weights) and
+ * row), as its two halves qk_rope_freqs (the loads) and qk_rope_sincos_f
+ * (the arithmetic) where the loads go first; qk_norm_rope: the optional RMSNorm (g: the lane's norm weights) and
  * the rotation (rotate-half: lo x1 c - x2 s, hi x2 c + x1 s), in place. */
 template <int EM>
-static __device__ __forceinline__ void qk_rope_sincos(float pos, const float *inv_freq, int lane, int E,
-                                                      int hd, float (&sn)[EM], float (&cs)[EM]) {
+static __device__ __forceinline__ void qk_rope_freqs(const float *inv_freq, int lane, int E, int hd,
+                                                     float (&f)[EM]) {
     const bool lo = lane < 16;
+#pragma unroll
+    for (int i = 0; i < EM; i++) /* frequency index lane * E + i, less hd / 2 in the high half */
+        f[i] = i < E ? inv_freq[lane * E + i - (lo ? 0 : hd >> 1)] : 0.0f;
+}
+template <int EM>
+static __device__ __forceinline__ void qk_rope_sincos_f(float pos, const float (&f)[EM], int E, float (&sn)[EM],
+                                                        float (&cs)[EM]) {
 #pragma unroll
     for (int i = 0; i < EM; i++) {
         sn[i] = 0.0f, cs[i] = 1.0f;
-        if (i < E) {
-            const int j = lane * E + i - (lo ? 0 : hd >> 1); /* frequency index */
-            sincosf(pos * inv_freq[j], &sn[i], &cs[i]);
-        }
+        if (i < E) sincosf(pos * f[i], &sn[i], &cs[i]);
     }
+}
+template <int EM>
+static __device__ __forceinline__ void qk_rope_sincos(float pos, const float *inv_freq, int lane, int E,
+                                                      int hd, float (&sn)[EM], float (&cs)[EM]) {
+    float f[EM];
+    qk_rope_freqs<EM>(inv_freq, lane, E, hd, f);
+    qk_rope_sincos_f<EM>(pos, f, E, sn, cs);
 }
 template <int EM>
 static __device__ __forceinline__ void qk_norm_rope(float (&v)[EM], const float (&g)[EM], bool norm, float eps,

@@ -25,7 +25,8 @@
  * on by default): the context length, the block table and every cached key
  * but the new one were in memory before the step's first kernel; only the
  * new key's row (written by qk_norm_rope_kv, the previous kernel) is loaded
- * after the wait. From AWQD_CUDA_DEC_QK rows (8) there is no such kernel:
+ * after the wait. From AWQD_CUDA_DEC_QK rows (1: every decode batch)
+ * there is no such kernel:
  * qk_norm_rope_kv only records its inputs (c->qk_defer) and this kernel's
  * prologue does its work after the wait (QK: each CTA normalizes and
  * rotates its group's query heads into Q's shared rows, the CTA whose split
@@ -341,6 +342,26 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
     const int k = blockIdx.x, g = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int ns = gridDim.x;
+    /* QK: the row's position, KV slot, rotary frequencies and norm weights
+     * (in memory before the step's first kernel) requested with past, in
+     * one round trip before the wait, and the weights converted only after
+     * it. At batch 1 the CTAs with keys reach their wait after the q|k|v
+     * linear has ended (session 59 stamps), so every dependent load before
+     * it is on the step's path; the weights used to be waited for there
+     * (stored to local memory, as an array chosen at run time). */
+    int qpos = 0, slot = -1;
+    float qf[QE];
+    __half hwq[QE], hwk[QE];
+    if (QK) {
+        qpos = qa.positions[s];
+        slot = qa.slots[s];
+        qk_rope_freqs<QE>(qa.inv_freq, lane, QE, HD, qf);
+#pragma unroll
+        for (int i = 0; i < QE; i++) {
+            hwq[i] = qa.q_norm ? ((const __half *)qa.q_norm)[lane * QE + i] : __float2half(1.0f);
+            hwk[i] = qa.k_norm ? ((const __half *)qa.k_norm)[lane * QE + i] : __float2half(1.0f);
+        }
+    }
     const int ps = past[s];
     const int ctx = ps < 0 ? 0 : ps + 1;
     int per = (ctx + ns - 1) / ns;
@@ -366,6 +387,10 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
     }
     const size_t width = (size_t)(nh + 2 * nkv) * HD;
     const int *bt = block_table + (size_t)s * max_blocks;
+    /* Q: 16 rows = the group's query heads (zero past G), in shared memory
+     * after the K/V tiles (A fragments are read per tile: fewer registers,
+     * 4 CTAs per SM); QK's prologue writes rows 0..G-1 itself */
+    __half(*qsh)[HD + 8] = (__half(*)[HD + 8])(dec_smem + 2 * TK * (HD + 8) * 2);
 
     auto load = [&](__half(*dst)[HD + 8], const __half *cache, int t0) {
         dec_tile_load<HD, TK, P2 ? KV_BS_P2 : KV_BS_GEN>(dst, cache, t0, ke, tid, bt, block_size, nkv, g);
@@ -385,19 +410,10 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
         cp_async_commit();
         if (kb < ke) kv_tile_load<HD, TK, DEC_NT, true, true, BS>(vs, vc, tid, kb, ke, bt, block_size, nkv, g, nk);
         cp_async_commit();
-        /* QK: the row's sines and cosines, the norm weights and the KV slot
-         * (in memory before the step's first kernel) */
-        float sn[QE], cs[QE], gwq[QE], gwk[QE];
-        int slot = -1;
-        if (QK) {
-            qk_rope_sincos<QE>((float)qa.positions[s], qa.inv_freq, lane, QE, HD, sn, cs);
-#pragma unroll
-            for (int i = 0; i < QE; i++) {
-                gwq[i] = qa.q_norm ? __half2float(((const __half *)qa.q_norm)[lane * QE + i]) : 1.0f;
-                gwk[i] = qa.k_norm ? __half2float(((const __half *)qa.k_norm)[lane * QE + i]) : 1.0f;
-            }
-            slot = qa.slots[s];
-        }
+        /* QK: the row's sines and cosines */
+        float sn[QE], cs[QE];
+        if (QK) qk_rope_sincos_f<QE>((float)qpos, qf, QE, sn, cs);
+        ST_MARK(6);
         ops_cuda_pdl_wait();
         ops_cuda_pdl_trigger();
         ST_MARK(1);
@@ -408,7 +424,6 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
              * new key (a real row) of KV head g into the cache, with its V
              * row: qk_rope_kv_kernel's arithmetic (qk_norm_rope), the same
              * bits. q|k|v itself keeps the raw q and k. */
-            __half(*qsh)[HD + 8] = (__half(*)[HD + 8])(dec_smem + 2 * TK * (HD + 8) * 2);
             const __half *row = qkv + (size_t)s * width;
             constexpr int HPW = (G + 4) / 4; /* heads a warp: of the G q heads and the k head */
             float v[HPW][QE];
@@ -427,8 +442,12 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
             /* every slot's arithmetic, live or not (zeros), with no branch
              * between them: the heads' shuffle chains interleave */
 #pragma unroll
-            for (int j = 0; j < HPW; j++)
-                qk_norm_rope<QE>(v[j], warp + 4 * j < G ? gwq : gwk, qa.q_norm != NULL, qa.eps, HD, QE, sn, cs, lane);
+            for (int j = 0; j < HPW; j++) {
+                float gw[QE]; /* this slot's norm weights: q's or k's, in registers */
+#pragma unroll
+                for (int i = 0; i < QE; i++) gw[i] = __half2float(warp + 4 * j < G ? hwq[i] : hwk[i]);
+                qk_norm_rope<QE>(v[j], gw, qa.q_norm != NULL, qa.eps, HD, QE, sn, cs, lane);
+            }
 #pragma unroll
             for (int j = 0; j < HPW; j++) {
                 const int r = warp + 4 * j;
@@ -449,10 +468,8 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
                     }
                 }
             }
-            for (int e = tid; e < (16 - G) * (HD / 2); e += DEC_NT)
-                *(unsigned *)&qsh[G + e / (HD / 2)][2 * (e % (HD / 2))] = 0u;
             /* a later tile with the new key loads it from the cache */
-            __threadfence_block();
+            if (writer && nk >= kb + TK) __threadfence_block();
             __syncthreads();
         }
         /* the new key's row of the first tile (left out before the wait):
@@ -469,14 +486,12 @@ attn_dec_tc_kernel(__half *out, const __half *qkv, const __half *kc, const __hal
         load(vs, vc, kb);
     }
 
-    /* Q: 16 rows = the group's query heads (zero past G), in shared memory
-     * after the K/V tiles (A fragments are read per tile: fewer registers,
-     * 4 CTAs per SM) */
-    __half(*qsh)[HD + 8] = (__half(*)[HD + 8])(dec_smem + 2 * TK * (HD + 8) * 2);
-    for (int e = tid; !QK && e < 16 * (HD / 2); e += DEC_NT) {
+    /* Q's rows (under QK only the zero rows G..15: the first tile's barrier
+     * orders them before the scores) */
+    for (int e = (QK ? G * (HD / 2) : 0) + tid; e < 16 * (HD / 2); e += DEC_NT) {
         int r = e / (HD / 2), d = 2 * (e % (HD / 2));
         unsigned v = 0u;
-        if (r < G) v = *(const unsigned *)(qkv + (size_t)s * width + (size_t)(g * G + r) * HD + d);
+        if (!QK && r < G) v = *(const unsigned *)(qkv + (size_t)s * width + (size_t)(g * G + r) * HD + d);
         *(unsigned *)&qsh[r][d] = v;
     }
     if (prewait) cp_async_wait0(); /* the first tile with the new key's row */
@@ -748,7 +763,7 @@ extern "C" void attn_decode_stamps_dump(void) {
                                           "?", "?", "?", "?", "?", "?", "?", "?"};
     st_dump("decode attention", kinds,
             "0 entry, 1 after the PDL wait, 2 first tile in (attention), 3 keys done / sums shared, 4 written, "
-            "5 an empty split written");
+            "5 an empty split written, 6 at the PDL wait (attention, its first tile requested)");
 }
 #endif
 
@@ -872,15 +887,15 @@ static void dec_launch(struct cuda_ctx *c, __half *out, const __half *qkv, const
 
 /* AWQD_CUDA_DEC_QK: decode batches of at least this many rows (graph
  * buckets) fold q/k-norm + RoPE + the K/V write into the attention; 0:
- * never. A process-wide knob (ops_cuda_dec_qk sets it for tests). Default 8
- * (H200, session 58, against the separate kernel in one binary): Qwen3-8B
- * batch 8 0.965-0.986x a step at contexts 512-2048, 32 / 64 0.99x,
- * qwen3-32b batch 8 0.988x (tp = 1) / 0.962x (tp = 2); batch 16 0.986x at
- * 512 but 1.003-1.015x at 2048-4096; below 8 it loses where the separate
- * kernel launches the attention early (batch 1-2: 1.01-1.02x, every split
- * CTA rotating the group's q heads), batch 4 0.986x at 512, 1.004-1.011x
- * at 2048-4096 (docs/PERFORMANCE.md "Session 58"). */
-static env_knob g_dec_qk = ENV_KNOB_INIT("AWQD_CUDA_DEC_QK", 8, 0, 1 << 20);
+ * never. A process-wide knob (ops_cuda_dec_qk sets it for tests). Default 1,
+ * every decode batch (H200 / 2x H200, session 59, the prologue's loads
+ * first, against the separate kernel in one binary): Qwen3-8B batch 1 / 2 /
+ * 4 1.005 / 0.995 / 0.976x a step at context 512, 0.974 / 0.995 / 1.00x at
+ * 2048; qwen3-32b (64 layers) batch 1 / 2 / 4 0.993 / 0.979 / 0.976x at tp =
+ * 1, 0.995 / 1.010 / 0.988x at tp = 2. Session 58 had it from 8 rows (batch
+ * 8 0.965-0.986x): below 8 its first form lost 1-2% (docs/PERFORMANCE.md
+ * "Session 58", "Session 59"). */
+static env_knob g_dec_qk = ENV_KNOB_INIT("AWQD_CUDA_DEC_QK", 1, 0, 1 << 20);
 
 extern "C" int ops_cuda_dec_qk(int min_rows) { return knob_set(&g_dec_qk, min_rows); }
 

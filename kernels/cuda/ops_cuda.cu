@@ -634,8 +634,9 @@ add_rmsnorm_vec_kernel(__half *resid, const __half *delta, __half *out, const __
  * attn_common.cuh). Block: 4 warps; grid (n, ceil((nh + nkv) / 4)).
  * Before the PDL wait: the norm weights, the row's position (its sines and
  * cosines) and KV slot — all in memory before the step's first kernel — so
- * that after it only q|k|v is read. Decode batches from AWQD_CUDA_DEC_QK
- * rows do all this inside the decode attention instead (attn_decode.cu). */
+ * that after it only q|k|v is read. Decode batches (from AWQD_CUDA_DEC_QK
+ * rows, default 1) do all this inside the decode attention instead
+ * (attn_decode.cu); this kernel serves prefill and mixed batches. */
 static __global__ void qk_rope_kv_kernel(__half *qkv, int nh, int nkv, int hd,
                                          const __half *q_norm, const __half *k_norm, float eps,
                                          const float *inv_freq, const int *positions,

@@ -214,7 +214,7 @@ void ops_cuda__attn_decode(struct cuda_ctx *c, struct buf *out, const struct buf
                            const struct buf *k_cache, const struct buf *v_cache);
 /* 1 when the decode attention of this decode batch (ab->decode_fixed, n_seqs
  * rows) does the q/k-norm + RoPE + K/V write itself (AWQD_CUDA_DEC_QK: from
- * that many rows; the tensor-core kernel with its pre-wait tile): then
+ * that many rows, default 1; the tensor-core kernel with its pre-wait tile): then
  * qk_norm_rope_kv records its inputs in c->qk_defer instead of launching */
 int ops_cuda__attn_decode_fuse_qk(const struct cuda_ctx *c, const struct attn_batch *ab, int nh, int nkv,
                                   int hd);

@@ -15,8 +15,9 @@
  * launch of each key: the last layer of the last step. st_dump (host)
  * prints, per key, the blocks' first entry and, per point, the median, min
  * and max over blocks of the time since the earliest entry of the whole
- * table (a timeline of that layer), and the median per-block time since the
- * block's own entry. ops_cuda's teardown prints every unit's table to
+ * table (a timeline of that layer; @b: the block of the max, blockIdx.x +
+ * gridDim.x (blockIdx.y + gridDim.y blockIdx.z)), and the median per-block
+ * time since the block's own entry. ops_cuda's teardown prints every unit's table to
  * stderr. Not thread- or rank-safe: one GPU, one model (tp = 1). */
 #pragma once
 
@@ -104,16 +105,17 @@ static void st_dump(const char *unit, const char *const *kinds, const char *poin
         const unsigned long long k = h->key[r];
         fprintf(stderr, "  %s %llu x %llu:", kinds[(k >> 56) & 15], (k >> 28) & 0xfffffffull, k & 0xfffffffull);
         for (int p = 0; p < ST_POINTS; p++) {
-            int n = 0;
+            int n = 0, bmax = -1;
             for (int b = 0; b < ST_BLOCKS; b++)
                 if (h->t[r][b][0] && h->t[r][b][p]) {
                     v[n] = (long long)(h->t[r][b][p] - t0);
                     w[n++] = (long long)(h->t[r][b][p] - h->t[r][b][0]);
+                    if (bmax < 0 || h->t[r][b][p] > h->t[r][bmax][p]) bmax = b;
                 }
             if (!n) continue;
             qsort(v, n, sizeof *v, st_cmp);
             qsort(w, n, sizeof *w, st_cmp);
-            fprintf(stderr, "  p%d %lld [%lld, %lld] | %lld (%d)", p, v[n / 2], v[0], v[n - 1], w[n / 2], n);
+            fprintf(stderr, "  p%d %lld [%lld, %lld @%d] | %lld (%d)", p, v[n / 2], v[0], v[n - 1], bmax, w[n / 2], n);
         }
         fprintf(stderr, "\n");
     }

@@ -890,7 +890,7 @@ static void dec_launch(struct cuda_ctx *c, __half *out, const __half *qkv, const
  * never. A process-wide knob (ops_cuda_dec_qk sets it for tests). Default 1,
  * every decode batch (H200 / 2x H200, session 59, the prologue's loads
  * first, against the separate kernel in one binary): Qwen3-8B batch 1 / 2 /
- * 4 1.005 / 0.995 / 0.976x a step at context 512, 0.974 / 0.995 / 1.00x at
+ * 4 1.005 / 0.995 / 0.976x a step at context 512, 0.974 / 0.990 / 1.00x at
  * 2048; qwen3-32b (64 layers) batch 1 / 2 / 4 0.993 / 0.979 / 0.976x at tp =
  * 1, 0.995 / 1.010 / 0.988x at tp = 2. Session 58 had it from 8 rows (batch
  * 8 0.965-0.986x): below 8 its first form lost 1-2% (docs/PERFORMANCE.md

@@ -43,8 +43,9 @@ static __device__ __forceinline__ void cp_async_wait0(void) {
  * rotation partner j +- hd / 2 lives in lane l ^ 16. qk_rope_sincos: the
  * lane's sines and cosines at position pos (the same for every head of a
  * row), as its two halves qk_rope_freqs (the loads) and qk_rope_sincos_f
- * (the arithmetic) where the loads go first; qk_norm_rope: the optional RMSNorm (g: the lane's norm weights) and
- * the rotation (rotate-half: lo x1 c - x2 s, hi x2 c + x1 s), in place. */
+ * (the arithmetic) where the loads go first; qk_norm_rope: the optional
+ * RMSNorm (g: the lane's norm weights) and the rotation (rotate-half: lo
+ * x1 c - x2 s, hi x2 c + x1 s), in place. */
 template <int EM>
 static __device__ __forceinline__ void qk_rope_freqs(const float *inv_freq, int lane, int E, int hd,
                                                      float (&f)[EM]) {
@@ -54,8 +55,8 @@ static __device__ __forceinline__ void qk_rope_freqs(const float *inv_freq, int 
         f[i] = i < E ? inv_freq[lane * E + i - (lo ? 0 : hd >> 1)] : 0.0f;
 }
 template <int EM>
-static __device__ __forceinline__ void qk_rope_sincos_f(float pos, const float (&f)[EM], int E, float (&sn)[EM],
-                                                        float (&cs)[EM]) {
+static __device__ __forceinline__ void qk_rope_sincos_f(float pos, const float (&f)[EM], int E,
+                                                        float (&sn)[EM], float (&cs)[EM]) {
 #pragma unroll
     for (int i = 0; i < EM; i++) {
         sn[i] = 0.0f, cs[i] = 1.0f;

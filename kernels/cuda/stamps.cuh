@@ -17,8 +17,8 @@
  * and max over blocks of the time since the earliest entry of the whole
  * table (a timeline of that layer; @b: the block of the max, blockIdx.x +
  * gridDim.x (blockIdx.y + gridDim.y blockIdx.z)), and the median per-block
- * time since the block's own entry. ops_cuda's teardown prints every unit's table to
- * stderr. Not thread- or rank-safe: one GPU, one model (tp = 1). */
+ * time since the block's own entry. ops_cuda's teardown prints every unit's
+ * table to stderr. Not thread- or rank-safe: one GPU, one model (tp = 1). */
 #pragma once
 
 #ifdef AWQD_STAMPS
@@ -115,7 +115,8 @@ static void st_dump(const char *unit, const char *const *kinds, const char *poin
             if (!n) continue;
             qsort(v, n, sizeof *v, st_cmp);
             qsort(w, n, sizeof *w, st_cmp);
-            fprintf(stderr, "  p%d %lld [%lld, %lld @%d] | %lld (%d)", p, v[n / 2], v[0], v[n - 1], bmax, w[n / 2], n);
+            fprintf(stderr, "  p%d %lld [%lld, %lld @%d] | %lld (%d)", p, v[n / 2], v[0], v[n - 1], bmax,
+                    w[n / 2], n);
         }
         fprintf(stderr, "\n");
     }

@@ -824,6 +824,14 @@ static int dec_reserve(struct cuda_ctx *c, int n_seqs, int nh, int nkv, int hd) 
     return 0;
 }
 
+/* the tensor-core kernel compiled for these switches (EMPTY, P2 as template
+ * arguments; QK fixed by the caller) */
+template <int HD, int G, bool QK>
+static auto dec_tc_kernel_for(bool empty, bool p2) {
+    return empty ? (p2 ? attn_dec_tc_kernel<HD, G, true, true, QK> : attn_dec_tc_kernel<HD, G, true, false, QK>)
+                 : (p2 ? attn_dec_tc_kernel<HD, G, false, true, QK> : attn_dec_tc_kernel<HD, G, false, false, QK>);
+}
+
 template <int HD, int G>
 static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, const __half *kc,
                          const __half *vc, const int *bt, const int *past, int nh, int nkv, int S,
@@ -838,12 +846,8 @@ static void dec_launch_g(struct cuda_ctx *c, __half *out, const __half *qkv, con
          * 0.3-0.9% faster at batch 8 / 32, where every split has keys); qk:
          * the q/k-norm + RoPE + K/V write in the prologue */
         const bool p2 = (ab->block_size & (ab->block_size - 1)) == 0; /* the slot by shift and mask */
-        auto *kern = qk ? (ns >= DEC_EMPTY_NS
-                               ? (p2 ? attn_dec_tc_kernel<HDT, G, true, true, true> : attn_dec_tc_kernel<HDT, G, true, false, true>)
-                               : (p2 ? attn_dec_tc_kernel<HDT, G, false, true, true> : attn_dec_tc_kernel<HDT, G, false, false, true>))
-                     : ns >= DEC_EMPTY_NS
-                         ? (p2 ? attn_dec_tc_kernel<HDT, G, true, true, false> : attn_dec_tc_kernel<HDT, G, true, false, false>)
-                         : (p2 ? attn_dec_tc_kernel<HDT, G, false, true, false> : attn_dec_tc_kernel<HDT, G, false, false, false>);
+        const bool empty = ns >= DEC_EMPTY_NS;
+        auto *kern = qk ? dec_tc_kernel_for<HDT, G, true>(empty, p2) : dec_tc_kernel_for<HDT, G, false>(empty, p2);
         dec_qk qa = qk ? *qk : dec_qk{};
         e = ops_cuda_launch(c, kern, dim3(ns, nkv, S), dim3(DEC_NT), smem, out, qkv, kc, vc, bt,
                             past, c->dec_part, nh, nkv, ab->max_blocks, ab->block_size, qscale,
@@ -935,7 +939,9 @@ void ops_cuda__attn_decode(struct cuda_ctx *c, struct buf *out, const struct buf
                  *vc = (const __half *)v_cache->d;
     const int *bt = (const int *)ab->block_table->d, *past = (const int *)ab->past->d;
     const struct dec_qk *qp = qk.on ? &qk : NULL;
-    AWQD_ASSERT(!qp || (hd <= 128 && (void *)qk.kc == k_cache->d && (void *)qk.vc == v_cache->d));
+    /* the fused prologue runs in the pre-wait path only (ops_cuda__attn_decode_fuse_qk) */
+    AWQD_ASSERT(!qp || (hd <= 128 && c->pdl && c->dec_prewait && (void *)qk.kc == k_cache->d &&
+                        (void *)qk.vc == v_cache->d));
     switch (hd) {
     case 32: dec_launch<32>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale, qp); break;
     case 64: dec_launch<64>(c, o, q, kc, vc, bt, past, nh, nkv, S, ns, ab, qscale, qp); break;

@@ -13,6 +13,8 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/carveout.cuh"
+
 extern "C" {
 #include "kernels/cuda/w4a16.h"
 #include "kernels/ops.h"
@@ -189,11 +191,21 @@ static inline cudaError_t ops_cuda_launch(struct cuda_ctx *c, void (*kernel)(KAr
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    int na = 0;
+    const int cv = cuda_carveout_pct((const void *)kernel, grid, block, smem);
+    if (cv >= 0) {
+        attr[na].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+        attr[na].val.sharedMemCarveout = (unsigned)cv;
+        na++;
+    }
+    if (c->pdl) {
+        attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = c->pdl ? 1 : 0;
+    cfg.numAttrs = na;
     return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
 }
 

@@ -53,6 +53,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/carveout.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dc_plan.h"
 #include "kernels/cuda/env_knob.h"
@@ -2261,13 +2262,19 @@ static cudaError_t launch_pdl_cl(const struct w4a16_weight *w, void (*kern)(KArg
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute at[2] = {};
+    cudaLaunchAttribute at[3] = {};
     int na = 0;
     if (cluster.x * cluster.y * cluster.z > 1) { /* required: the kernel reduces in the cluster */
         at[na].id = cudaLaunchAttributeClusterDimension;
         at[na].val.clusterDim.x = cluster.x;
         at[na].val.clusterDim.y = cluster.y;
         at[na].val.clusterDim.z = cluster.z;
+        na++;
+    }
+    const int cv = cuda_carveout_pct((const void *)kern, grid, block, smem);
+    if (cv >= 0) { /* before PDL: the fallback below drops the last attribute */
+        at[na].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+        at[na].val.sharedMemCarveout = (unsigned)cv;
         na++;
     }
     const int npdl = pdl_mode() && w->cc_major >= 9 ? 1 : 0;

@@ -59,6 +59,7 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include "kernels/cuda/carveout.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/env_knob.h"
 #include "kernels/cuda/smem_limit.cuh"
@@ -2304,13 +2305,19 @@ static int gk_launch_ex(K k, std::atomic<unsigned long long> *smem_set, dim3 gri
     cfg.blockDim = dim3(threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute at[2] = {};
+    cudaLaunchAttribute at[3] = {};
     int na = 0;
     if (cl) { /* required: the kernel reduces inside the cluster */
         at[na].id = cudaLaunchAttributeClusterDimension;
         at[na].val.clusterDim.x = 1;
         at[na].val.clusterDim.y = 1;
         at[na].val.clusterDim.z = grid.z;
+        na++;
+    }
+    const int cv = cuda_carveout_pct((const void *)k, cfg.gridDim, cfg.blockDim, cfg.dynamicSmemBytes);
+    if (cv >= 0) { /* before PDL: the fallback below drops the last attribute */
+        at[na].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+        at[na].val.sharedMemCarveout = (unsigned)cv;
         na++;
     }
     if (pdl) {

@@ -62,4 +62,20 @@ static inline int cuda_carveout_pct(const void *fn, dim3 grid, dim3 block, size_
     return carveout_pct(&l, floor_pct);
 }
 
+/* Fills *a with the launch's carveout attribute and returns 1, or returns
+ * 0 (none: off, unknown, or a CUDA runtime older than 12.6, whose headers
+ * may lack the per-launch attribute). */
+static inline int cuda_carveout_attr(cudaLaunchAttribute *a, const void *fn, dim3 grid, dim3 block, size_t dyn) {
+#if CUDART_VERSION >= 12060
+    const int cv = cuda_carveout_pct(fn, grid, block, dyn);
+    if (cv < 0) return 0;
+    a->id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    a->val.sharedMemCarveout = (unsigned)cv;
+    return 1;
+#else
+    (void)a, (void)fn, (void)grid, (void)block, (void)dyn;
+    return 0;
+#endif
+}
+
 #endif

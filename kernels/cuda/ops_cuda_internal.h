@@ -193,12 +193,7 @@ static inline cudaError_t ops_cuda_launch(struct cuda_ctx *c, void (*kernel)(KAr
     cfg.stream = c->stream;
     cudaLaunchAttribute attr[2];
     int na = 0;
-    const int cv = cuda_carveout_pct((const void *)kernel, grid, block, smem);
-    if (cv >= 0) {
-        attr[na].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
-        attr[na].val.sharedMemCarveout = (unsigned)cv;
-        na++;
-    }
+    na += cuda_carveout_attr(&attr[na], (const void *)kernel, grid, block, smem);
     if (c->pdl) {
         attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[na].val.programmaticStreamSerializationAllowed = 1;

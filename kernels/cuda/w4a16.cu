@@ -2271,12 +2271,8 @@ static cudaError_t launch_pdl_cl(const struct w4a16_weight *w, void (*kern)(KArg
         at[na].val.clusterDim.z = cluster.z;
         na++;
     }
-    const int cv = cuda_carveout_pct((const void *)kern, grid, block, smem);
-    if (cv >= 0) { /* before PDL: the fallback below drops the last attribute */
-        at[na].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
-        at[na].val.sharedMemCarveout = (unsigned)cv;
-        na++;
-    }
+    /* the carveout before PDL: the fallback below drops the last attribute */
+    na += cuda_carveout_attr(&at[na], (const void *)kern, grid, block, smem);
     const int npdl = pdl_mode() && w->cc_major >= 9 ? 1 : 0;
     if (npdl) {
         at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -2314,12 +2314,8 @@ static int gk_launch_ex(K k, std::atomic<unsigned long long> *smem_set, dim3 gri
         at[na].val.clusterDim.z = grid.z;
         na++;
     }
-    const int cv = cuda_carveout_pct((const void *)k, cfg.gridDim, cfg.blockDim, cfg.dynamicSmemBytes);
-    if (cv >= 0) { /* before PDL: the fallback below drops the last attribute */
-        at[na].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
-        at[na].val.sharedMemCarveout = (unsigned)cv;
-        na++;
-    }
+    /* the carveout before PDL: the fallback below drops the last attribute */
+    na += cuda_carveout_attr(&at[na], (const void *)k, cfg.gridDim, cfg.blockDim, cfg.dynamicSmemBytes);
     if (pdl) {
         at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[na].val.programmaticStreamSerializationAllowed = 1;

@@ -1,8 +1,8 @@
 /* carveout.cuh — the shared-memory carveout of every kernel launch of the
  * CUDA backend (C++ / nvcc sources only): the launch helpers of w4a16.cu,
- * w4a16_gemm.cu and ops_cuda_internal.h add cuda_carveout_pct's value as
- * cudaLaunchAttributePreferredSharedMemoryCarveout, so that a CUDA graph
- * keeps each node's. The rule and why: kernels/cuda/carveout_rule.h.
+ * w4a16_gemm.cu and ops_cuda_internal.h add cuda_carveout_attr's
+ * cudaLaunchAttributePreferredSharedMemoryCarveout (cuda_carveout_pct's
+ * value) to each launch, so that a CUDA graph keeps each node's. The rule and why: kernels/cuda/carveout_rule.h.
  * AWQD_CUDA_CARVEOUT_PCT: the floor, 1..100 (default 72), or 0: the
  * driver's choice, as before session 60. */
 #ifndef AWQD_CARVEOUT_CUH

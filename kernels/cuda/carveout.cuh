@@ -2,25 +2,21 @@
  * CUDA backend (C++ / nvcc sources only): the launch helpers of w4a16.cu,
  * w4a16_gemm.cu and ops_cuda_internal.h add cuda_carveout_attr's
  * cudaLaunchAttributePreferredSharedMemoryCarveout (cuda_carveout_pct's
- * value) to each launch, so that a CUDA graph keeps each node's. The rule and why: kernels/cuda/carveout_rule.h.
- * AWQD_CUDA_CARVEOUT_PCT: the floor, 1..100 (default 72), or 0: the
- * driver's choice, as before session 60. */
+ * value) to each launch, so that a CUDA graph keeps each node's. The rule
+ * and why: kernels/cuda/carveout_rule.h. AWQD_CUDA_CARVEOUT_PCT: the
+ * floor, 1..100 (default 72), or 0: the driver's choice, as before session
+ * 60 (an env_knob: a value out of range reads as the default). */
 #ifndef AWQD_CARVEOUT_CUH
 #define AWQD_CARVEOUT_CUH
-
-#include <stdlib.h>
 
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/carveout_rule.h"
+#include "kernels/cuda/env_knob.h"
 
 static inline int cuda_carveout_floor(void) {
-    static const int v = [] {
-        const char *e = getenv("AWQD_CUDA_CARVEOUT_PCT");
-        const int n = e && *e ? atoi(e) : CARVEOUT_DEFAULT_PCT;
-        return n > 0 && n <= 100 ? n : 0;
-    }();
-    return v;
+    static env_knob k = ENV_KNOB_INIT("AWQD_CUDA_CARVEOUT_PCT", CARVEOUT_DEFAULT_PCT, 0, 100);
+    return knob_get(&k);
 }
 
 struct carveout_ent {

@@ -11,7 +11,9 @@
 
 #include <atomic>
 
+extern "C" {
 #include "engine/util.h"
+}
 
 /* An on/off switch: on unless its variable is "0". */
 struct env_switch {

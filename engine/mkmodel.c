@@ -19,7 +19,7 @@
 /* presets                                                                   */
 
 static const char *const k_presets[] = {"tiny", "qwen3-0.6b", "qwen3-8b", "qwen3-32b",
-                                        "llama3-8b", "llama3-70b", "qwen3-32b-rank4", NULL};
+                                        "llama3-8b", "llama3-70b", "qwen3-32b-rank2", "qwen3-32b-rank4", NULL};
 
 const char *const *mkmodel_preset_names(void) { return k_presets; }
 
@@ -77,6 +77,12 @@ int mkmodel_preset(const char *name, struct mkmodel_spec *s) {
     } else if (!strcmp(name, "qwen3-32b")) {
         qwen3_base(s);
         SHAPE(5120, 25600, 64, 64, 8);
+    } else if (!strcmp(name, "qwen3-32b-rank2")) {
+        /* one tp = 2 rank of qwen3-32b (q|k|v 5120 -> 5120, o 4096 -> 5120,
+         * gate|up 5120 -> 25600, down 12800 -> 5120; 32 / 4 heads), as
+         * qwen3-32b-rank4 below */
+        qwen3_base(s);
+        SHAPE(5120, 12800, 64, 32, 4);
     } else if (!strcmp(name, "qwen3-32b-rank4")) {
         /* one tp = 4 rank of qwen3-32b as a one-GPU model: its linears have the
          * shard shapes (q|k|v 5120 -> 2560, o 2048 -> 5120, gate|up 5120 ->

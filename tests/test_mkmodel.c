@@ -143,7 +143,8 @@ TEST(mkmodel, big_presets_have_real_shapes) {
         {"qwen3-32b", 5120, 25600, 64, 64, 8, 151936, 0, 16.0},
         {"llama3-8b", 4096, 14336, 32, 32, 8, 128256, 0, 3.5},
         {"llama3-70b", 8192, 28672, 80, 64, 8, 128256, 0, 35.0},
-        /* one tp = 4 rank of qwen3-32b: a quarter of its INT4 bytes */
+        /* one tp = 2 / tp = 4 rank of qwen3-32b: a half / a quarter of its INT4 bytes */
+        {"qwen3-32b-rank2", 5120, 12800, 64, 32, 4, 151936, 0, 8.0},
         {"qwen3-32b-rank4", 5120, 6400, 64, 16, 2, 151936, 0, 4.0},
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {

@@ -987,12 +987,14 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
             }
             __threadfence();
             __syncthreads();
+            ST_MARK(4); /* the parts stored and fenced */
             if (tid == 0) {
                 const int old = atomicAdd(cnt + col, 1);
                 s_last = old == CL - 1;
                 if (s_last) cnt[col] = 0;
             }
             __syncthreads();
+            ST_MARK(5); /* the column's count known */
             if (!s_last || warp >= TB) return;
             __threadfence();
 #pragma unroll
@@ -1006,6 +1008,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
                 if (SUM) dc_sum_epilogue(ep, xsum, t0 + warp, lane, a); /* MT = 1 */
                 else w4_epilogue(ep, t0 + warp, r, i * 8 + 2 * c, a[0], a[1], a[2], a[3]);
             }
+            ST_MARK(6); /* the column's last block: stored */
             return;
         } else if constexpr (CL > 1) {
             /* the block's sums of its K range, [TB warps][MT][4] per lane; ranks 1.. store
@@ -1572,7 +1575,7 @@ done:
 extern "C" void w4a16_stamps_dump(void) {
     static const char *const kinds[16] = {"?", "decode", "decode+norm", "decode+sum", "tc", "skinny", "?", "?",
                                           "?", "?", "?", "?", "?", "?", "?", "?"};
-    st_dump("w4a16 (K x N)", kinds, "0 entry, 1 after the PDL wait, 2 x / norm staged (decode from M = 6: x requested; tc: the first chunk in), 3 main loop done, 4 stored (tc, skinny: split-K reduced), 5 norm: first pieces in (tc, skinny: stored), 6 norm: warp 0's pieces summed");
+    st_dump("w4a16 (K x N)", kinds, "0 entry, 1 after the PDL wait, 2 x / norm staged (decode from M = 6: x requested; tc: the first chunk in), 3 main loop done, 4 stored (tc, skinny: split-K reduced; decode K split: its parts stored and fenced), 5 norm: first pieces in (tc, skinny: stored; decode K split: the column's count known), 6 norm: warp 0's pieces summed (decode K split: the column's last block stored)");
 }
 #endif
 

@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include <atomic>
+#include <mutex>
 
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -92,9 +93,55 @@ struct w4a16_weight {
     int smem_optin;           /* largest dynamic shared memory per block (opt-in), bytes */
     int smem_sm;              /* shared memory per multiprocessor, bytes */
     int hbm_big;              /* more than 120 GB of device memory: the H200 class (nat_window) */
+    int dev;                  /* the device it lives on */
+    uint32_t *gsp;            /* the device's K-split poll buffer (gsp_acquire), or NULL */
+    size_t gsp_bytes;
 };
 
 #define CNT_LEN_MIN 4096
+
+/* The decode K split's poll buffer (DC_F_GSPOLL, gs_poll_on): one a device, shared by its
+ * weights (counted: the last w4a16_free frees it), every word GS_IDLE between calls. The
+ * linears of a device run on one stream, so no two K-split calls share it at once. Sized for
+ * a one-wave grid of two blocks a SM, four tiles a block, one row tile: sms x 2 x 4 x 4 x 32
+ * words (528 KB on 132 SMs). Without it (no memory) the split counts arrivals instead. */
+#define GSP_DEVS 64
+static std::mutex g_gsp_mu;
+static struct {
+    uint32_t *p;
+    size_t bytes;
+    int refs;
+} g_gsp[GSP_DEVS];
+static void gsp_acquire(struct w4a16_weight *w) {
+    std::lock_guard<std::mutex> lk(g_gsp_mu);
+    if (w->dev < 0 || w->dev >= GSP_DEVS || w->sms <= 0) return;
+    auto &b = g_gsp[w->dev];
+    if (!b.refs) {
+        const size_t bytes = (size_t)w->sms * 2 * 4 * 4 * 32 * 4;
+        void *p = NULL;
+        if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemset(p, 0xff, bytes) != cudaSuccess) {
+            cudaFree(p);
+            cudaGetLastError();
+            return;
+        }
+        b.p = (uint32_t *)p;
+        b.bytes = bytes;
+    }
+    b.refs++;
+    w->gsp = b.p;
+    w->gsp_bytes = b.bytes;
+}
+static void gsp_release(struct w4a16_weight *w) {
+    if (!w->gsp) return;
+    std::lock_guard<std::mutex> lk(g_gsp_mu);
+    auto &b = g_gsp[w->dev];
+    if (--b.refs == 0) {
+        cudaFree(b.p);
+        b.p = NULL;
+        b.bytes = 0;
+    }
+    w->gsp = NULL;
+}
 
 /* ------------------------------------------------------------------------ */
 /* Device helpers                                                            */
@@ -471,6 +518,7 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
  * plan: kernels/cuda/dc_plan.h (plain C, also checked by a CPU test) */
 #define DC_F_LATE 1 /* k_decode flags: trigger the dependents after the main loop */
 #define DC_F_XCG 2  /* x staged through L2 only (cp.async.cg), as before session 21 */
+#define DC_F_GSPOLL 4 /* the K split's sums polled by its last rank in part (gs_poll_on), not counted */
 #define DC_F_PF_SHIFT 8 /* bits 8-10: L2 prefetch distance in turns beyond the ring (0: none) */
 
 /* Predicated loads (pred == 0: dst keeps its value; no branch). Weights:
@@ -792,6 +840,50 @@ static __device__ __forceinline__ void dc_sum_epilogue(const epi_args &ep, const
     w4_epilogue(e, nt, r, 2 * c, acc[0], acc[1], acc[2], acc[3]);
 }
 
+/* The decode K split's reducer poll (DC_F_GSPOLL; gs_poll_on says where): the parts' words
+ * are their own flags, as in xchg.cuh. Between calls every word of the device's poll buffer
+ * (gsp_acquire) holds GS_IDLE, a NaN no fp32 add or mma makes (their NaN is 0x7fffffff); a
+ * writer that has one stores 0x7fffffff instead (a NaN sums to a NaN either way). */
+#define GS_IDLE 0xffffffffu
+#define GS_POLL_NS 2000000000ull /* a poll this long (2 s) traps: a grid not all resident */
+static __device__ __forceinline__ void gs_put(uint32_t *p, float v) {
+    uint32_t u = __float_as_uint(v);
+    if (u == GS_IDLE) u = 0x7fffffffu;
+    asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(u) : "memory");
+}
+static __device__ __forceinline__ uint32_t gs_get(const uint32_t *p) {
+    uint32_t u;
+    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(u) : "l"(p) : "memory");
+    return u;
+}
+/* NQ ranks' NW words a lane (word j of rank q at p + q * RS + j * 32) into t[q * NW + j],
+ * once none is idle; then made idle again */
+template <int NQ, int NW, int RS>
+static __device__ __forceinline__ void gs_poll(uint32_t *p, uint32_t *t) {
+    unsigned long long t0 = 0;
+    for (unsigned n = 0;; n++) {
+        bool idle = false;
+#pragma unroll
+        for (int q = 0; q < NQ; q++)
+#pragma unroll
+            for (int j = 0; j < NW; j++) {
+                t[q * NW + j] = gs_get(p + q * RS + j * 32);
+                idle |= t[q * NW + j] == GS_IDLE;
+            }
+        if (!idle) break;
+        if ((n & 1023) == 1023) {
+            const unsigned long long now = xchg_now();
+            if (!t0) t0 = now;
+            else if (now - t0 > GS_POLL_NS) __trap();
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < NQ; q++)
+#pragma unroll
+        for (int j = 0; j < NW; j++)
+            asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p + q * RS + j * 32), "r"(GS_IDLE) : "memory");
+}
+
 /* The 8 warps' partials of tile tb, row tile i, for this lane, added in
  * warp order (red: [TB][MT * 4][DC_WARPS][32], k_decode's reduction area) */
 template <int MT>
@@ -976,6 +1068,41 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
              * Qwen3-32B o M = 1-4 8.13-8.43 -> 8.22-8.50 us) */
             __shared__ int s_last;
             float v[MT][4];
+            if (flags & DC_F_GSPOLL) {
+                /* the reducer's poll (gs_poll_on): ranks 0 .. CL - 2 store their sums as
+                 * they are, no fence, no counter, and leave; rank CL - 1 (the longest K
+                 * range of the uneven pieces) polls their words until none is the idle
+                 * mark, makes them idle again and adds all CL in rank order, its own
+                 * from registers: the same sums in the same order as the counter's */
+                if (warp >= TB) return;
+#pragma unroll
+                for (int i = 0; i < MT; i++) dc_warp_sum<MT>(red, warp, i, lane, v[i]);
+                uint32_t *pw = (uint32_t *)part + ((size_t)col * CL * TB + warp) * MT * 4 * 32 + lane;
+                constexpr int RS = TB * MT * 4 * 32; /* words from one rank's sums to the next's */
+                if (rank != CL - 1) {
+#pragma unroll
+                    for (int i = 0; i < MT; i++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) gs_put(pw + rank * RS + (i * 4 + j) * 32, v[i][j]);
+                    ST_MARK(4); /* the parts stored */
+                    return;
+                }
+                uint32_t t[CL - 1][MT][4];
+                gs_poll<CL - 1, MT * 4, RS>(pw, &t[0][0][0]);
+                ST_MARK(5); /* the others' parts in */
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    float a[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                    for (int q = 0; q < CL; q++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) a[j] += q == CL - 1 ? v[i][j] : __uint_as_float(t[q < CL - 1 ? q : 0][i][j]);
+                    if (SUM) dc_sum_epilogue(ep, xsum, t0 + warp, lane, a); /* MT = 1 */
+                    else w4_epilogue(ep, t0 + warp, r, i * 8 + 2 * c, a[0], a[1], a[2], a[3]);
+                }
+                ST_MARK(6); /* the column stored */
+                return;
+            }
             if (warp < TB) {
 #pragma unroll
                 for (int i = 0; i < MT; i++) dc_warp_sum<MT>(red, warp, i, lane, v[i]);
@@ -1521,6 +1648,7 @@ extern "C" int w4a16_upload_staged(const struct awq_linear *l, enum w4a16_layout
     {
         int dev = 0;
         cudaError_t e = cudaGetDevice(&dev);
+        w->dev = dev;
         if (e == cudaSuccess) e = cudaDeviceGetAttribute(&w->sms, cudaDevAttrMultiProcessorCount, dev);
         if (e == cudaSuccess)
             e = cudaDeviceGetAttribute(&w->cc_major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -1558,6 +1686,7 @@ extern "C" int w4a16_upload_staged(const struct awq_linear *l, enum w4a16_layout
     if (hb) UP_CHECK(cudaMemcpy(w->bias, hb, (size_t)n16a * 16 * 2, cudaMemcpyHostToDevice));
 #undef UP_CHECK
     w->bytes = qw_n * 4 + sc_n * 5 + sizeof(int) * (size_t)w->cnt_len + (hb ? (size_t)n16a * 32 : 0);
+    gsp_acquire(w);
     *out = w;
     w = NULL;
 done:
@@ -1575,7 +1704,7 @@ done:
 extern "C" void w4a16_stamps_dump(void) {
     static const char *const kinds[16] = {"?", "decode", "decode+norm", "decode+sum", "tc", "skinny", "?", "?",
                                           "?", "?", "?", "?", "?", "?", "?", "?"};
-    st_dump("w4a16 (K x N)", kinds, "0 entry, 1 after the PDL wait, 2 x / norm staged (decode from M = 6: x requested; tc: the first chunk in), 3 main loop done, 4 stored (tc, skinny: split-K reduced; decode K split: its parts stored and fenced), 5 norm: first pieces in (tc, skinny: stored; decode K split: the column's count known), 6 norm: warp 0's pieces summed (decode K split: the column's last block stored)");
+    st_dump("w4a16 (K x N)", kinds, "0 entry, 1 after the PDL wait, 2 x / norm staged (decode from M = 6: x requested; tc: the first chunk in), 3 main loop done, 4 stored (tc, skinny: split-K reduced; decode K split: its parts stored and fenced, with the poll: a writer's parts stored), 5 norm: first pieces in (tc, skinny: stored; decode K split: the column's count known, with the poll: the last rank has the others' parts), 6 norm: warp 0's pieces summed (decode K split: the column stored)");
 }
 #endif
 
@@ -1586,6 +1715,7 @@ extern "C" void w4a16_free(struct w4a16_weight *w) {
     cudaFree(w->zr);
     cudaFree(w->bias);
     cudaFree(w->cnt);
+    gsp_release(w);
     free(w);
 }
 
@@ -1614,6 +1744,7 @@ extern "C" int w4a16_clone(const struct w4a16_weight *src, struct w4a16_weight *
     w->zr = NULL;
     w->bias = NULL;
     w->cnt = NULL;
+    w->gsp = NULL;
     const size_t qb = (size_t)src->n16a * src->kc * 32 * 16, sb = (size_t)src->kg * src->n16a * 8;
     int rc = 0;
 #define CL_CHECK(call)                                                                          \
@@ -1638,6 +1769,7 @@ extern "C" int w4a16_clone(const struct w4a16_weight *src, struct w4a16_weight *
         CL_CHECK(cudaMemcpy(w->bias, src->bias, (size_t)src->n16a * 32, cudaMemcpyDeviceToDevice));
     }
 #undef CL_CHECK
+    gsp_acquire(w);
     *out = w;
     return 0;
 fail:
@@ -1973,11 +2105,16 @@ extern "C" int w4a16_decode_ksplit(int v) { return knob_set(&g_dc_ks, v); }
 
 /* pl (decode_plan's) replaced by the K split's where it applies (the plain
  * and SUM variants; the caller checks the workspace): 1 if so */
+/* For measurements: AWQD_W4A16_DC_KS_MINK=K0 leaves the split out below K = K0 at M <=
+ * AWQD_W4A16_DC_KS_MINK_M (default 8): the rule's e2e check, matrix by matrix */
+static env_knob g_dc_ks_mink = ENV_KNOB_INIT("AWQD_W4A16_DC_KS_MINK", 0, 0, 1 << 20);
+static env_knob g_dc_ks_mink_m = ENV_KNOB_INIT("AWQD_W4A16_DC_KS_MINK_M", 8, 1, 8);
 static int decode_plan_gs(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
     const int v0 = knob_get(&g_dc_ks), v = v0 % 100, any_wave = v0 >= 100, ks = v / 10, tb = v % 10;
     const struct dc_gpu g = dc_gpu_of(w);
     struct dc_plan q;
     if (!v || pl->mt != 1 || pl->cl != 1) return 0;
+    if (w->k < knob_get(&g_dc_ks_mink) && m <= knob_get(&g_dc_ks_mink_m)) return 0;
     if (v <= 2 ? !dc_gs_pick_flags(pl, &g, v == 1 ? DC_GS_S56 : 0, &q)
                : (ks < 2 || (ks > 4 && ks != 6 && ks != 8)) || (tb != 2 && tb != 4) || (ks > 4 && tb != 4) ||
                      !dc_plan_gs(m, w->k, w->n16, w->group, &g, ks, tb, pl->flags, &q) ||
@@ -2490,8 +2627,37 @@ static int launch_skinny_st(const struct w4a16_weight *w, const uint16_t *x, epi
 }
 
 /* launches of the decode kernel's K split through global memory (dc_plan_gs) */
-static std::atomic<unsigned long> g_gs_launches{0};
+static std::atomic<unsigned long> g_gs_launches{0}, g_gs_polls{0};
 extern "C" unsigned long w4a16_decode_ksplit_launches(void) { return g_gs_launches.load(std::memory_order_relaxed); }
+extern "C" unsigned long w4a16_decode_ksplit_polls(void) { return g_gs_polls.load(std::memory_order_relaxed); }
+
+/* The K split's reducer poll (DC_F_GSPOLL): rank CL - 1 of each column waits for the other
+ * ranks' sums in the device's poll buffer instead of the last block to arrive adding them
+ * (a fence, a counter and the loads, each a round trip to L2 after the column's slowest block;
+ * docs/PERFORMANCE.md "Session 62" item 4, "Session 63"). A block that waits for others must
+ * know they run: only where the whole grid is resident at once (the kernel's occupancy at
+ * this shared memory, asked once per size, times the SMs), at one row tile, in the plain
+ * variant (the tensor-parallel sum keeps the counter: it needs two GPUs to test), where the
+ * buffer holds the grid's sums. AWQD_W4A16_GS_POLL=0 turns it off (w4a16_decode_ksplit_poll). */
+static env_knob g_gs_poll = ENV_KNOB_INIT("AWQD_W4A16_GS_POLL", 1, 0, 1);
+extern "C" int w4a16_decode_ksplit_poll(int v) { return knob_set(&g_gs_poll, v); }
+static int gs_poll_on(const struct w4a16_weight *w, const struct dc_plan *pl, int cl, int tb, int mt,
+                      const void *kern, std::atomic<long long> *resident) {
+    if (!knob_get(&g_gs_poll) || !w->gsp || mt != 1 || w->sms <= 0 ||
+        (size_t)pl->blocks * cl * tb * mt * 4 * 32 * 4 > w->gsp_bytes)
+        return 0;
+    long long r = resident->load(std::memory_order_relaxed);
+    if (r < 0 || (size_t)(r >> 8) != pl->smem) {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, DC_WARPS * 32, pl->smem) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        r = ((long long)pl->smem << 8) | (n & 255);
+        resident->store(r, std::memory_order_relaxed);
+    }
+    return (long long)pl->blocks * cl <= (long long)w->sms * (r & 255);
+}
 
 /* For measurements: AWQD_W4A16_DC_LATE=1 triggers the dependents after the
  * decode kernel's main loop instead of at its start. */
@@ -2553,8 +2719,12 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
         g_gs_launches.fetch_add(1, std::memory_order_relaxed);
         rc = cuda_smem_limit_once(xs ? &smem_set_s : &smem_set, (const void *)kern, dc_smem_max(MT), err, errlen);
         if (rc) return rc;
+        static std::atomic<long long> resident{-1}; /* (smem << 8) | blocks a SM, of kern (plain) */
+        const int poll = !xs && gs_poll_on(w, pl, CL, TB, MT, (const void *)kern, &resident);
+        if (poll) g_gs_polls.fetch_add(1, std::memory_order_relaxed);
         CUDA_CHECK(launch_pdl(w, kern, dim3(pl->blocks * CL), dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr,
-                              x, w->k, w->n16a, w->kc, flags, ep, none, xs ? *xs : nosum, pl->blocks, part, w->cnt),
+                              x, w->k, w->n16a, w->kc, poll ? flags | DC_F_GSPOLL : flags, ep, none,
+                              xs ? *xs : nosum, pl->blocks, poll ? (float *)w->gsp : part, w->cnt),
                    err, errlen);
         return 0;
     }

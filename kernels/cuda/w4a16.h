@@ -285,6 +285,15 @@ int w4a16_decode_cluster(int mode);
  * w4a16_decode_ksplit_launches counts its launches. */
 int w4a16_decode_ksplit(int v);
 unsigned long w4a16_decode_ksplit_launches(void);
+/* How the K split adds its pieces: v = 1 (the default) the column's last
+ * rank polls the others' sums in a per-device buffer where the whole grid
+ * is resident at once (plain variant, one row tile), 0 the last block to
+ * arrive adds them (an arrival counter); other values only query. Returns
+ * the value in effect (AWQD_W4A16_GS_POLL sets the default). Bitwise the
+ * same results either way. w4a16_decode_ksplit_polls counts the launches
+ * that polled. */
+int w4a16_decode_ksplit_poll(int v);
+unsigned long w4a16_decode_ksplit_polls(void);
 /* Whether the dispatch also takes the decode kernel with the K split at M
  * = 3-8 where it would not take the one-block plan, or there is none (x of
  * all of K too large): v = 1 yes (the default), 0 no; other values only

@@ -610,6 +610,85 @@ TEST(w4a16, decode_ksplit) {
     ASSERT_MSG(cc_major_here() < 9 || n >= 40, "the K split ran %lu times", n);
 }
 
+/* The K split's reducer poll (w4a16_decode_ksplit_poll: the column's last
+ * rank waits for the other ranks' sums in the device's poll buffer, where the
+ * whole grid is resident) against the arrival counter (the last block to
+ * arrive adds): bitwise the same on the shapes of decode_ksplit by the rule
+ * and forced to 2 or 3 blocks a column of 2 or 4 tiles, 4 of 4, at M = 1-8;
+ * twice at each point with new x each time, so that a poll buffer left
+ * holding the last call's sums (not made idle again) would hand them to the
+ * next call and differ; and the poll taken at the rule's points. */
+static void gs_run(const struct dc_layer *L, const uint16_t *hx, int M, uint16_t *hy) {
+    uint16_t *dx = NULL, *dy = NULL;
+    void *ws = NULL;
+    char err[256] = "";
+    const size_t wsb = w4a16_workspace_bytes(L->dw, M);
+    CK(cudaMalloc((void **)&dx, (size_t)M * L->k * 2));
+    CK(cudaMalloc((void **)&dy, (size_t)M * L->oc * 2));
+    if (wsb) CK(cudaMalloc(&ws, wsb));
+    CK(cudaMemcpy(dx, hx, (size_t)M * L->k * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dy, 0xff, (size_t)M * L->oc * 2));
+    const int rc = w4a16_linear_ex(L->dw, dx, M, dy, L->epi, W4A16_KERNEL_DECODE, 0, ws, wsb, 0, err, sizeof err);
+    ASSERT_MSG(rc == 0, "%s M=%d: w4a16_linear rc=%d: %s", L->what, M, rc, err);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(hy, dy, (size_t)M * L->oc * 2, cudaMemcpyDeviceToHost));
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+    CK(cudaFree(ws));
+}
+/* new random x; the kernel with the poll (y1), then with the counter (y0): bitwise alike */
+static void gs_same_bits(const struct dc_layer *L, int M, const char *how) {
+    uint16_t *hx = malloc((size_t)M * L->k * 2), *y1 = malloc((size_t)M * L->oc * 2), *y0 = malloc((size_t)M * L->oc * 2);
+    ASSERT(hx && y1 && y0);
+    for (size_t j = 0; j < (size_t)M * L->k; j++) hx[j] = h_from_f(2.f * rnd_unit() - 1.f);
+    w4a16_decode_ksplit_poll(1);
+    gs_run(L, hx, M, y1);
+    w4a16_decode_ksplit_poll(0);
+    gs_run(L, hx, M, y0);
+    w4a16_decode_ksplit_poll(1);
+    ASSERT_MSG(memcmp(y0, y1, (size_t)M * L->oc * 2) == 0, "%s M=%d: %s differ", L->what, M, how);
+    free(hx), free(y1), free(y0);
+}
+
+TEST(w4a16, decode_ksplit_poll) {
+    if (!have_gpu()) TEST_SKIP("no CUDA device");
+    static const struct { int k, n, gate_up, bias; } shp[] = {
+        {25600, 5120, 0, 0}, {8192, 5120, 0, 0}, {12800, 5120, 0, 0}, {12288, 4096, 0, 0},
+        {5120, 5120, 1, 0},  {3072, 5200, 0, 1}, {8192, 2560, 0, 0},
+    };
+    static const int ms[] = {1, 2, 3, 5, 8}, kss[] = {1, 22, 24, 32, 34, 44};
+    const int k0 = w4a16_decode_ksplit(-1), p0 = w4a16_decode_ksplit_poll(1);
+    const unsigned long n0 = w4a16_decode_ksplit_polls();
+    unsigned long rule_polls = 0;
+    for (int si = 0; si < NM(shp); si++) {
+        struct dc_layer L;
+        dc_layer_make(&L, shp[si].k, shp[si].n, shp[si].gate_up, shp[si].bias, "ksplit poll");
+        ASSERT_OK_SO_FAR();
+        for (int j = 0; j < NM(kss); j++) {
+            w4a16_decode_ksplit(kss[j]);
+            for (int i = 0; i < NM(ms); i++) {
+                if (!w4a16_decode_applies(L.dw, ms[i])) continue;
+                const unsigned long b = w4a16_decode_ksplit_polls();
+                char how[96];
+                snprintf(how, sizeof how, "ks %d: the poll's and the counter's results", kss[j]);
+                gs_same_bits(&L, ms[i], how);
+                gs_same_bits(&L, ms[i], how);
+                ASSERT_OK_SO_FAR();
+                if (kss[j] == 1) rule_polls += w4a16_decode_ksplit_polls() - b;
+            }
+        }
+        dc_layer_free(&L);
+    }
+    w4a16_decode_ksplit(k0);
+    w4a16_decode_ksplit_poll(p0);
+    struct dc_gpu g;
+    ASSERT(dc_gpu_here(&g));
+    const unsigned long n = w4a16_decode_ksplit_polls() - n0;
+    /* on a 132-SM GPU the rule splits Qwen3-32B o and down and the tp = 2 down at M = 1-2 on one wave */
+    ASSERT_MSG(cc_major_here() < 9 || n >= 60, "the poll ran %lu times", n);
+    ASSERT_MSG(g.sms != 132 || rule_polls >= 6, "the poll ran %lu times at the rule's points", rule_polls);
+}
+
 /* x staged group by group (w4a16_decode_x_groups: each of a warp's first
  * ring-turn groups its own cp.async group, waited for in the first column's
  * turns) changes no value: at M = 1-8 the kernel is run with it from M = 1

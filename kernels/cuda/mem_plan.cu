@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dec_split.h"
+#include "kernels/cuda/w4a16.h"
 #include "kernels/cuda/w4a16_gemm.h"
 
 extern "C" {
@@ -117,6 +118,8 @@ extern "C" int cuda_mem_plan_make(const struct model_config *cfg, int tp, int de
         /* the wgmma GEMM's permuted copy of gate|up's x at up to 64 rows
          * (XP, w4a16_gemm_xp), next to the partials */
         lin += 64 * H * 2 + 256;
+        /* the device's poll buffer of the decode K split (w4a16.cu, with the first weight) */
+        lin += w4a16_poll_bytes(sms);
         const char *wr = getenv("AWQD_W4A16_WS_ROWS");
         if (wr && atoi(wr) >= 256) {
             uint64_t rows = (uint64_t)atoi(wr) < T ? (uint64_t)atoi(wr) : T;
@@ -189,7 +192,7 @@ extern "C" void cuda_mem_plan_print(const struct cuda_mem_plan *p, FILE *f) {
             "    batch tables      %8.3f GB  ids, positions, slots, block tables\n"
             "    logits            %8.3f GB  lm_head chunk of %d rows, fp32\n"
             "    sampling          %8.3f GB  sample_topk scratch + candidates of %d rows\n"
-            "    linear split-K    %8.3f GB  W4A16 partial sums (estimate)\n"
+            "    linear split-K    %8.3f GB  W4A16 partial sums (estimate) and the K split's poll buffer\n"
             "    attention         %8.3f GB  decode + prefill split partials\n"
             "    lm_head gather    %8.3f GB  rows for cuBLAS\n"
             "    slack             %8.3f GB  allocation rounding, cuBLAS, lazily loaded kernels\n",

@@ -1307,9 +1307,10 @@ static void cu_destroy(struct ops *ops) {
         w4a16_stage_free(&c->up_stage);
         if (c->stream) cudaStreamSynchronize(c->stream);
         log_info("cuda backend: device scratch at exit: linear split-K %.1f MB, decode attention "
-                 "partials %.1f MB, attention partials %.1f MB, lm_head gather %.1f MB",
+                 "partials %.1f MB, attention partials %.1f MB, lm_head gather %.1f MB; decode K split "
+                 "launches enqueued by the process %lu, %lu of them polled (a graph's replays not counted)",
                  c->lin_ws_bytes / 1e6, c->dec_part_floats * 4 / 1e6, c->attn.part_bytes / 1e6,
-                 c->gather_elems * 2 / 1e6);
+                 c->gather_elems * 2 / 1e6, w4a16_decode_ksplit_launches(), w4a16_decode_ksplit_polls());
 #ifdef AWQD_STAMPS
         w4a16_stamps_dump();
         w4a16_gemm_stamps_dump();

@@ -104,7 +104,8 @@ struct w4a16_weight {
  * weights (counted: the last w4a16_free frees it), every word GS_IDLE between calls. The
  * linears of a device run on one stream, so no two K-split calls share it at once. Sized for
  * a one-wave grid of two blocks a SM, four tiles a block, one row tile: sms x 2 x 4 x 4 x 32
- * words (528 KB on 132 SMs). Without it (no memory) the split counts arrivals instead. */
+ * words (w4a16_poll_bytes: 528 KB on 132 SMs; the memory plan counts it with the linear
+ * workspace). Without it (no memory) the split counts arrivals instead. */
 #define GSP_DEVS 64
 static std::mutex g_gsp_mu;
 static struct {
@@ -117,7 +118,7 @@ static void gsp_acquire(struct w4a16_weight *w) {
     if (w->dev < 0 || w->dev >= GSP_DEVS || w->sms <= 0) return;
     auto &b = g_gsp[w->dev];
     if (!b.refs) {
-        const size_t bytes = (size_t)w->sms * 2 * 4 * 4 * 32 * 4;
+        const size_t bytes = w4a16_poll_bytes(w->sms);
         void *p = NULL;
         if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemset(p, 0xff, bytes) != cudaSuccess) {
             cudaFree(p);
@@ -131,6 +132,7 @@ static void gsp_acquire(struct w4a16_weight *w) {
     w->gsp = b.p;
     w->gsp_bytes = b.bytes;
 }
+extern "C" size_t w4a16_poll_bytes(int sms) { return (size_t)(sms > 0 ? sms : 1) * 2 * 4 * 4 * 32 * 4; }
 static void gsp_release(struct w4a16_weight *w) {
     if (!w->gsp) return;
     std::lock_guard<std::mutex> lk(g_gsp_mu);

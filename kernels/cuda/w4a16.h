@@ -294,6 +294,9 @@ unsigned long w4a16_decode_ksplit_launches(void);
  * that polled. */
 int w4a16_decode_ksplit_poll(int v);
 unsigned long w4a16_decode_ksplit_polls(void);
+/* Bytes of the poll buffer w4a16_upload allocates once a device (with its
+ * first weight) on a device of sms SMs. */
+size_t w4a16_poll_bytes(int sms);
 /* Whether the dispatch also takes the decode kernel with the K split at M
  * = 3-8 where it would not take the one-block plan, or there is none (x of
  * all of K too large): v = 1 yes (the default), 0 no; other values only

@@ -466,8 +466,8 @@ TEST(dc_plan, cluster_split_rule) {
 /* The K split through global memory at M <= 8 (dc_gs_pick, dc_plan_gs;
  * sessions 53-54's measured points on the H200's 132 SMs): where a split
  * grid of one wave has at least 1.4x the blocks the one-block plan has
- * resident (4 x 4 of as many where its x is >= 64 KB), K >= 6144 and
- * N >= 4096, the most blocks (4 x 4 before 2 x 2);
+ * resident (4 x 4 of as many where its x is >= 64 KB), K >= 6144 (5120
+ * from M = 2, session 63) and N >= 4096, the most blocks (4 x 4 before 2 x 2);
  * where there is no one-block plan, grids of more than one wave */
 TEST(dc_plan, ksplit_rule) {
     static const struct { int m, k, n, ks, tb; const char *what; } cs[] = {
@@ -483,7 +483,12 @@ TEST(dc_plan, ksplit_rule) {
         {5, 12288, 4096, 4, 4, "Qwen3-8B down (4 x 4 0.96x 2 x 2)"},
         {2, 28672, 8192, 2, 4, "Llama-3-70B down (0.87x)"},
         {8, 8192, 8192, 2, 4, "Llama-3-70B o (0.93x)"},
-        {1, 5120, 5120, 0, 0, "the Qwen3-32B tp = 2 q|k|v shard (K = 5120: 1.06x)"},
+        {1, 5120, 5120, 0, 0, "the Qwen3-32B tp = 2 q|k|v shard (K = 5120 at M = 1: 1.06x with the counter, 0.99x with the poll)"},
+        {2, 5120, 5120, 3, 4, "the Qwen3-32B tp = 2 q|k|v shard (session 63, the poll: 6.32 -> 6.06 us)"},
+        {4, 5120, 5120, 3, 4, "the Qwen3-32B tp = 2 q|k|v shard (6.73 -> 6.28 us)"},
+        {8, 5120, 5120, 3, 4, "the Qwen3-32B tp = 2 q|k|v shard (7.44 -> 6.36 us)"},
+        {2, 5120, 10240, 0, 0, "Qwen3-32B q|k|v (K = 5120: no split of one wave)"},
+        {2, 4096, 5120, 0, 0, "its tp = 2 o shard (K = 4096)"},
         {1, 4096, 5120, 0, 0, "its tp = 2 o shard (K = 4096: 1.21x)"},
         {1, 5120, 10240, 0, 0, "Qwen3-32B q|k|v (K = 5120)"},
         {1, 12288, 4096, 0, 0, "Qwen3-8B down (256 blocks, two a SM: 1.09x)"},

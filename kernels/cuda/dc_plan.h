@@ -221,7 +221,8 @@ DC_FN size_t dc_gs_ws_bytes(const struct dc_plan *pl) {
 DC_FN int dc_gs_one_wave(const struct dc_plan *pl, const struct dc_gpu *g) {
     return pl->blocks * pl->cl <= (g->sms > 0 ? g->sms : 1) * dc_blocks_per_sm(g, pl->smem);
 }
-/* Where the dispatch takes it, and how (dc_gs_pick): at M <= 8, K >= 6144
+/* Where the dispatch takes it, and how (dc_gs_pick): at M <= 8, K >= 6144 (5120 from M = 2 since
+ * session 63, below)
  * (at least 16 groups a block of three, two a warp) and N >= 4096, where
  * one of 3 blocks of four tiles, 2 of four or 2 of two a column gives a
  * one-wave grid of at least 1.4x the blocks the one-block plan has resident
@@ -298,6 +299,14 @@ DC_FN int dc_gs_one_wave(const struct dc_plan *pl, const struct dc_gpu *g) {
  * never reaches it.
  */
 #define DC_GS_MIN_K 6144
+/* Session 63, with the column's last rank polling (w4a16.cu, DC_F_GSPOLL: a cheaper end than the
+ * arrival counter's): K = 5120 too from M = 2 (40 groups, 13-14 a block of three). H200, back to
+ * back, the rule against 3 x 4 forced (`s63f`, two runs): the Qwen3-32B tp = 2 q|k|v shard (5120
+ * x 5120, 160 blocks of two tiles) at M = 2 / 4 / 8 6.32 / 6.73 / 7.44 -> 6.06 / 6.28 / 6.36 us,
+ * at M = 1 6.11 -> 6.07 (left out: the fused-norm variant, which has no split, runs M = 1-2 in a
+ * model anyway); no other shape of K = 5120 has a one-wave split at N >= 4096 */
+#define DC_GS_MIN_K_POLL 5120
+#define DC_GS_MIN_K_POLL_M 2
 #define DC_GS_MIN_N16 256
 #define DC_GS_NARROW_N16 160
 #define DC_GS_NARROW_MIN_M 4
@@ -322,7 +331,8 @@ DC_FN int dc_gs_pick_flags(const struct dc_plan *pl, const struct dc_gpu *g, int
     const int none = !dc_smem_fits(g, pl->smem, pl->mt), sms = g->sms > 0 ? g->sms : 1,
               narrow = s56 && !none && pl->m >= DC_GS_NARROW_MIN_M && pl->n16 >= DC_GS_NARROW_N16 &&
                        pl->k >= DC_GS_NARROW_MIN_K;
-    if (pl->mt != 1 || pl->cl != 1 || pl->k < DC_GS_MIN_K || (pl->n16 < DC_GS_MIN_N16 && !narrow)) return 0;
+    const int min_k = pl->m >= DC_GS_MIN_K_POLL_M ? DC_GS_MIN_K_POLL : DC_GS_MIN_K;
+    if (pl->mt != 1 || pl->cl != 1 || pl->k < min_k || (pl->n16 < DC_GS_MIN_N16 && !narrow)) return 0;
     const int slots1 = none ? 0 : sms * dc_blocks_per_sm(g, pl->smem), res1 = pl->blocks < slots1 ? pl->blocks : slots1;
     int best = 0;
     for (int i = s56 ? 0 : 1; i < 5; i++) {

@@ -505,6 +505,7 @@ TEST(dc_plan, ksplit_rule) {
         {6, 8192, 2560, 6, 4, "the Llama-3-70B tp = 4 q|k|v shard (8.00 -> 6.73 us)"},
         {8, 8192, 2560, 6, 4, "the Llama-3-70B tp = 4 q|k|v shard (80 blocks of one a SM, 7.38 -> 6.80 us)"},
         {6, 6144, 2560, 0, 0, "N = 2560 below K = 8192 (not measured)"},
+        {4, 5120, 2560, 0, 0, "the Qwen3-32B tp = 4 q|k|v shard (3 x 2: 0.88x back to back, its rank proxy 1.007x a step)"},
     };
     const int fl = DC_PLAN_HALVE | DC_PLAN_TB1 | DC_PLAN_TB4;
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {

@@ -550,13 +550,15 @@ TEST(w4a16, decode_cluster_split) {
  * counters reset): the Qwen3-32B down and o and their tp = 2 shards (K /
  * 128 = 200, 64, 100, 32), Qwen3-8B down, a gate|up (silu), 325 tiles with
  * a bias (a part-filled last column) at K = 3072 (24 groups: 8 or 12 a
- * block), at M = 1, 3, 6, 8; off, one block a column. */
+ * block), the 2560-column Llama-3-70B and Qwen3-32B tp = 4 q|k|v shards, at
+ * M = 1, 3, 6, 8; off, one block a column. */
 TEST(w4a16, decode_ksplit) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     static const struct { int k, n, gate_up, bias; } shp[] = {
         {25600, 5120, 0, 0}, {8192, 5120, 0, 0}, {12800, 5120, 0, 0}, {4096, 5120, 0, 1},
         {12288, 4096, 0, 0}, {5120, 5120, 1, 0}, {3072, 5200, 0, 1},
         {8192, 2560, 0, 0}, /* the Llama-3-70B tp = 4 q|k|v shard: 6 x 4 from M = 4 (session 56) */
+        {5120, 2560, 0, 0}, /* the Qwen3-32B tp = 4 q|k|v shard (no split by the rule; forced ones) */
     };
     static const int ms[] = {1, 3, 6, 8}, kss[] = {1, 22, 24, 32, 34, 44, 64, 84, 142, 144, 164, 184};
     const int k0 = w4a16_decode_ksplit(-1);

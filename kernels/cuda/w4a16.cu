@@ -1747,6 +1747,10 @@ extern "C" int w4a16_clone(const struct w4a16_weight *src, struct w4a16_weight *
     w->bias = NULL;
     w->cnt = NULL;
     w->gsp = NULL;
+    if (cudaGetDevice(&w->dev) != cudaSuccess) { /* the copy lives on the current device */
+        cudaGetLastError();
+        w->dev = -1; /* no poll buffer */
+    }
     const size_t qb = (size_t)src->n16a * src->kc * 32 * 16, sb = (size_t)src->kg * src->n16a * 8;
     int rc = 0;
 #define CL_CHECK(call)                                                                          \
@@ -2105,12 +2109,14 @@ static int decode_plan(const struct w4a16_weight *w, int m, struct dc_plan *pl) 
 static env_knob g_dc_ks = ENV_KNOB_INIT("AWQD_W4A16_DC_KS", 1, 0, 199);
 extern "C" int w4a16_decode_ksplit(int v) { return knob_set(&g_dc_ks, v); }
 
-/* pl (decode_plan's) replaced by the K split's where it applies (the plain
- * and SUM variants; the caller checks the workspace): 1 if so */
 /* For measurements: AWQD_W4A16_DC_KS_MINK=K0 leaves the split out below K = K0 at M <=
- * AWQD_W4A16_DC_KS_MINK_M (default 8): the rule's e2e check, matrix by matrix */
+ * AWQD_W4A16_DC_KS_MINK_M (default 8): the rule's e2e check, matrix by matrix (6144: the rule
+ * before session 63) */
 static env_knob g_dc_ks_mink = ENV_KNOB_INIT("AWQD_W4A16_DC_KS_MINK", 0, 0, 1 << 20);
 static env_knob g_dc_ks_mink_m = ENV_KNOB_INIT("AWQD_W4A16_DC_KS_MINK_M", 8, 1, 8);
+
+/* pl (decode_plan's) replaced by the K split's where it applies (the plain
+ * and SUM variants; the caller checks the workspace): 1 if so */
 static int decode_plan_gs(const struct w4a16_weight *w, int m, struct dc_plan *pl) {
     const int v0 = knob_get(&g_dc_ks), v = v0 % 100, any_wave = v0 >= 100, ks = v / 10, tb = v % 10;
     const struct dc_gpu g = dc_gpu_of(w);

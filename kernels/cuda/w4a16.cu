@@ -1006,6 +1006,17 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         const int m = min(i * 8 + r, ep.m - 1);
         s.xr[i] = sx + m * xs + k0l + 16 * c;
     }
+#ifdef AWQD_STAMPS
+    if constexpr (!NORM && !PS && !GS && CL == 1) {
+        /* points 5 / 6 of the plain variant: this lane's first and last ring slots in (a
+         * branch on each value waits for its load; session 66: on Qwen3-8B o at M = 1 the
+         * whole slice is in 0.2-0.3 us after x and the loop still takes 1.5 us after it) */
+        if (s.wr[0].x == 0x9e3779b9u && s.wr[0].w == 0x7f4a7c15u) __nanosleep(1);
+        ST_MARK(5);
+        if (s.wr[S::NW - 1].x == 0x9e3779b9u && s.wr[S::NW - 1].w == 0x7f4a7c15u) __nanosleep(1);
+        ST_MARK(6);
+    }
+#endif
     for (;;) {
 #pragma unroll
         for (int tb = 0; tb < TB; tb++)
@@ -1706,7 +1717,7 @@ done:
 extern "C" void w4a16_stamps_dump(void) {
     static const char *const kinds[16] = {"?", "decode", "decode+norm", "decode+sum", "tc", "skinny", "?", "?",
                                           "?", "?", "?", "?", "?", "?", "?", "?"};
-    st_dump("w4a16 (K x N)", kinds, "0 entry, 1 after the PDL wait, 2 x / norm staged (decode from M = 6: x requested; tc: the first chunk in), 3 main loop done, 4 stored (tc, skinny: split-K reduced; decode K split: its parts stored and fenced, with the poll: a writer's parts stored), 5 norm: first pieces in (tc, skinny: stored; decode K split: the column's count known, with the poll: the last rank has the others' parts), 6 norm: warp 0's pieces summed (decode K split: the column stored)");
+    st_dump("w4a16 (K x N)", kinds, "0 entry, 1 after the PDL wait, 2 x / norm staged (decode from M = 6: x requested; tc: the first chunk in), 3 main loop done, 4 stored (tc, skinny: split-K reduced; decode K split: its parts stored and fenced, with the poll: a writer's parts stored), 5 norm: first pieces in (tc, skinny: stored; decode K split: the column's count known, with the poll: the last rank has the others' parts; plain decode: warp 0 lane 0's first ring slot in), 6 norm: warp 0's pieces summed (decode K split: the column stored; plain decode: its last ring slot in)");
 }
 #endif
 

@@ -1007,10 +1007,11 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         s.xr[i] = sx + m * xs + k0l + 16 * c;
     }
 #ifdef AWQD_STAMPS
-    if constexpr (!NORM && !PS && !GS && CL == 1) {
+    if constexpr (!NORM && !PS && CL == 1) {
         /* points 5 / 6 of the plain variant: this lane's first and last ring slots in (a
-         * branch on each value waits for its load; session 66: on Qwen3-8B o at M = 1 the
-         * whole slice is in 0.2-0.3 us after x and the loop still takes 1.5 us after it) */
+         * branch on each value waits for its load, so in a stamps build the loop starts only
+         * once the whole first turn is in; session 66: on Qwen3-8B o at M = 1 the whole slice
+         * is in 0.2-0.3 us after x and the loop still takes 1.5 us after it) */
         if (s.wr[0].x == 0x9e3779b9u && s.wr[0].w == 0x7f4a7c15u) __nanosleep(1);
         ST_MARK(5);
         if (s.wr[S::NW - 1].x == 0x9e3779b9u && s.wr[S::NW - 1].w == 0x7f4a7c15u) __nanosleep(1);

@@ -189,6 +189,23 @@ static __device__ __forceinline__ void dc_norm_scale(uint16_t *px, const uint4 &
     *(uint4 *)px = a;
 }
 
+/* dc_norm_scale, returning the fp32 sum of the 8 fp16 values it stored (ZS) */
+static __device__ __forceinline__ float dc_norm_scale_sum(uint16_t *px, const uint4 &g, float r) {
+    uint4 a = *(const uint4 *)px;
+    __half2 *a2 = (__half2 *)&a;
+    const __half2 *g2 = (const __half2 *)&g;
+    float sum = 0.f;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const float2 fa = __half22float2(a2[u]), fg = __half22float2(g2[u]);
+        a2[u] = __floats2half2_rn(fg.x * (fa.x * r), fg.y * (fa.y * r));
+        const float2 f = __half22float2(a2[u]);
+        sum += f.x + f.y;
+    }
+    *(uint4 *)px = a;
+    return sum;
+}
+
 /* d = A * B (no accumulator input) */
 static __device__ __forceinline__ void mma16816_z(float d[4], const uint32_t a[4], uint32_t b0,
                                                   uint32_t b1) {

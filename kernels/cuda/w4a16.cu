@@ -771,7 +771,7 @@ static __device__ __forceinline__ void dc_norm_w_prefetch(const norm_args &na, i
  * the block's sum of v^2 per row (warps added in order), then x = fp16(w * (v
  * * rsqrt(mean + eps))) in place — add_rmsnorm's arithmetic (ops_cuda.cu),
  * its sum in another order. wpre: dc_norm_w_prefetch's pieces of w. */
-/* ZS: piece p's sum v (dc_norm_scale_sum) added over the 16 lanes of its
+/* ZS: piece p's sum v (dc_norm_scale's) added over the 16 lanes of its
  * group (all 32 lanes call it: j's bound is the warp's) and stored by the
  * group's first lane at zsum[group * 16 + row] */
 static __device__ __forceinline__ void dc_norm_zs_put(float v, int p, int n8, int row, float *zsum) {
@@ -823,29 +823,20 @@ static __device__ void dc_norm_prologue(const norm_args &na, const uint4 *wpre, 
         float tot = 0.0f;
         for (int w = 0; w < DC_WARPS; w++) tot += ssq[row][w];
         const float r = rsqrtf(tot / (float)K + na.eps);
-        if constexpr (ZS) { /* and the sums of x per group of this warp's range into zsum */
-#pragma unroll
-            for (int j = 0; j < PRE; j++) {
-                const int p = lane + 32 * j;
-                if (32 * j < n8) { /* the warp's bound: every lane shuffles */
-                    const float v = p < n8 ? dc_norm_scale_sum(sx + row * xs + k0 + p * 8, wpre[j], r) : 0.f;
-                    dc_norm_zs_put(v, p, n8, row, zsum);
-                }
-            }
-            for (int p = lane + 32 * PRE; p - lane < n8; p += 32) {
-                const float v =
-                    p < n8 ? dc_norm_scale_sum(sx + row * xs + k0 + p * 8, *(const uint4 *)(sw + k0 + p * 8), r) : 0.f;
-                dc_norm_zs_put(v, p, n8, row, zsum);
-            }
-            continue;
-        }
+        /* the loops run to the warp's bound (ZS: every lane shuffles); ZS also puts the sums
+         * of x per group of this warp's range into zsum */
 #pragma unroll
         for (int j = 0; j < PRE; j++) {
             const int p = lane + 32 * j;
-            if (p < n8) dc_norm_scale(sx + row * xs + k0 + p * 8, wpre[j], r);
+            if (32 * j < n8) {
+                const float v = p < n8 ? dc_norm_scale(sx + row * xs + k0 + p * 8, wpre[j], r) : 0.f;
+                if constexpr (ZS) dc_norm_zs_put(v, p, n8, row, zsum);
+            }
         }
-        for (int p = lane + 32 * PRE; p < n8; p += 32)
-            dc_norm_scale(sx + row * xs + k0 + p * 8, *(const uint4 *)(sw + k0 + p * 8), r);
+        for (int p = lane + 32 * PRE; p - lane < n8; p += 32) {
+            const float v = p < n8 ? dc_norm_scale(sx + row * xs + k0 + p * 8, *(const uint4 *)(sw + k0 + p * 8), r) : 0.f;
+            if constexpr (ZS) dc_norm_zs_put(v, p, n8, row, zsum);
+        }
     }
 }
 
@@ -2804,25 +2795,20 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
         /* the NORM variant is compiled for MT = 1 only (launch_decode gives
          * it no other: the prologue's row sums hold 8 rows) */
         if constexpr (MT == 1) {
-            if (norm_zs_on()) { /* ZS: the prologue makes the sums of x (AWQD_W4A16_NORM_ZS) */
-                static std::atomic<unsigned long long> smem_set_nz{0};
-                auto *kern = k_decode<MT, TB, true, false, PS, PF, 2, false, 1, false, true>;
-                rc = cuda_smem_limit_once(&smem_set_nz, (const void *)kern, dc_smem_max(MT), err, errlen);
-                if (rc) return rc;
-                g_zs_launches.fetch_add(1, std::memory_order_relaxed);
-                CUDA_CHECK(launch_pdl(w, kern, dim3(grid), dim3(DC_WARPS * 32),
-                                      dc_norm_smem<dc_norm_pre<TB>::n>(pl, w->k) + (size_t)w->k / 128 * 16 * 4, s,
-                                      w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, flags, ep, *na, nosum, pl->blocks,
-                                      nullptr, nullptr),
-                           err, errlen);
-                return 0;
-            }
-            rc = cuda_smem_limit_once(&smem_set_n, (const void *)k_decode<MT, TB, true, false, PS, PF>,
-                                      dc_smem_max(MT), err, errlen);
+            /* ZS (AWQD_W4A16_NORM_ZS): the prologue makes the sums of x, K / 128 x 16 floats
+             * after the plan's shared memory */
+            static std::atomic<unsigned long long> smem_set_nz{0};
+            const int z = norm_zs_on();
+            auto *kern = z ? k_decode<MT, TB, true, false, PS, PF, 2, false, 1, false, true>
+                           : k_decode<MT, TB, true, false, PS, PF>;
+            rc = cuda_smem_limit_once(z ? &smem_set_nz : &smem_set_n, (const void *)kern, dc_smem_max(MT), err,
+                                      errlen);
             if (rc) return rc;
-            CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, true, false, PS, PF>, dim3(grid),
-                                  dim3(DC_WARPS * 32), dc_norm_smem<dc_norm_pre<TB>::n>(pl, w->k), s, w->qw, w->sc, w->zr, x, w->k,
-                                  w->n16a, w->kc, flags, ep, *na, nosum, pl->blocks, nullptr, nullptr),
+            if (z) g_zs_launches.fetch_add(1, std::memory_order_relaxed);
+            CUDA_CHECK(launch_pdl(w, kern, dim3(grid), dim3(DC_WARPS * 32),
+                                  dc_norm_smem<dc_norm_pre<TB>::n>(pl, w->k) + (z ? (size_t)w->k / 128 * 16 * 4 : 0), s,
+                                  w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, flags, ep, *na, nosum, pl->blocks,
+                                  nullptr, nullptr),
                        err, errlen);
             return 0;
         } else {
@@ -2871,27 +2857,22 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
                    err, errlen);
         return 0;
     }
+    /* ZS at MT = 1 (w4a16_linear_zs): the zero point through the caller's sums of x, passed in
+     * the otherwise unused norm_args */
+    static std::atomic<unsigned long long> smem_set_z{0};
+    auto *kern = k_decode<MT, TB, false, false, PS, PF, MINB, XP>;
+    norm_args za = none;
     if constexpr (MT == 1 && CL == 1 && !GS) {
-        if (zs) { /* ZS: the zero point through the caller's sums of x (w4a16_linear_zs) */
-            static std::atomic<unsigned long long> smem_set_z{0};
-            auto *kern = k_decode<MT, TB, false, false, PS, PF, MINB, XP, 1, false, true>;
-            rc = cuda_smem_limit_once(&smem_set_z, (const void *)kern, dc_smem_max(MT), err, errlen);
-            if (rc) return rc;
-            norm_args za = none;
+        if (zs) {
+            kern = k_decode<MT, TB, false, false, PS, PF, MINB, XP, 1, false, true>;
             za.xsum = zs;
-            g_zs_launches.fetch_add(1, std::memory_order_relaxed);
-            CUDA_CHECK(launch_pdl(w, kern, dim3(grid), dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x,
-                                  w->k, w->n16a, w->kc, flags, ep, za, nosum, pl->blocks, nullptr, nullptr),
-                       err, errlen);
-            return 0;
         }
     }
-    rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS, PF, MINB, XP>,
-                              dc_smem_max(MT), err, errlen);
+    rc = cuda_smem_limit_once(za.xsum ? &smem_set_z : &smem_set, (const void *)kern, dc_smem_max(MT), err, errlen);
     if (rc) return rc;
-    CUDA_CHECK(launch_pdl(w, k_decode<MT, TB, false, false, PS, PF, MINB, XP>, dim3(grid), dim3(DC_WARPS * 32),
-                          pl->smem, s, w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, flags, ep,
-                          none, nosum, pl->blocks, nullptr, nullptr),
+    if (za.xsum) g_zs_launches.fetch_add(1, std::memory_order_relaxed);
+    CUDA_CHECK(launch_pdl(w, kern, dim3(grid), dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
+                          w->n16a, w->kc, flags, ep, za, nosum, pl->blocks, nullptr, nullptr),
                err, errlen);
     return 0;
 }
@@ -3207,8 +3188,7 @@ extern "C" int w4a16_linear_zs(const struct w4a16_weight *w, const uint16_t *x, 
     if (!w || !xsum || ((uintptr_t)xsum & 7) || w->group != 128)
         return util_err(err, errlen, -EINVAL, "w4a16_linear_zs: xsum NULL, not 8-byte aligned, or group %d != 128",
                         w ? w->group : 0);
-    return linear_run(w, x, m, y, epilogue_flags, W4A16_KERNEL_AUTO, 0, workspace, ws_bytes, m <= 8 ? xsum : NULL,
-                      s, err, errlen);
+    return linear_run(w, x, m, y, epilogue_flags, W4A16_KERNEL_AUTO, 0, workspace, ws_bytes, xsum, s, err, errlen);
 }
 
 /* w4a16_x_group_sums: one warp per group of 128 columns, every row of 16 (rows >= m: 0) */

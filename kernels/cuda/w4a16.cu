@@ -2725,9 +2725,12 @@ static std::atomic<unsigned long> g_gs_launches{0}, g_gs_polls{0};
 extern "C" unsigned long w4a16_decode_ksplit_launches(void) { return g_gs_launches.load(std::memory_order_relaxed); }
 static std::atomic<unsigned long> g_zs_launches{0};
 extern "C" unsigned long w4a16_zs_launches(void) { return g_zs_launches.load(std::memory_order_relaxed); }
-/* ZS in w4a16_linear_norm: its prologue makes the sums of x (AWQD_W4A16_NORM_ZS, w4a16_norm_zs) */
-static env_knob g_norm_zs = ENV_KNOB_INIT("AWQD_W4A16_NORM_ZS", 1, 0, 1);
-static int norm_zs_on(void) { return knob_get(&g_norm_zs); }
+/* ZS in w4a16_linear_norm up to this many rows: its prologue makes the sums of x
+ * (AWQD_W4A16_NORM_ZS, w4a16_norm_zs). 1 by the H200's measurements (session 68, against
+ * the prologue without ZS in one binary): the tp = 2 rank proxy batch 1 0.99x a step, Qwen3-8B
+ * batch 1 1.00x, but Qwen3-8B batch 2 1.015x (1.91-1.92 -> 1.94-1.95 ms) */
+static env_knob g_norm_zs = ENV_KNOB_INIT("AWQD_W4A16_NORM_ZS", 1, 0, 2);
+static int norm_zs_on(int m) { return m <= knob_get(&g_norm_zs); }
 extern "C" int w4a16_norm_zs(int v) { return knob_set(&g_norm_zs, v); }
 extern "C" unsigned long w4a16_decode_ksplit_polls(void) { return g_gs_polls.load(std::memory_order_relaxed); }
 
@@ -2798,7 +2801,7 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
             /* ZS (AWQD_W4A16_NORM_ZS): the prologue makes the sums of x, K / 128 x 16 floats
              * after the plan's shared memory */
             static std::atomic<unsigned long long> smem_set_nz{0};
-            const int z = norm_zs_on();
+            const int z = norm_zs_on(ep.m);
             auto *kern = z ? k_decode<MT, TB, true, false, PS, PF, 2, false, 1, false, true>
                            : k_decode<MT, TB, true, false, PS, PF>;
             rc = cuda_smem_limit_once(z ? &smem_set_nz : &smem_set_n, (const void *)kern, dc_smem_max(MT), err,

@@ -175,9 +175,9 @@ int w4a16_linear_zs(const struct w4a16_weight *w, const uint16_t *x, const float
                     int epilogue, void *workspace, size_t ws_bytes, cudaStream_t s, char *err, size_t errlen);
 int w4a16_x_group_sums(const uint16_t *x, int m, int K, float *xsum, cudaStream_t s, char *err, size_t errlen);
 unsigned long w4a16_zs_launches(void); /* the decode kernel's ZS launches so far (tests) */
-/* ZS inside w4a16_linear_norm (its prologue makes the sums, in shared memory): 1 on (the
- * default since session 68: qwen3-32b batch 1 0.99x a step), 0 off (AWQD_W4A16_NORM_ZS=0);
- * v < 0 only reads. Returns the previous value. */
+/* ZS inside w4a16_linear_norm (its prologue makes the sums, in shared memory) up to v rows:
+ * 1 (the default since session 68: batch 1 only, 0.99-1.00x a step), 2 (batch 2 too: 1.00-1.015x),
+ * 0 off (AWQD_W4A16_NORM_ZS); v < 0 only reads. Returns the previous value. */
 int w4a16_norm_zs(int v);
 
 /* The residual add + RMSNorm that precedes a decode-sized linear, fused into

@@ -1272,7 +1272,7 @@ TEST(w4a16, linear_norm_fused) {
  * point's HSUB2; the same bound, and the ZS kernel must have run. */
 TEST(w4a16, linear_norm_fused_zs) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
-    const int z0 = w4a16_norm_zs(1);
+    const int z0 = w4a16_norm_zs(2); /* M = 1 and 2 */
     const unsigned long l0 = w4a16_zs_launches();
     norm_fused_cases();
     w4a16_norm_zs(z0);

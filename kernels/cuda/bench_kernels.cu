@@ -209,7 +209,6 @@ extern "C" int bench_kernels(int argc, char **argv) {
     int b2b_kernel = W4A16_KERNEL_AUTO; /* --b2b-kernel: forces the "new" column's kernel */
     int b2b_split = 0;                  /* --b2b-split: and its split count (0: its own rule) */
     int b2b_copies = 0;                 /* --b2b-copies: weight copies back to back (0: > 2x L2) */
-    int b2b_zs = 0;                     /* --b2b-zs: also w4a16_linear_zs at M <= 8 (sums of x made once) */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--set") && i + 1 < argc) set = argv[++i];
@@ -231,7 +230,6 @@ extern "C" int bench_kernels(int argc, char **argv) {
         else if (!strcmp(argv[i], "--b2b-split") && i + 1 < argc) b2b_split = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--b2b-copies") && i + 1 < argc) b2b_copies = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--b2b-host")) g_b2b_graph = 0;
-        else if (!strcmp(argv[i], "--b2b-zs")) b2b_zs = 1;
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
         else if (!strcmp(argv[i], "--m") && i + 1 < argc) ms_arg = argv[++i];
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = argv[++i];
@@ -242,7 +240,7 @@ extern "C" int bench_kernels(int argc, char **argv) {
             fprintf(stderr,
                     "usage: awqd bench kernels [--reps N] [--m 1,2,4,...] [--shape NAME] [--set 8b|32b|70b|all]\n"
                     "                          [--b2b-m 1,2,4,8,16] [--b2b-only] [--b2b-kernel K [--b2b-split N]] [--b2b-audit] [--mlp-sweep]\n"
-                    "                          [--b2b-copies N] [--b2b-host] [--b2b-zs]\n"
+                    "                          [--b2b-copies N] [--b2b-host]\n"
                     "                          [--variants] [--csv FILE]\n"
                     "  --set       Qwen3-8B shapes (default), Qwen3-32B or Llama-3-70B at tp = 1, 2, 4, or all\n"
                     "  --b2b-only  only the back-to-back table (no single cold calls, no cuBLAS at all)\n"
@@ -253,9 +251,6 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     "  --b2b-host  the back-to-back calls issued from the host one by one (before session 30) instead\n"
                     "              of captured into one CUDA graph and replayed as the engine runs them; a call\n"
                     "              shorter than its launch then times the host\n"
-                    "  --b2b-zs    at M <= 8 also w4a16_linear_zs, the zero point through sums of x per group\n"
-                    "              (made once before the timing: the consumer's side only, the producer's cost\n"
-                    "              not counted), printed as \"zs\" and its ratio to \"new\"\n"
                     "  --mlp-sweep the read-only stream with 4 / 8 KB in flight per warp on grids of 0.5-3x\n"
                     "              two blocks per SM (beside the stream-read ceiling)\n"
                     "  --b2b-audit also time the decode kernel forced (M <= 16), from M = 9 skinny (to 64), tc64,\n"
@@ -614,19 +609,6 @@ extern "C" int bench_kernels(int argc, char **argv) {
                     printf("  %s %.2f us (%.1f%%)", mname[mode], us_mode[mode],
                            100.0 * wbytes / (us_mode[mode] * 1e-6) / 1e9 / copy_gbs);
                 printf("  new/old %.2fx", us_mode[1] / us_mode[0]);
-                if (b2b_zs && mm <= 8 && K % 128 == 0) {
-                    float *dsum = nullptr;
-                    CUDA_CHECK_ABORT(cudaMalloc(&dsum, (size_t)K / 128 * 16 * 4));
-                    int rcz = w4a16_x_group_sums(dx, mm, K, dsum, bs, err, sizeof err);
-                    CUDA_CHECK_ABORT(cudaStreamSynchronize(bs));
-                    const double uz = rcz ? 0 : b2b_us(t.a, t.b, bs, calls, [&](int i) {
-                        rcz |= w4a16_linear_zs(cp[i % R], dx, dsum, mm, dy, epi, ws, wsb, bs, err, sizeof err);
-                    });
-                    if (rcz) printf("  zs error: %s", err);
-                    else printf("  zs %.2f us (%.1f%%) zs/new %.3fx", uz, 100.0 * wbytes / (uz * 1e-6) / 1e9 / copy_gbs,
-                                uz / us_mode[0]);
-                    cudaFree(dsum);
-                }
                 if (Rc) {
                     CUBLAS_CHECK_ABORT(cublasSetStream(cb, bs));
                     const double cus =

@@ -198,7 +198,6 @@ struct norm_args {
     const uint16_t *rin, *delta, *w;
     uint16_t *rout;
     float eps;
-    const float *xsum; /* not NORM: ZS's sums of x (w4a16_linear_zs), else NULL */
 };
 
 /* Split-K: every block of one output tile writes its NACC fp32 values per
@@ -516,19 +515,21 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 /* for their own group only (session 42: 128 KB a block at M = 16 took      */
 /* 2.0-2.4 us, the SM's share of L2 bandwidth; see dc_xp_min_m).             */
 /*                                                                            */
-/* ZS (session 68, MT = 1): the zero point leaves through the sums of x per  */
+/* ZM (session 69, MT = 1): the zero point leaves through the sums of x per  */
 /* group, S = sum of x over the group's 128 k: the codes enter the mma as    */
 /* {1024 + q} / {1024 + 16 q} straight from LOP3 (no HSUB2: 6 instead of 10  */
 /* instructions a word), and each group's chain ends with d -= (1024 + z) S  */
 /* (4 FMA a tile), exact up to fp32 rounding of a sum ~1024 x larger than    */
-/* the result (2^-24 of it: far below fp16's 2^-11). S must be the sum of    */
-/* the same fp16 x the mma reads, so whoever makes x makes S: the NORM       */
-/* prologue (it holds each x value in a register as it stores it; the sums   */
-/* go to the end of the dynamic shared memory; on by default,               */
-/* AWQD_W4A16_NORM_ZS), or the caller of w4a16_linear_zs (global memory,    */
-/* [K / 128][16] floats; the engine has no such producer yet). Sums made    */
-/* by the kernel itself after its wait were slower (session 66): they sit   */
-/* between x and the first mma.                                             */
+/* the result (2^-24 of it: far below fp16's 2^-11). S comes from one more   */
+/* mma a k16 step, A = ones (16 x 16) and B = the x fragment the weights'   */
+/* mma take: D = S in every row, so each lane holds the sums of its own x    */
+/* rows (2c, 2c + 1) in the registers its correction needs, for all TB      */
+/* tiles at once. The tensor pipe has room at M <= 8 (the ALU pipe bounds    */
+/* the loop); the extra mma costs where it doubles the tensor work of a     */
+/* short range (one tile a block, one ring turn a warp: dc_zm_on). Session  */
+/* 68's sums made by x's producer (the NORM prologue, or the caller) were    */
+/* no faster and needed a producer per linear; session 66's sums made by    */
+/* the kernel's threads after the wait sat between x and the first mma.    */
 /* ------------------------------------------------------------------------ */
 
 /* DC_WARPS, DC_MAX_M, DC_SMEM_MAX, the shared memory layout and the launch
@@ -584,7 +585,6 @@ struct dc_state {
     const uint8_t *zp;
     size_t gs;          /* elements per group in sc / zr: n16a * 8 */
     const uint16_t *xr[MT]; /* x of the turn's chunk 0 for this lane's rows (+ 16c) */
-    const float *xg;        /* ZS: the sums of x of the turn's first group, rows 2c, 2c + 1 */
     int xw;             /* x still arriving: group g < UG of the range is cp.async group g, the rest group UG */
 };
 
@@ -651,15 +651,10 @@ static __device__ __forceinline__ void dc_x_wait(int n) {
  * groups UG later where g0 + gi + UG < ng. XC (the persistent grid's last
  * turn of a column): the state's pointers are already at the block's next
  * column, and the slots get its first turn where hn (there is one). */
-template <int MT, int TB, int NG, bool XC = false, bool ZS = false>
+template <int MT, int TB, int NG, bool XC = false, bool ZM = false>
 static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int ng, int hn = 0) {
     constexpr int UG = dc_state<MT, TB>::UG, AHEAD = XC ? 0 : UG;
-    static_assert(!ZS || MT == 1, "ZS: one mma column block");
-    float2 xg[NG]; /* ZS: this turn's sums of x (group gi, rows 2c and 2c + 1) */
-    if constexpr (ZS) {
-#pragma unroll
-        for (int gi = 0; gi < NG; gi++) xg[gi] = *(const float2 *)(s.xg + gi * 16);
-    }
+    static_assert(!ZM || MT == 1, "ZM: one mma column block");
 #pragma unroll
     for (int gi = 0; gi < NG; gi++) {
         if (s.xw) { /* the first column: this group's x rows (k_decode's x staging, XP) */
@@ -668,12 +663,12 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
         }
         const int refill = XC ? hn && gi < ng : g0 + gi + UG < ng;
         uint32_t mlo[TB], mhi[TB]; /* deq_raw's subtrahends for rows r, r + 8 */
-        float zl[TB], zh[TB];      /* ZS: the same as floats, {1024 + z}, {1024 + 16 z} */
+        float zl[TB], zh[TB];      /* ZM: the same as floats, {1024 + z}, {1024 + 16 z} */
         float sl[TB], sh[TB];
 #pragma unroll
         for (int tb = 0; tb < TB; tb++) {
             const uint32_t z = s.zq[gi * TB + tb], s2 = s.sr[gi * TB + tb];
-            if constexpr (ZS) {
+            if constexpr (ZM) {
                 zl[tb] = (float)(1024u + (z & 15u));
                 zh[tb] = (float)(1024u + ((z >> 4) << 4));
             } else {
@@ -687,6 +682,7 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
             dc_ld1(s.zq[gi * TB + tb], s.zp + (gi + AHEAD) * s.gs + tb * 8, refill);
         }
         float d[TB][MT][4]; /* this group's sums: independent chains across tiles and groups */
+        float sg[4];        /* ZM: the group's sums of x, D = ones (16 x 16) x: every row the same */
 #pragma unroll
         for (int kk = 0; kk < 2; kk++) {
             uint4 xa[MT], xb[MT];
@@ -695,6 +691,15 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
                 xa[i] = *(const uint4 *)(s.xr[i] + (gi * 2 + kk) * 64);
                 xb[i] = *(const uint4 *)(s.xr[i] + (gi * 2 + kk) * 64 + 8);
             }
+            if constexpr (ZM) { /* one mma a k16 step for all TB tiles; x only: before the weights */
+                const uint32_t ones[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    const uint32_t *xs = t < 2 ? &xa[0].x : &xb[0].x;
+                    if (kk == 0 && t == 0) dc_mma<true>(sg, ones, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
+                    else dc_mma<false>(sg, ones, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
+                }
+            }
 #pragma unroll
             for (int tb = 0; tb < TB; tb++) {
                 const int slot = (gi * 2 + kk) * TB + tb;
@@ -702,7 +707,7 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
 #pragma unroll
                 for (int t = 0; t < 4; t++) {
                     uint32_t a[4];
-                    if constexpr (ZS) { /* {1024 + q} / {1024 + 16 q} as they are */
+                    if constexpr (ZM) { /* {1024 + q} / {1024 + 16 q} as they are */
                         const uint32_t w8 = wv[t] >> 8;
                         a[0] = lop3_lo(wv[t]), a[1] = lop3_hi(wv[t]), a[2] = lop3_lo(w8), a[3] = lop3_hi(w8);
                     } else {
@@ -719,13 +724,13 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
                 dc_ld16(s.wr[slot], s.wp + (2 * (gi + AHEAD) + kk) * 256 + tb * 32, refill);
             }
         }
-        if constexpr (ZS) { /* sum (1024 + q) x - (1024 + z) S = sum (q - z) x; rows r + 8: 16 times */
+        if constexpr (ZM) { /* sum (1024 + q) x - (1024 + z) S = sum (q - z) x; rows r + 8: 16 times */
 #pragma unroll
             for (int tb = 0; tb < TB; tb++) {
-                d[tb][0][0] = fmaf(-zl[tb], xg[gi].x, d[tb][0][0]);
-                d[tb][0][1] = fmaf(-zl[tb], xg[gi].y, d[tb][0][1]);
-                d[tb][0][2] = fmaf(-zh[tb], xg[gi].x, d[tb][0][2]);
-                d[tb][0][3] = fmaf(-zh[tb], xg[gi].y, d[tb][0][3]);
+                d[tb][0][0] = fmaf(-zl[tb], sg[0], d[tb][0][0]);
+                d[tb][0][1] = fmaf(-zl[tb], sg[1], d[tb][0][1]);
+                d[tb][0][2] = fmaf(-zh[tb], sg[0], d[tb][0][2]);
+                d[tb][0][3] = fmaf(-zh[tb], sg[1], d[tb][0][3]);
             }
         }
 #pragma unroll
@@ -771,19 +776,10 @@ static __device__ __forceinline__ void dc_norm_w_prefetch(const norm_args &na, i
  * the block's sum of v^2 per row (warps added in order), then x = fp16(w * (v
  * * rsqrt(mean + eps))) in place — add_rmsnorm's arithmetic (ops_cuda.cu),
  * its sum in another order. wpre: dc_norm_w_prefetch's pieces of w. */
-/* ZS: piece p's sum v (dc_norm_scale's) added over the 16 lanes of its
- * group (all 32 lanes call it: j's bound is the warp's) and stored by the
- * group's first lane at zsum[group * 16 + row] */
-static __device__ __forceinline__ void dc_norm_zs_put(float v, int p, int n8, int row, float *zsum) {
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if ((p & 15) == 0 && p < n8) zsum[(p >> 4) * 16 + row] = v;
-}
-
-template <int PRE, bool ZS = false>
+template <int PRE>
 static __device__ void dc_norm_prologue(const norm_args &na, const uint4 *wpre, const uint16_t *sw,
                                         uint16_t *sx, int xs, int K, int m, int k0, int n8,
-                                        int warp, int lane, float *zsum ST_PARAM) {
+                                        int warp, int lane ST_PARAM) {
     __shared__ float ssq[8][DC_WARPS]; /* [row][warp]: m <= 8 (MT = 1 only) */
     const bool first = blockIdx.x == 0;
     for (int row = 0; row < m; row++) {
@@ -823,20 +819,13 @@ static __device__ void dc_norm_prologue(const norm_args &na, const uint4 *wpre, 
         float tot = 0.0f;
         for (int w = 0; w < DC_WARPS; w++) tot += ssq[row][w];
         const float r = rsqrtf(tot / (float)K + na.eps);
-        /* the loops run to the warp's bound (ZS: every lane shuffles); ZS also puts the sums
-         * of x per group of this warp's range into zsum */
 #pragma unroll
         for (int j = 0; j < PRE; j++) {
             const int p = lane + 32 * j;
-            if (32 * j < n8) {
-                const float v = p < n8 ? dc_norm_scale(sx + row * xs + k0 + p * 8, wpre[j], r) : 0.f;
-                if constexpr (ZS) dc_norm_zs_put(v, p, n8, row, zsum);
-            }
+            if (p < n8) dc_norm_scale(sx + row * xs + k0 + p * 8, wpre[j], r);
         }
-        for (int p = lane + 32 * PRE; p - lane < n8; p += 32) {
-            const float v = p < n8 ? dc_norm_scale(sx + row * xs + k0 + p * 8, *(const uint4 *)(sw + k0 + p * 8), r) : 0.f;
-            if constexpr (ZS) dc_norm_zs_put(v, p, n8, row, zsum);
-        }
+        for (int p = lane + 32 * PRE; p < n8; p += 32)
+            dc_norm_scale(sx + row * xs + k0 + p * 8, *(const uint4 *)(sw + k0 + p * 8), r);
     }
 }
 
@@ -960,7 +949,7 @@ static __device__ __forceinline__ void dc_warp_sum(const float *red, int tb, int
  * grid spilled 108 bytes at 128 registers (session 34, ncu: 242 K local
  * requests on Qwen3-8B gate|up at M = 16) */
 template <int MT, int TB, bool NORM, bool SUM, bool PS = false, bool PF = false, int MINB = 2, bool XP = false,
-          int CL = 1, bool GS = false, bool ZS = false>
+          int CL = 1, bool GS = false, bool ZM = false>
 static __global__ void __launch_bounds__(DC_WARPS * 32, MINB)
 k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
@@ -969,7 +958,7 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     typedef dc_state<MT, TB> S;
     static_assert(CL == 1 || (!NORM && (GS || (!SUM && MT >= 2))), "the cluster K split: plain variant, MT >= 2");
     static_assert(!GS || (CL > 1 && !PS && (!SUM || MT == 1)), "the K split through global memory: the plain grid");
-    static_assert(!ZS || (MT == 1 && !SUM && CL == 1), "ZS: the plain or NORM variant at MT = 1");
+    static_assert(!ZM || MT == 1, "ZM: one mma column block");
     extern __shared__ __align__(16) unsigned char smem[];
     ST_DECL;
     ST_BEGIN(ST_KEY(SUM ? 3 : NORM ? 2 : 1, K, ep.n));
@@ -1023,25 +1012,13 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
     if (!late) pdl_launch();
     pdl_wait();
     ST_MARK(1);
-    /* ZS with NORM: the prologue's sums of x, [KG][16] floats at the end of the dynamic shared
-     * memory (the launch adds them to the plan's) */
-    float *zsum = nullptr;
-    if constexpr (ZS && NORM) {
-        uint32_t dyn;
-        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        zsum = (float *)(smem + dyn - (size_t)KG * 16 * 4) + (size_t)(gw0 - glo) * 16;
-        s.xg = zsum + 2 * c;
-    } else if constexpr (ZS) { /* the producer's sums of x of this warp's groups into L1, beside x */
-        s.xg = na.xsum + (size_t)gw0 * 16 + 2 * c;
-        if (lane < ng) asm volatile("prefetch.global.L1 [%0];" ::"l"(na.xsum + (size_t)(gw0 + lane) * 16));
-    }
 
     /* x rows [0, M) of this warp's K range -> shared memory (only this warp reads them) */
     uint16_t *sx = (uint16_t *)smem;
     /* k0: the warp's first k; k0l: the same in this block's x columns (K / CL of them) */
     const int xs = Kc + 8, k0 = gw0 * 128, k0l = k0 - glo * 128, n8 = ng * 16; /* 16-byte pieces per row */
     if (NORM) {
-        dc_norm_prologue<PRE, ZS>(na, wpre, sw, sx, xs, K, ep.m, k0, n8, warp, lane, zsum ST_ARG);
+        dc_norm_prologue<PRE>(na, wpre, sw, sx, xs, K, ep.m, k0, n8, warp, lane ST_ARG);
     } else {
         /* XP: group by group, each of the first UG groups of the range its
          * own cp.async group (the rest one more): the first column's turns
@@ -1100,13 +1077,12 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         int g0 = 0;
         for (; g0 + S::UG <= ng - (PS ? 1 : 0); g0 += S::UG) {
             if (PF && pf) dc_prefetch_turn<TB>(s.wp - lane, s.sp - r, s.zp - r, s.gs, (pf + 1) * S::UG, ng - g0, lane);
-            dc_turn<MT, TB, S::UG, false, ZS>(s, g0, ng);
+            dc_turn<MT, TB, S::UG, false, ZM>(s, g0, ng);
             s.wp += S::UG * 2 * 256;
             s.sp += S::UG * s.gs;
             s.zp += S::UG * s.gs;
 #pragma unroll
             for (int i = 0; i < MT; i++) s.xr[i] += S::UG * 128;
-            if constexpr (ZS) s.xg += S::UG * 16;
         }
         if (PS) {
             /* the last turn refills the ring with the first turn of the
@@ -1120,16 +1096,15 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
              * 0.97-0.98 / 0.97-0.99x the time; with either one alone 1-2
              * points less; the shapes that do not run this path unchanged) */
             dc_at_column(s, qw, sc, zr, (col + cstride) * TB, KC, gw0, lane, r);
-            if (ng - g0 == S::UG) dc_turn<MT, TB, S::UG, true, ZS>(s, g0, ng, col + cstride < ncols);
+            if (ng - g0 == S::UG) dc_turn<MT, TB, S::UG, true, ZM>(s, g0, ng, col + cstride < ncols);
 #pragma unroll
             for (int i = 0; i < MT; i++) s.xr[i] += S::UG * 128;
-            if constexpr (ZS) s.xg += S::UG * 16;
         } else {
             /* the last, partial turn (its groups were fetched one turn ago) */
             const int rem = ng - g0;
-            if (S::UG > 1 && rem == 1) dc_turn<MT, TB, 1, false, ZS>(s, g0, ng);
-            if (S::UG > 2 && rem == 2) dc_turn<MT, TB, (S::UG > 2 ? 2 : 1), false, ZS>(s, g0, ng);
-            if (S::UG > 3 && rem == 3) dc_turn<MT, TB, (S::UG > 3 ? 3 : 1), false, ZS>(s, g0, ng);
+            if (S::UG > 1 && rem == 1) dc_turn<MT, TB, 1, false, ZM>(s, g0, ng);
+            if (S::UG > 2 && rem == 2) dc_turn<MT, TB, (S::UG > 2 ? 2 : 1), false, ZM>(s, g0, ng);
+            if (S::UG > 3 && rem == 3) dc_turn<MT, TB, (S::UG > 3 ? 3 : 1), false, ZM>(s, g0, ng);
             if (late) pdl_launch();
         }
 
@@ -1273,7 +1248,6 @@ k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
         __syncthreads(); /* red is rewritten by the next column */
 #pragma unroll
         for (int i = 0; i < MT; i++) s.xr[i] -= ng * 128; /* x of this warp's range again */
-        if constexpr (ZS) s.xg -= ng * 16;
     }
 }
 
@@ -2723,15 +2697,28 @@ static int launch_skinny_st(const struct w4a16_weight *w, const uint16_t *x, epi
 /* launches of the decode kernel's K split through global memory (dc_plan_gs) */
 static std::atomic<unsigned long> g_gs_launches{0}, g_gs_polls{0};
 extern "C" unsigned long w4a16_decode_ksplit_launches(void) { return g_gs_launches.load(std::memory_order_relaxed); }
-static std::atomic<unsigned long> g_zs_launches{0};
-extern "C" unsigned long w4a16_zs_launches(void) { return g_zs_launches.load(std::memory_order_relaxed); }
-/* ZS in w4a16_linear_norm up to this many rows: its prologue makes the sums of x
- * (AWQD_W4A16_NORM_ZS, w4a16_norm_zs). 1 by the H200's measurements (session 68, against
- * the prologue without ZS in one binary): the tp = 2 rank proxy batch 1 0.99x a step, Qwen3-8B
- * batch 1 1.00x, but Qwen3-8B batch 2 1.015x (1.91-1.92 -> 1.94-1.95 ms) */
-static env_knob g_norm_zs = ENV_KNOB_INIT("AWQD_W4A16_NORM_ZS", 1, 0, 2);
-static int norm_zs_on(int m) { return m <= knob_get(&g_norm_zs); }
-extern "C" int w4a16_norm_zs(int v) { return knob_set(&g_norm_zs, v); }
+/* ZM (k_decode, session 69): the zero point through the sums of x made by one more mma a k16
+ * step, at MT = 1 up to this many rows (AWQD_W4A16_DC_ZM, w4a16_decode_zm; 0 off) in every
+ * variant, where dc_zm_on's shape rule takes it. The tensor-parallel sum (w4a16_linear_sum)
+ * takes it by the same rule, so that it stays bitwise w4a16_linear + the push all-reduce (its
+ * ZM form has run on no 2-GPU host yet: tp_cuda's bitwise tests check it there). */
+static env_knob g_dc_zm = ENV_KNOB_INIT("AWQD_W4A16_DC_ZM", 8, 0, 8);
+/* The rule, from the H200's back-to-back tables (session 69, ZM off / on alternated twice,
+ * Qwen3-8B and the Qwen3-32B shapes at tp = 1, 2, 4): four tiles a block at every M <= 8
+ * (0.94-0.997x; e.g. Qwen3-32B q|k|v 0.913-0.939x); two tiles at M <= 4 (0.945-0.967x) but
+ * not with x group by group from M = 6 (Qwen3-8B gate|up M = 8 1.055x: the kernel spills,
+ * Qwen3-32B o tp = 4 1.012x); one tile (one more mma for every mma of the weights) only
+ * where a warp's range is two ring turns or more, K >= 8192 (Qwen3-8B down 0.982-0.987x;
+ * on one turn Qwen3-8B o 1.006-1.014x, the Qwen3-32B tp = 4 q|k|v shard 1.010-1.016x).
+ * The XP kernels (x group by group, M >= dc_xp_min_m) at TB < 4 have no ZM form compiled
+ * (they spilled 4-40 bytes with it); where AWQD_W4A16_DC_XP_MIN_M puts XP at M <= 4, those
+ * points run without ZM. */
+static int dc_zm_on(int m, int tb, int k) {
+    return m <= knob_get(&g_dc_zm) && (tb >= 4 || (m <= 4 && (tb >= 2 || k >= 8192)));
+}
+extern "C" int w4a16_decode_zm(int v) { return knob_set(&g_dc_zm, v); }
+static std::atomic<unsigned long> g_zm_launches{0};
+extern "C" unsigned long w4a16_zm_launches(void) { return g_zm_launches.load(std::memory_order_relaxed); }
 extern "C" unsigned long w4a16_decode_ksplit_polls(void) { return g_gs_polls.load(std::memory_order_relaxed); }
 
 /* The K split's reducer poll (DC_F_GSPOLL): rank CL - 1 of each column waits for the other
@@ -2786,10 +2773,10 @@ static size_t dc_norm_smem(const struct dc_plan *pl, int K) {
  * columns back to back through one register ring (plain and NORM only) */
 template <int MT, int TB, bool PS, bool PF, int MINB = 2, bool XP = false, int CL = 1, bool GS = false>
 static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
-                           const norm_args *na, const w4a16_sum *xs, const float *zs, const struct dc_plan *pl, int grid,
+                           const norm_args *na, const w4a16_sum *xs, const struct dc_plan *pl, int grid,
                            float *part, cudaStream_t s, char *err, size_t errlen) {
     static std::atomic<unsigned long long> smem_set{0}, smem_set_n{0}, smem_set_s{0};
-    const norm_args none = {NULL, NULL, NULL, NULL, 0.0f, NULL};
+    const norm_args none = {NULL, NULL, NULL, NULL, 0.0f};
     w4a16_sum nosum;
     memset(&nosum, 0, sizeof nosum);
     const int flags = dc_flags() | (pl->pf << DC_F_PF_SHIFT);
@@ -2798,18 +2785,15 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
         /* the NORM variant is compiled for MT = 1 only (launch_decode gives
          * it no other: the prologue's row sums hold 8 rows) */
         if constexpr (MT == 1) {
-            /* ZS (AWQD_W4A16_NORM_ZS): the prologue makes the sums of x, K / 128 x 16 floats
-             * after the plan's shared memory */
-            static std::atomic<unsigned long long> smem_set_nz{0};
-            const int z = norm_zs_on(ep.m);
-            auto *kern = z ? k_decode<MT, TB, true, false, PS, PF, 2, false, 1, false, true>
-                           : k_decode<MT, TB, true, false, PS, PF>;
-            rc = cuda_smem_limit_once(z ? &smem_set_nz : &smem_set_n, (const void *)kern, dc_smem_max(MT), err,
+            static std::atomic<unsigned long long> smem_set_nm{0};
+            const int zm = dc_zm_on(ep.m, TB, w->k);
+            auto *kern = zm ? k_decode<MT, TB, true, false, PS, PF, 2, false, 1, false, true>
+                            : k_decode<MT, TB, true, false, PS, PF>;
+            rc = cuda_smem_limit_once(zm ? &smem_set_nm : &smem_set_n, (const void *)kern, dc_smem_max(MT), err,
                                       errlen);
             if (rc) return rc;
-            if (z) g_zs_launches.fetch_add(1, std::memory_order_relaxed);
-            CUDA_CHECK(launch_pdl(w, kern, dim3(grid), dim3(DC_WARPS * 32),
-                                  dc_norm_smem<dc_norm_pre<TB>::n>(pl, w->k) + (z ? (size_t)w->k / 128 * 16 * 4 : 0), s,
+            if (zm) g_zm_launches.fetch_add(1, std::memory_order_relaxed);
+            CUDA_CHECK(launch_pdl(w, kern, dim3(grid), dim3(DC_WARPS * 32), dc_norm_smem<dc_norm_pre<TB>::n>(pl, w->k), s,
                                   w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, flags, ep, *na, nosum, pl->blocks,
                                   nullptr, nullptr),
                        err, errlen);
@@ -2825,13 +2809,22 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
         const char *fn = xs ? "w4a16_linear_sum" : "w4a16_linear";
         if (pl->cl != CL || !pl->gs || !part)
             return util_err(err, errlen, -EINVAL, "%s: decode plan cl=%d gs=%d", fn, pl->cl, pl->gs);
-        auto *kern = xs ? k_decode<1, TB, false, true, false, false, 2, false, CL, true>
-                        : k_decode<MT, TB, false, false, false, false, MINB, XP, CL, true>;
+        static std::atomic<unsigned long long> smem_set_m{0};
+        /* ZM: the only forms the rule can take (the SUM variant has no XP) */
+        constexpr bool ZM = MT == 1 && (TB >= 4 || !XP);
+        static std::atomic<unsigned long long> smem_set_sm{0};
+        const int zm = (xs || ZM) && dc_zm_on(ep.m, TB, w->k);
+        auto *kern = xs ? (zm ? k_decode<1, TB, false, true, false, false, 2, false, CL, true, true>
+                              : k_decode<1, TB, false, true, false, false, 2, false, CL, true>)
+                        : zm ? k_decode<MT, TB, false, false, false, false, MINB, XP, CL, true, ZM>
+                             : k_decode<MT, TB, false, false, false, false, MINB, XP, CL, true>;
         g_gs_launches.fetch_add(1, std::memory_order_relaxed);
-        rc = cuda_smem_limit_once(xs ? &smem_set_s : &smem_set, (const void *)kern, dc_smem_max(MT), err, errlen);
+        if (zm) g_zm_launches.fetch_add(1, std::memory_order_relaxed);
+        rc = cuda_smem_limit_once(xs ? (zm ? &smem_set_sm : &smem_set_s) : zm ? &smem_set_m : &smem_set,
+                                  (const void *)kern, dc_smem_max(MT), err, errlen);
         if (rc) return rc;
-        static std::atomic<long long> resident{-1}; /* (smem << 8) | blocks a SM, of kern (plain) */
-        const int poll = !xs && gs_poll_on(w, pl, CL, TB, MT, (const void *)kern, &resident);
+        static std::atomic<long long> resident{-1}, resident_m{-1}; /* (smem << 8) | blocks a SM, of kern (plain) */
+        const int poll = !xs && gs_poll_on(w, pl, CL, TB, MT, (const void *)kern, zm ? &resident_m : &resident);
         if (poll) g_gs_polls.fetch_add(1, std::memory_order_relaxed);
         CUDA_CHECK(launch_pdl(w, kern, dim3(pl->blocks * CL), dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr,
                               x, w->k, w->n16a, w->kc, poll ? flags | DC_F_GSPOLL : flags, ep, none,
@@ -2839,11 +2832,15 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
                    err, errlen);
         return 0;
     }
-    if (xs) {
-        rc = cuda_smem_limit_once(&smem_set_s, (const void *)k_decode<1, TB, false, true>,
-                                  dc_smem_max(MT), err, errlen);
+    if (xs) { /* ZM as w4a16_linear would take it, so that the fused sum stays bitwise linear + all-reduce */
+        static std::atomic<unsigned long long> smem_set_sm{0};
+        const int zm = dc_zm_on(ep.m, TB, w->k);
+        auto *kern = zm ? k_decode<1, TB, false, true, false, false, 2, false, 1, false, true>
+                        : k_decode<1, TB, false, true>;
+        rc = cuda_smem_limit_once(zm ? &smem_set_sm : &smem_set_s, (const void *)kern, dc_smem_max(MT), err, errlen);
         if (rc) return rc;
-        CUDA_CHECK(launch_pdl(w, k_decode<1, TB, false, true>, dim3(pl->blocks),
+        if (zm) g_zm_launches.fetch_add(1, std::memory_order_relaxed);
+        CUDA_CHECK(launch_pdl(w, kern, dim3(pl->blocks),
                               dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
                               w->n16a, w->kc, flags, ep, none, *xs, pl->blocks, nullptr, nullptr),
                    err, errlen);
@@ -2860,22 +2857,20 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
                    err, errlen);
         return 0;
     }
-    /* ZS at MT = 1 (w4a16_linear_zs): the zero point through the caller's sums of x, passed in
-     * the otherwise unused norm_args */
-    static std::atomic<unsigned long long> smem_set_z{0};
+    static std::atomic<unsigned long long> smem_set_m{0};
     auto *kern = k_decode<MT, TB, false, false, PS, PF, MINB, XP>;
-    norm_args za = none;
-    if constexpr (MT == 1 && CL == 1 && !GS) {
-        if (zs) {
+    int zm = 0;
+    if constexpr (MT == 1 && CL == 1 && !GS && (TB >= 4 || !XP)) { /* XP (M >= 6) at TB < 4: never ZM */
+        if (dc_zm_on(ep.m, TB, w->k)) {
             kern = k_decode<MT, TB, false, false, PS, PF, MINB, XP, 1, false, true>;
-            za.xsum = zs;
+            zm = 1;
         }
     }
-    rc = cuda_smem_limit_once(za.xsum ? &smem_set_z : &smem_set, (const void *)kern, dc_smem_max(MT), err, errlen);
+    rc = cuda_smem_limit_once(zm ? &smem_set_m : &smem_set, (const void *)kern, dc_smem_max(MT), err, errlen);
     if (rc) return rc;
-    if (za.xsum) g_zs_launches.fetch_add(1, std::memory_order_relaxed);
+    if (zm) g_zm_launches.fetch_add(1, std::memory_order_relaxed);
     CUDA_CHECK(launch_pdl(w, kern, dim3(grid), dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
-                          w->n16a, w->kc, flags, ep, za, nosum, pl->blocks, nullptr, nullptr),
+                          w->n16a, w->kc, flags, ep, none, nosum, pl->blocks, nullptr, nullptr),
                err, errlen);
     return 0;
 }
@@ -2971,7 +2966,7 @@ extern "C" int w4a16_decode_describe(const struct w4a16_weight *w, int m, int *t
 
 /* na: the NORM prologue (x unused), or NULL; xs: the SUM epilogue, or NULL */
 static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
-                         const norm_args *na, const w4a16_sum *xs, const float *zs, float *part, size_t ws_bytes,
+                         const norm_args *na, const w4a16_sum *xs, float *part, size_t ws_bytes,
                          cudaStream_t s, char *err, size_t errlen) {
     struct dc_plan pl = {};
     const int has1 = decode_plan(w, ep.m, &pl);
@@ -3014,59 +3009,59 @@ static int launch_decode(const struct w4a16_weight *w, const uint16_t *x, epi_ar
     switch (pl.mt * 10 + pl.tb + (ps ? 100 : 0) + (pf ? 1000 : 0) + (one ? 10000 : 0) + (xp ? 100000 : 0) +
             (pl.gs ? 10000000 * pl.cl : pl.cl > 1 ? 1000000 : 0)) {
     /* the K split through global memory (dc_plan_gs), MT = 1 */
-    case 20000012: return launch_decode_t<1, 2, false, false, 2, false, 2, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 20000014: return launch_decode_t<1, 4, false, false, 2, false, 2, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 30000012: return launch_decode_t<1, 2, false, false, 2, false, 3, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 30000014: return launch_decode_t<1, 4, false, false, 2, false, 3, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 20100012: return launch_decode_t<1, 2, false, false, 2, true, 2, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 20100014: return launch_decode_t<1, 4, false, false, 2, true, 2, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 30100012: return launch_decode_t<1, 2, false, false, 2, true, 3, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 30100014: return launch_decode_t<1, 4, false, false, 2, true, 3, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 40000012: return launch_decode_t<1, 2, false, false, 2, false, 4, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 40000014: return launch_decode_t<1, 4, false, false, 2, false, 4, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 40100012: return launch_decode_t<1, 2, false, false, 2, true, 4, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 40100014: return launch_decode_t<1, 4, false, false, 2, true, 4, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 60000014: return launch_decode_t<1, 4, false, false, 2, false, 6, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 60100014: return launch_decode_t<1, 4, false, false, 2, true, 6, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 80000014: return launch_decode_t<1, 4, false, false, 2, false, 8, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 80100014: return launch_decode_t<1, 4, false, false, 2, true, 8, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 11: return launch_decode_t<1, 1, false, false>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 12: return launch_decode_t<1, 2, false, false>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 14: return launch_decode_t<1, 4, false, false>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 1011: return launch_decode_t<1, 1, false, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 1012: return launch_decode_t<1, 2, false, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 1014: return launch_decode_t<1, 4, false, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 111: return launch_decode_t<1, 1, true, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 112: return launch_decode_t<1, 2, true, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 114: return launch_decode_t<1, 4, true, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 100011: return launch_decode_t<1, 1, false, false, 2, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 100012: return launch_decode_t<1, 2, false, false, 2, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 100014: return launch_decode_t<1, 4, false, false, 2, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 101011: return launch_decode_t<1, 1, false, true, 2, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 101012: return launch_decode_t<1, 2, false, true, 2, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 101014: return launch_decode_t<1, 4, false, true, 2, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 100111: return launch_decode_t<1, 1, true, true, 2, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 100112: return launch_decode_t<1, 2, true, true, 2, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 100114: return launch_decode_t<1, 4, true, true, 2, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 22: return launch_decode_t<2, 2, false, false>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 122: return launch_decode_t<2, 2, true, false>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 10022: return launch_decode_t<2, 2, false, false, 1, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 10122: return launch_decode_t<2, 2, true, false, 1, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 10032: return launch_decode_t<3, 2, false, false, 1, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 10132: return launch_decode_t<3, 2, true, false, 1, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
+    case 20000012: return launch_decode_t<1, 2, false, false, 2, false, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 20000014: return launch_decode_t<1, 4, false, false, 2, false, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 30000012: return launch_decode_t<1, 2, false, false, 2, false, 3, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 30000014: return launch_decode_t<1, 4, false, false, 2, false, 3, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 20100012: return launch_decode_t<1, 2, false, false, 2, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 20100014: return launch_decode_t<1, 4, false, false, 2, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 30100012: return launch_decode_t<1, 2, false, false, 2, true, 3, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 30100014: return launch_decode_t<1, 4, false, false, 2, true, 3, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 40000012: return launch_decode_t<1, 2, false, false, 2, false, 4, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 40000014: return launch_decode_t<1, 4, false, false, 2, false, 4, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 40100012: return launch_decode_t<1, 2, false, false, 2, true, 4, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 40100014: return launch_decode_t<1, 4, false, false, 2, true, 4, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 60000014: return launch_decode_t<1, 4, false, false, 2, false, 6, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 60100014: return launch_decode_t<1, 4, false, false, 2, true, 6, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 80000014: return launch_decode_t<1, 4, false, false, 2, false, 8, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 80100014: return launch_decode_t<1, 4, false, false, 2, true, 8, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 11: return launch_decode_t<1, 1, false, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 12: return launch_decode_t<1, 2, false, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 14: return launch_decode_t<1, 4, false, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1011: return launch_decode_t<1, 1, false, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1012: return launch_decode_t<1, 2, false, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1014: return launch_decode_t<1, 4, false, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 111: return launch_decode_t<1, 1, true, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 112: return launch_decode_t<1, 2, true, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 114: return launch_decode_t<1, 4, true, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 100011: return launch_decode_t<1, 1, false, false, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 100012: return launch_decode_t<1, 2, false, false, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 100014: return launch_decode_t<1, 4, false, false, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 101011: return launch_decode_t<1, 1, false, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 101012: return launch_decode_t<1, 2, false, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 101014: return launch_decode_t<1, 4, false, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 100111: return launch_decode_t<1, 1, true, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 100112: return launch_decode_t<1, 2, true, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 100114: return launch_decode_t<1, 4, true, true, 2, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 22: return launch_decode_t<2, 2, false, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 122: return launch_decode_t<2, 2, true, false>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 10022: return launch_decode_t<2, 2, false, false, 1, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 10122: return launch_decode_t<2, 2, true, false, 1, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 10032: return launch_decode_t<3, 2, false, false, 1, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 10132: return launch_decode_t<3, 2, true, false, 1, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     /* MT = 2 on the persistent grid, one tile per block (dc_ps_tb1) */
-    case 10121: return launch_decode_t<2, 1, true, false, 1, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
+    case 10121: return launch_decode_t<2, 1, true, false, 1, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     /* MT = 2 on the persistent grid, four tiles per block (dc_ps_tb4) */
-    case 10124: return launch_decode_t<2, 4, true, false, 1, true>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
+    case 10124: return launch_decode_t<2, 4, true, false, 1, true>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     /* the cluster K split (dc_plan_cluster), MT >= 2 */
-    case 1000022: return launch_decode_t<2, 2, false, false, 2, false, 2>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 1000122: return launch_decode_t<2, 2, true, false, 2, false, 2>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 1010022: return launch_decode_t<2, 2, false, false, 1, true, 2>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 1010122: return launch_decode_t<2, 2, true, false, 1, true, 2>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 1010121: return launch_decode_t<2, 1, true, false, 1, true, 2>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 1010124: return launch_decode_t<2, 4, true, false, 1, true, 2>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 1010032: return launch_decode_t<3, 2, false, false, 1, true, 2>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
-    case 1010132: return launch_decode_t<3, 2, true, false, 1, true, 2>(w, x, ep, na, xs, zs, &pl, g, part, s, err, errlen);
+    case 1000022: return launch_decode_t<2, 2, false, false, 2, false, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1000122: return launch_decode_t<2, 2, true, false, 2, false, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1010022: return launch_decode_t<2, 2, false, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1010122: return launch_decode_t<2, 2, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1010121: return launch_decode_t<2, 1, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1010124: return launch_decode_t<2, 4, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1010032: return launch_decode_t<3, 2, false, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
+    case 1010132: return launch_decode_t<3, 2, true, false, 1, true, 2>(w, x, ep, na, xs, &pl, g, part, s, err, errlen);
     }
     return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan mt=%d tb=%d", pl.mt, pl.tb);
 }
@@ -3089,10 +3084,10 @@ static epi_args epi_of(const struct w4a16_weight *w, uint16_t *y, int m, int bia
     return ep;
 }
 
-/* w4a16_linear_ex; zs: w4a16_linear_zs's sums of x (NULL: none) */
-static int linear_run(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_t *y, int epilogue_flags,
-                      enum w4a16_kernel kernel, int ksplit, void *workspace, size_t ws_bytes, const float *zs,
-                      cudaStream_t s, char *err, size_t errlen) {
+extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, int m,
+                               uint16_t *y, int epilogue_flags, enum w4a16_kernel kernel,
+                               int ksplit, void *workspace, size_t ws_bytes, cudaStream_t s,
+                               char *err, size_t errlen) {
     if (!w || !x || !y || m < 0)
         return util_err(err, errlen, -EINVAL, "w4a16_linear: bad arguments");
     if (m == 0) return 0;
@@ -3152,7 +3147,7 @@ static int linear_run(const struct w4a16_weight *w, const uint16_t *x, int m, ui
     float *part = (float *)workspace;
     int rc;
     if (k == W4A16_KERNEL_DECODE) {
-        rc = launch_decode(w, x, ep, NULL, NULL, zs, part, workspace ? ws_bytes : 0, s, err, errlen);
+        rc = launch_decode(w, x, ep, NULL, NULL, part, workspace ? ws_bytes : 0, s, err, errlen);
     } else if (k == W4A16_KERNEL_SKINNY) {
         int mt = ceil_div(m, 8);
         switch (mt) {
@@ -3176,48 +3171,6 @@ static int linear_run(const struct w4a16_weight *w, const uint16_t *x, int m, ui
         if (rc == -ERANGE) rc = launch_tc<TC128_ARGS>(w, x, m, ep, 1, part, s, err, errlen);
     }
     return rc;
-}
-
-extern "C" int w4a16_linear_ex(const struct w4a16_weight *w, const uint16_t *x, int m,
-                               uint16_t *y, int epilogue_flags, enum w4a16_kernel kernel,
-                               int ksplit, void *workspace, size_t ws_bytes, cudaStream_t s,
-                               char *err, size_t errlen) {
-    return linear_run(w, x, m, y, epilogue_flags, kernel, ksplit, workspace, ws_bytes, NULL, s, err, errlen);
-}
-
-extern "C" int w4a16_linear_zs(const struct w4a16_weight *w, const uint16_t *x, const float *xsum, int m,
-                               uint16_t *y, int epilogue_flags, void *workspace, size_t ws_bytes, cudaStream_t s,
-                               char *err, size_t errlen) {
-    if (!w || !xsum || ((uintptr_t)xsum & 7) || w->group != 128)
-        return util_err(err, errlen, -EINVAL, "w4a16_linear_zs: xsum NULL, not 8-byte aligned, or group %d != 128",
-                        w ? w->group : 0);
-    return linear_run(w, x, m, y, epilogue_flags, W4A16_KERNEL_AUTO, 0, workspace, ws_bytes, xsum, s, err, errlen);
-}
-
-/* w4a16_x_group_sums: one warp per group of 128 columns, every row of 16 (rows >= m: 0) */
-static __global__ void k_x_group_sums(const uint16_t *__restrict__ x, int m, int K, float *__restrict__ out) {
-    const int g = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (g >= K / 128) return;
-    for (int row = 0; row < 16; row++) {
-        float v = 0.f;
-        if (row < m) {
-            const uint2 u = *(const uint2 *)(x + (size_t)row * K + g * 128 + lane * 4);
-            const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x));
-            const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
-            v = (a.x + a.y) + (b.x + b.y);
-            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        }
-        if (lane == 0) out[g * 16 + row] = v;
-    }
-}
-
-extern "C" int w4a16_x_group_sums(const uint16_t *x, int m, int K, float *xsum, cudaStream_t s, char *err,
-                                  size_t errlen) {
-    if (!x || !xsum || m < 1 || m > 16 || K < 128 || K % 128 || ((uintptr_t)x & 7))
-        return util_err(err, errlen, -EINVAL, "w4a16_x_group_sums: bad arguments (m=%d K=%d)", m, K);
-    k_x_group_sums<<<(K / 128 + 3) / 4, 128, 0, s>>>(x, m, K, xsum);
-    CUDA_CHECK(cudaGetLastError(), err, errlen);
-    return 0;
 }
 
 extern "C" int w4a16_linear(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_t *y,
@@ -3262,8 +3215,8 @@ extern "C" int w4a16_linear_norm(const struct w4a16_weight *w, const uint16_t *r
     if (!w4a16_linear_norm_ok(w, m))
         return util_err(err, errlen, -ENOTSUP, "w4a16_linear_norm: m=%d does not take the decode kernel", m);
     const epi_args ep = epi_of(w, y, m, bias, silu);
-    const norm_args na = {rin, delta, norm_w, rout, eps, NULL};
-    return launch_decode(w, rin, ep, &na, NULL, NULL, NULL, 0, s, err, errlen);
+    const norm_args na = {rin, delta, norm_w, rout, eps};
+    return launch_decode(w, rin, ep, &na, NULL, NULL, 0, s, err, errlen);
 }
 
 extern "C" int w4a16_linear_sum_ok(const struct w4a16_weight *w, int m) {
@@ -3300,6 +3253,6 @@ extern "C" int w4a16_linear_sum(const struct w4a16_weight *w, const uint16_t *x,
         return util_err(err, errlen, -EINVAL, "w4a16_linear_sum: x and y must be 16-byte aligned");
     if (!w4a16_linear_sum_ok(w, m))
         return util_err(err, errlen, -ENOTSUP, "w4a16_linear_sum: m=%d does not take the decode kernel", m);
-    return launch_decode(w, x, epi_of(w, y, m, bias, 0), NULL, xs, NULL, (float *)workspace, workspace ? ws_bytes : 0, s,
+    return launch_decode(w, x, epi_of(w, y, m, bias, 0), NULL, xs, (float *)workspace, workspace ? ws_bytes : 0, s,
                          err, errlen);
 }

@@ -162,23 +162,17 @@ int w4a16_linear(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_
                  int epilogue, void *workspace, size_t ws_bytes, cudaStream_t s,
                  char *err, size_t errlen);
 
-/* ZS (session 68, experimental; the engine does not call it): w4a16_linear
- * with the zero point taken out through the sums of x per group of 128
- * columns, which the producer of x supplies: xsum fp32 [K / 128][16],
- * xsum[g * 16 + r] = sum of x[r][128 g .. 128 g + 127] (as fp16 values, in
- * fp32), rows r >= m any finite value. The decode kernel's plain and
- * persistent grids at m <= 8 then multiply the codes as {1024 + q} without
- * the zero point's HSUB2 (4 of every 10 instructions of its loop) and take
- * (1024 + z) xsum from each group's sum; every other kernel ignores xsum.
- * w4a16_x_group_sums makes xsum from x (m <= 16, K % 128 == 0). */
-int w4a16_linear_zs(const struct w4a16_weight *w, const uint16_t *x, const float *xsum, int m, uint16_t *y,
-                    int epilogue, void *workspace, size_t ws_bytes, cudaStream_t s, char *err, size_t errlen);
-int w4a16_x_group_sums(const uint16_t *x, int m, int K, float *xsum, cudaStream_t s, char *err, size_t errlen);
-unsigned long w4a16_zs_launches(void); /* the decode kernel's ZS launches so far (tests) */
-/* ZS inside w4a16_linear_norm (its prologue makes the sums, in shared memory) up to v rows:
- * 1 (the default since session 68: batch 1 only, 0.99-1.00x a step), 2 (batch 2 too: 1.00-1.015x),
- * 0 off (AWQD_W4A16_NORM_ZS); v < 0 only reads. Returns the previous value. */
-int w4a16_norm_zs(int v);
+/* ZM (session 69; on by default): the zero point taken out through the sums of x
+ * per group of 128 columns, which the decode kernel makes itself (one more mma a
+ * k16 step with A = ones gives every lane the sums of its rows, in the registers
+ * where the group's correction needs them); the codes enter the mma as LOP3 makes
+ * them, without the zero point's HSUB2. At MT = 1 (M <= 8), in the plain,
+ * persistent, K-split, NORM and tensor-parallel sum variants, where the
+ * tiles per block and K take it (w4a16.cu dc_zm_on), up to v rows
+ * (AWQD_W4A16_DC_ZM, default 8; 0 off). v < 0 only reads; returns the value
+ * in force. */
+int w4a16_decode_zm(int v);
+unsigned long w4a16_zm_launches(void); /* the decode kernel's ZM launches so far (tests) */
 
 /* The residual add + RMSNorm that precedes a decode-sized linear, fused into
  * the decode kernel's prologue: every block builds x = RMSNorm(rin + delta) *

@@ -177,20 +177,16 @@ static __device__ __forceinline__ uint32_t lop3_hi(uint32_t w) {
 /* RMSNorm's last step on one 16-byte piece of x in shared memory, in place:
  * x = fp16(w * (v * r)) (the decode kernel's NORM prologue and the MLP-block
  * chain, as add_rmsnorm in ops_cuda.cu) */
-static __device__ __forceinline__ float dc_norm_scale(uint16_t *px, const uint4 &g, float r) {
+static __device__ __forceinline__ void dc_norm_scale(uint16_t *px, const uint4 &g, float r) {
     uint4 a = *(const uint4 *)px;
     __half2 *a2 = (__half2 *)&a;
     const __half2 *g2 = (const __half2 *)&g;
-    float sum = 0.f; /* of the 8 stored fp16 values, in fp32 (ZS; dead code where unused) */
 #pragma unroll
     for (int u = 0; u < 4; u++) {
         const float2 fa = __half22float2(a2[u]), fg = __half22float2(g2[u]);
         a2[u] = __floats2half2_rn(fg.x * (fa.x * r), fg.y * (fa.y * r));
-        const float2 f = __half22float2(a2[u]);
-        sum += f.x + f.y;
     }
     *(uint4 *)px = a;
-    return sum;
 }
 
 /* d = A * B (no accumulator input) */

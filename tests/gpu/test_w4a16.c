@@ -70,9 +70,6 @@ static int have_gpu(void) {
 
 /* When nonzero, check_case gives the kernel exactly this much workspace. */
 static size_t g_ws_exact;
-/* When nonzero, check_case calls w4a16_linear_zs with x's group sums from
- * w4a16_x_group_sums (checked against the CPU's) instead of w4a16_linear_ex. */
-static int g_use_zs;
 
 /* Runs one (weight, M, epilogue, kernel, split) case and checks it. */
 static void check_case(const struct ref_layer *h, const float *wref, struct w4a16_weight *dw,
@@ -98,31 +95,10 @@ static void check_case(const struct ref_layer *h, const float *wref, struct w4a1
     if (wsb) CK(cudaMalloc(&ws, wsb));
     CK(cudaMemcpy(dx, hx, nx * 2, cudaMemcpyHostToDevice));
     char err[256] = "";
-    float *dsum = NULL;
-    if (g_use_zs) {
-        const int ng = K / 128;
-        float *hs = malloc((size_t)ng * 16 * 4);
-        ASSERT(hs);
-        CK(cudaMalloc((void **)&dsum, (size_t)ng * 16 * 4));
-        ASSERT_MSG(w4a16_x_group_sums(dx, M, K, dsum, 0, err, sizeof err) == 0, "x_group_sums: %s", err);
-        CK(cudaMemcpy(hs, dsum, (size_t)ng * 16 * 4, cudaMemcpyDeviceToHost));
-        for (int g = 0; g < ng; g++)
-            for (int r = 0; r < 16; r++) {
-                double sum = 0, mag = 0;
-                for (int k = 0; r < M && k < 128; k++) {
-                    sum += f_from_h(hx[(size_t)r * K + g * 128 + k]);
-                    mag += fabs(f_from_h(hx[(size_t)r * K + g * 128 + k]));
-                }
-                ASSERT_MSG(fabs(hs[g * 16 + r] - sum) <= 1e-6 * mag,
-                           "x_group_sums g=%d r=%d: %.8g against %.8g", g, r, hs[g * 16 + r], sum);
-            }
-        free(hs);
-    }
     uint16_t *outs[2] = {hy, hy2};
     for (int rep = 0; rep < 2; rep++) {
         CK(cudaMemset(dy, 0xff, ny * 2)); /* NaN poison */
-        int rc = g_use_zs ? w4a16_linear_zs(dw, dx, dsum, M, dy, epi, ws, wsb, 0, err, sizeof err)
-                          : w4a16_linear_ex(dw, dx, M, dy, epi, kern, ksplit, ws, wsb, 0, err, sizeof err);
+        int rc = w4a16_linear_ex(dw, dx, M, dy, epi, kern, ksplit, ws, wsb, 0, err, sizeof err);
         ASSERT_MSG(rc == 0, "%s M=%d: w4a16_linear rc=%d: %s", what, M, rc, err);
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(outs[rep], dy, ny * 2, cudaMemcpyDeviceToHost));
@@ -187,7 +163,6 @@ static void check_case(const struct ref_layer *h, const float *wref, struct w4a1
                f_from_h(hy[(size_t)worst_m * oc + worst_n]),
                worst_ref, bound, maxref);
     free(yr);
-    cudaFree(dsum);
     cudaFree(dx);
     cudaFree(dy);
     cudaFree(ws);
@@ -329,28 +304,37 @@ TEST(w4a16, forced_kernels_and_splits) {
  * (two). With the kernel on (the default), the dispatch must pick it for
  * M <= 2, and for M <= 4 up to K = 8192 (two blocks per SM there), wherever
  * the group is 128. */
-/* ZS (w4a16_linear_zs): the zero point through the sums of x per group, on
- * the decode kernel's plain grid (o, q|k|v, down, the awkward K = 640 / 5120
- * with 0-1 / 5 groups a warp, a bias) and persistent grid (gate|up), at M =
- * 1-8 (M = 9 and 16: xsum is ignored, the ordinary path), against the CPU
- * reference with the stated bound; the sums kernel against the CPU's. */
-TEST(w4a16, decode_zero_point_by_x_sums) {
+/* ZM (w4a16_decode_zm, on by default): the zero point through the sums of x,
+ * made by the decode kernel itself (one more mma a k16 step, A = ones), on the
+ * plain and persistent grids and the K split through global memory (Qwen3-32B
+ * o, K = 8192), at one, two and four tiles a block (TB 1 only at K >= 8192:
+ * Qwen3-8B down), with and without x group by group (M >= 6), K = 640 / 5120
+ * with 0-1 / 5 groups a warp, a bias, and K = 128 (seven warps idle); M = 1-8
+ * (9 and 16: the ordinary path). Each shape once with ZM on (every M <= 8 the
+ * rule allows) and once off (the HSUB2 path), against the CPU reference with
+ * the bound of every decode case; the ZM kernel and the K split must have
+ * run. */
+TEST(w4a16, decode_zero_point_by_mma) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     static const struct { int k, n, gate_up, bias; } shp[] = {
         {4096, 4096, 0, 0}, {4096, 6144, 0, 0}, {12288, 4096, 0, 0}, {640, 272, 0, 1},
-        {5120, 1280, 0, 0}, {4096, 24576, 1, 0}, {5120, 5120, 0, 0}, {2560, 5120, 0, 0},
+        {5120, 1280, 0, 0}, {4096, 24576, 1, 0}, {8192, 5120, 0, 0}, {2560, 5120, 0, 0},
+        {128, 8, 0, 0},
     };
     static const int ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16};
-    const unsigned long z0 = w4a16_zs_launches();
-    g_use_zs = 1;
-    for (int si = 0; si < NM(shp) && !test_failed(); si++) {
-        char what[64];
-        snprintf(what, sizeof what, "zs K%d N%d%s", shp[si].k, shp[si].n, shp[si].gate_up ? " gate_up" : "");
-        check_shape(what, shp[si].k, shp[si].n, 128, shp[si].gate_up, shp[si].bias, ms, NM(ms));
+    const unsigned long z0 = w4a16_zm_launches(), g0 = w4a16_decode_ksplit_launches();
+    const int old = w4a16_decode_zm(-1);
+    for (int on = 1; on >= 0; on--) {
+        w4a16_decode_zm(on ? 8 : 0);
+        for (int si = 0; si < NM(shp) && !test_failed(); si++) {
+            char what[64];
+            snprintf(what, sizeof what, "zm=%d K%d N%d%s", on, shp[si].k, shp[si].n, shp[si].gate_up ? " gate_up" : "");
+            check_shape(what, shp[si].k, shp[si].n, 128, shp[si].gate_up, shp[si].bias, ms, NM(ms));
+        }
     }
-    g_use_zs = 0;
-    /* the ZS kernel did run (not only the ordinary paths that ignore xsum): at least M = 1-8 on o */
-    ASSERT_MSG(w4a16_zs_launches() - z0 >= 16, "ZS launched %lu times", w4a16_zs_launches() - z0);
+    w4a16_decode_zm(old);
+    ASSERT_MSG(w4a16_zm_launches() - z0 >= 32, "ZM launched %lu times", w4a16_zm_launches() - z0);
+    ASSERT_MSG(w4a16_decode_ksplit_launches() > g0, "no K split ran with ZM");
 }
 
 TEST(w4a16, decode_kernel_shapes) {
@@ -748,7 +732,10 @@ TEST(w4a16, decode_ksplit_poll) {
  * warp; K = 3072: 3), of one turn (4096), one turn and a group (5120) and
  * several (12288), with a bias and gate|up; the run with it on also against
  * the CPU reference. At M >= 9 it is always on (decode_kernel_shapes checks
- * those M against the reference). */
+ * those M against the reference). ZM off: the XP kernels at TB < 4 have no
+ * ZM form, so with it on XP from M = 1 would change the zero point's
+ * arithmetic where the two tiles' ZM would take it (decode_zero_point_by_mma
+ * runs ZM with XP at M = 6-8). */
 TEST(w4a16, decode_x_groups_bitwise) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     static const struct { int k, n, gate_up, bias; } shp[] = {
@@ -756,7 +743,8 @@ TEST(w4a16, decode_x_groups_bitwise) {
         {12288, 4096, 0, 0}, {4096, 24576, 1, 0},
     };
     static const int ms[] = {1, 2, 6, 7, 8};
-    const int xp0 = w4a16_decode_x_groups(0);
+    const int xp0 = w4a16_decode_x_groups(0), zm0 = w4a16_decode_zm(-1);
+    w4a16_decode_zm(0);
     for (int si = 0; si < NM(shp); si++) {
         struct dc_layer L;
         dc_layer_make(&L, shp[si].k, shp[si].n, shp[si].gate_up, shp[si].bias, "x groups");
@@ -775,6 +763,7 @@ TEST(w4a16, decode_x_groups_bitwise) {
         dc_layer_free(&L);
     }
     w4a16_decode_x_groups(xp0);
+    w4a16_decode_zm(zm0);
 }
 
 /* The automatic dispatch follows the decode kernel's rule
@@ -1260,21 +1249,24 @@ static void norm_fused_cases(void) {
     }
 }
 
+/* With ZM as the rule takes it (the default); the ZM kernel must have run. */
 TEST(w4a16, linear_norm_fused) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
-    const int z0 = w4a16_norm_zs(0);
+    const int m0 = w4a16_decode_zm(-1); /* knob setters return the value in force */
+    w4a16_decode_zm(8);
+    const unsigned long l0 = w4a16_zm_launches();
     norm_fused_cases();
-    w4a16_norm_zs(z0);
+    w4a16_decode_zm(m0);
+    ASSERT_MSG(w4a16_zm_launches() - l0 >= 8, "ZM launched %lu times", w4a16_zm_launches() - l0);
 }
 
-/* The same cases with ZS in the prologue (AWQD_W4A16_NORM_ZS): the prologue's
- * sums of x per group in shared memory, the codes multiplied without the zero
- * point's HSUB2; the same bound, and the ZS kernel must have run. */
-TEST(w4a16, linear_norm_fused_zs) {
+/* The same cases without ZM (the zero point's HSUB2 in the loop). */
+TEST(w4a16, linear_norm_fused_no_zm) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
-    const int z0 = w4a16_norm_zs(2); /* M = 1 and 2 */
-    const unsigned long l0 = w4a16_zs_launches();
+    const int m0 = w4a16_decode_zm(-1);
+    w4a16_decode_zm(0);
+    const unsigned long l0 = w4a16_zm_launches();
     norm_fused_cases();
-    w4a16_norm_zs(z0);
-    ASSERT_MSG(w4a16_zs_launches() - l0 >= 24, "ZS launched %lu times", w4a16_zs_launches() - l0);
+    w4a16_decode_zm(m0);
+    ASSERT_MSG(w4a16_zm_launches() == l0, "ZM launched %lu times with ZM off", w4a16_zm_launches() - l0);
 }

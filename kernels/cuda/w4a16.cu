@@ -2708,13 +2708,15 @@ static env_knob g_dc_zm = ENV_KNOB_INIT("AWQD_W4A16_DC_ZM", 8, 0, 8);
  * (0.94-0.997x; e.g. Qwen3-32B q|k|v 0.913-0.939x); two tiles at M <= 4 (0.945-0.967x) but
  * not with x group by group from M = 6 (Qwen3-8B gate|up M = 8 1.055x: the kernel spills,
  * Qwen3-32B o tp = 4 1.012x); one tile (one more mma for every mma of the weights) only
- * where a warp's range is two ring turns or more, K >= 8192 (Qwen3-8B down 0.982-0.987x;
- * on one turn Qwen3-8B o 1.006-1.014x, the Qwen3-32B tp = 4 q|k|v shard 1.010-1.016x).
+ * where a warp's range is three ring turns or more, K >= 12288 (Qwen3-8B down
+ * 0.982-0.992x; on one turn Qwen3-8B o 1.006-1.014x, the Qwen3-32B tp = 4 q|k|v shard
+ * 1.010-1.016x; on two, K = 8192, the Llama-3-70B tp = 2 gate|up shard 1.013-1.029x and
+ * its tp = 4 q|k|v shard 1.000-1.016x).
  * The XP kernels (x group by group, M >= dc_xp_min_m) at TB < 4 have no ZM form compiled
  * (they spilled 4-40 bytes with it); where AWQD_W4A16_DC_XP_MIN_M puts XP at M <= 4, those
  * points run without ZM. */
 static int dc_zm_on(int m, int tb, int k) {
-    return m <= knob_get(&g_dc_zm) && (tb >= 4 || (m <= 4 && (tb >= 2 || k >= 8192)));
+    return m <= knob_get(&g_dc_zm) && (tb >= 4 || (m <= 4 && (tb >= 2 || k >= 12288)));
 }
 extern "C" int w4a16_decode_zm(int v) { return knob_set(&g_dc_zm, v); }
 static std::atomic<unsigned long> g_zm_launches{0};

@@ -307,7 +307,7 @@ TEST(w4a16, forced_kernels_and_splits) {
 /* ZM (w4a16_decode_zm, on by default): the zero point through the sums of x,
  * made by the decode kernel itself (one more mma a k16 step, A = ones), on the
  * plain and persistent grids and the K split through global memory (Qwen3-32B
- * o, K = 8192), at one, two and four tiles a block (TB 1 only at K >= 8192:
+ * o, K = 8192), at one, two and four tiles a block (TB 1 only at K >= 12288:
  * Qwen3-8B down), with and without x group by group (M >= 6), K = 640 / 5120
  * with 0-1 / 5 groups a warp, a bias, and K = 128 (seven warps idle); M = 1-8
  * (9 and 16: the ordinary path). Each shape once with ZM on (every M <= 8 the

@@ -3189,8 +3189,9 @@ static int norm_max_m(void) { return knob_get(&g_norm_max_m); }
 extern "C" int w4a16_linear_norm_ok(const struct w4a16_weight *w, int m) {
     /* m <= 2: at m = 4 the prologue (rows one after another) cost more than
      * the add_rmsnorm kernel it saves (H100, Qwen3-8B batch 4: 1163 -> 1131
-     * tok/s; batch 1: 346 -> 361). Again on the H200 with ZS (session 68,
-     * AWQD_W4A16_NORM_MAX_M=4 / 8 against 2): Qwen3-8B batch 3 / 4 / 6 / 8
+     * tok/s; batch 1: 346 -> 361). Again on the H200 with session 68's ZS
+     * (the prologue's sums of x, since replaced by ZM; AWQD_W4A16_NORM_MAX_M=4
+     * / 8 against 2): Qwen3-8B batch 3 / 4 / 6 / 8
      * 1.08-1.10 / 1.09 / 1.17 / 1.25x a step, qwen3-32b batch 3 / 4 / 8
      * 1.05-1.07 / 1.05-1.07 / 1.17-1.19x */
     if (!w || m < 1 || m > norm_max_m()) return 0;

@@ -293,17 +293,6 @@ TEST(w4a16, forced_kernels_and_splits) {
     ref_layer_free(&h);
 }
 
-/* The decode kernel (M <= 16, group 128) on the shapes that exercise its
- * decomposition (docs/KERNELS.md; tiles per block as chosen for 132 SMs):
- * one group (K = 128: seven warps idle), group 64 (not for it: the skinny
- * kernel runs), 4 KB of weights per warp (exactly the ring), 2, 3, 5, 12 and
- * 24 groups per warp (last turns of 2, 3 and 1 groups), 1, 2 and 4 tiles per
- * block (N = 1040 is 65 tiles, gate|up N = 272 is 17: a last block past the
- * last tile), bias, gate|up, and x too large for shared memory from M = 8
- * with K = 24576 (skinny again); M = 1 to 8 (one m8 block) and 9 to 16
- * (two). With the kernel on (the default), the dispatch must pick it for
- * M <= 2, and for M <= 4 up to K = 8192 (two blocks per SM there), wherever
- * the group is 128. */
 /* ZM (w4a16_decode_zm, on by default): the zero point through the sums of x,
  * made by the decode kernel itself (one more mma a k16 step, A = ones), on the
  * plain and persistent grids and the K split through global memory (Qwen3-32B
@@ -323,6 +312,7 @@ TEST(w4a16, decode_zero_point_by_mma) {
     };
     static const int ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16};
     const unsigned long z0 = w4a16_zm_launches(), g0 = w4a16_decode_ksplit_launches();
+    unsigned long zon = 0, gon = 0; /* launches in the pass with ZM on */
     const int old = w4a16_decode_zm(-1);
     for (int on = 1; on >= 0; on--) {
         w4a16_decode_zm(on ? 8 : 0);
@@ -331,12 +321,25 @@ TEST(w4a16, decode_zero_point_by_mma) {
             snprintf(what, sizeof what, "zm=%d K%d N%d%s", on, shp[si].k, shp[si].n, shp[si].gate_up ? " gate_up" : "");
             check_shape(what, shp[si].k, shp[si].n, 128, shp[si].gate_up, shp[si].bias, ms, NM(ms));
         }
+        if (on) zon = w4a16_zm_launches() - z0, gon = w4a16_decode_ksplit_launches() - g0;
     }
     w4a16_decode_zm(old);
-    ASSERT_MSG(w4a16_zm_launches() - z0 >= 32, "ZM launched %lu times", w4a16_zm_launches() - z0);
-    ASSERT_MSG(w4a16_decode_ksplit_launches() > g0, "no K split ran with ZM");
+    ASSERT_MSG(zon >= 32, "ZM launched %lu times", zon);
+    ASSERT_MSG(w4a16_zm_launches() - z0 == zon, "ZM launched with ZM off");
+    ASSERT_MSG(gon > 0, "no K split ran with ZM on");
 }
 
+/* The decode kernel (M <= 16, group 128) on the shapes that exercise its
+ * decomposition (docs/KERNELS.md; tiles per block as chosen for 132 SMs):
+ * one group (K = 128: seven warps idle), group 64 (not for it: the skinny
+ * kernel runs), 4 KB of weights per warp (exactly the ring), 2, 3, 5, 12 and
+ * 24 groups per warp (last turns of 2, 3 and 1 groups), 1, 2 and 4 tiles per
+ * block (N = 1040 is 65 tiles, gate|up N = 272 is 17: a last block past the
+ * last tile), bias, gate|up, and x too large for shared memory from M = 8
+ * with K = 24576 (skinny again); M = 1 to 8 (one m8 block) and 9 to 16
+ * (two). With the kernel on (the default), the dispatch must pick it for
+ * M <= 2, and for M <= 4 up to K = 8192 (two blocks per SM there), wherever
+ * the group is 128. */
 TEST(w4a16, decode_kernel_shapes) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     static const struct { int k, n, g, gate_up, bias; } shp[] = {

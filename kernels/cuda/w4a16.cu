@@ -707,12 +707,8 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
 #pragma unroll
                 for (int t = 0; t < 4; t++) {
                     uint32_t a[4];
-                    if constexpr (ZM) { /* {1024 + q} / {1024 + 16 q} as they are */
-                        const uint32_t w8 = wv[t] >> 8;
-                        a[0] = lop3_lo(wv[t]), a[1] = lop3_hi(wv[t]), a[2] = lop3_lo(w8), a[3] = lop3_hi(w8);
-                    } else {
-                        deq_raw(wv[t], mlo[tb], mhi[tb], a);
-                    }
+                    if constexpr (ZM) deq_codes(wv[t], a); /* {1024 + q} / {1024 + 16 q} as they are */
+                    else deq_raw(wv[t], mlo[tb], mhi[tb], a);
 #pragma unroll
                     for (int i = 0; i < MT; i++) {
                         const uint32_t *xs = t < 2 ? &xa[i].x : &xb[i].x;
@@ -2811,10 +2807,9 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
         const char *fn = xs ? "w4a16_linear_sum" : "w4a16_linear";
         if (pl->cl != CL || !pl->gs || !part)
             return util_err(err, errlen, -EINVAL, "%s: decode plan cl=%d gs=%d", fn, pl->cl, pl->gs);
-        static std::atomic<unsigned long long> smem_set_m{0};
+        static std::atomic<unsigned long long> smem_set_m{0}, smem_set_sm{0};
         /* ZM: the only forms the rule can take (the SUM variant has no XP) */
         constexpr bool ZM = MT == 1 && (TB >= 4 || !XP);
-        static std::atomic<unsigned long long> smem_set_sm{0};
         const int zm = (xs || ZM) && dc_zm_on(ep.m, TB, w->k);
         auto *kern = xs ? (zm ? k_decode<1, TB, false, true, false, false, 2, false, CL, true, true>
                               : k_decode<1, TB, false, true, false, false, 2, false, CL, true>)

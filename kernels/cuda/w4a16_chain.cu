@@ -470,8 +470,8 @@ static __global__ void __launch_bounds__(CH_THREADS, 1) k_chain(const ch_args a)
                         const uint32_t *wt = &wv[h][t].x;
 #pragma unroll
                         for (int u = 0; u < 4; u++) {
-                            const uint32_t w8 = wt[u] >> 8;
-                            const uint32_t af[4] = {lop3_lo(wt[u]), lop3_hi(wt[u]), lop3_lo(w8), lop3_hi(w8)};
+                            uint32_t af[4];
+                            deq_codes(wt[u], af);
                             const uint32_t *xs = u < 2 ? &xa[h].x : &xb[h].x;
                             float *acc4 = u & 1 ? e : d;
                             if (h == 0 && u < 2) mma16816_z(acc4, af, xs[(u & 1) * 2], xs[(u & 1) * 2 + 1]);

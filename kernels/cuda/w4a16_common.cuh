@@ -209,6 +209,18 @@ static __device__ __forceinline__ uint32_t magic_hi(uint32_t z) {
 }
 
 /* Unscaled A fragment: rows r -> q - z, rows r+8 -> 16 (q - z); exact. */
+/* The word's 8 codes as LOP3 makes them, {1024 + q} (a[0], a[2]) and {1024 +
+ * 16 q} (a[1], a[3]): the mma's A fragment where the zero point leaves through
+ * the sums of x (the decode kernel's ZM, the MLP-block chain) */
+static __device__ __forceinline__ void deq_codes(uint32_t w, uint32_t a[4]) {
+    const uint32_t w8 = w >> 8;
+    a[0] = lop3_lo(w);
+    a[1] = lop3_hi(w);
+    a[2] = lop3_lo(w8);
+    a[3] = lop3_hi(w8);
+}
+/* deq_codes less the zero point, each LOP3 output's subtraction beside it (that
+ * order is the code sessions 4-69 measured) */
 static __device__ __forceinline__ void deq_raw(uint32_t w, uint32_t mlo, uint32_t mhi,
                                                uint32_t a[4]) {
     uint32_t w8 = w >> 8;

@@ -526,10 +526,14 @@ k_skinny(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
 /* rows (2c, 2c + 1) in the registers its correction needs, for all TB      */
 /* tiles at once. The tensor pipe has room at M <= 8 (the ALU pipe bounds    */
 /* the loop); the extra mma costs where it doubles the tensor work of a     */
-/* short range (one tile a block, one ring turn a warp: dc_zm_on). Session  */
+/* short range (one tile a block, one ring turn a warp: dc_zm_form). Session*/
 /* 68's sums made by x's producer (the NORM prologue, or the caller) were    */
 /* no faster and needed a producer per linear; session 66's sums made by    */
 /* the kernel's threads after the wait sat between x and the first mma.    */
+/* ZM1 (session 70, form 2, M = 1): every column of x's fragment is then the */
+/* same row, so one mma a group can add up the whole group (each column     */
+/* takes another 16 of its 128 values; two shuffles add the columns): one   */
+/* mma a group instead of one a k16 step, cheap enough for one tile a block.*/
 /* ------------------------------------------------------------------------ */
 
 /* DC_WARPS, DC_MAX_M, DC_SMEM_MAX, the shared memory layout and the launch
@@ -568,6 +572,13 @@ static __device__ __forceinline__ void dc_mma(float d[4], const uint32_t a[4], u
             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* d (+)= ones (16 x 16) * B: every row of D the column sums of B (ZM) */
+template <bool ZERO>
+static __device__ __forceinline__ void dc_mma_ones(float d[4], uint32_t b0, uint32_t b1) {
+    const uint32_t ones[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
+    dc_mma<ZERO>(d, ones, b0, b1);
 }
 
 /* The per-lane state of one warp of the decode kernel. */
@@ -651,7 +662,7 @@ static __device__ __forceinline__ void dc_x_wait(int n) {
  * groups UG later where g0 + gi + UG < ng. XC (the persistent grid's last
  * turn of a column): the state's pointers are already at the block's next
  * column, and the slots get its first turn where hn (there is one). */
-template <int MT, int TB, int NG, bool XC = false, bool ZM = false>
+template <int MT, int TB, int NG, bool XC = false, int ZM = 0>
 static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int ng, int hn = 0) {
     constexpr int UG = dc_state<MT, TB>::UG, AHEAD = XC ? 0 : UG;
     static_assert(!ZM || MT == 1, "ZM: one mma column block");
@@ -683,6 +694,21 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
         }
         float d[TB][MT][4]; /* this group's sums: independent chains across tiles and groups */
         float sg[4];        /* ZM: the group's sums of x, D = ones (16 x 16) x: every row the same */
+        if constexpr (ZM == 2) {
+            /* M = 1 (every column of x's fragment the same row): the 8 columns
+             * take the group's 8 pieces of 16 instead — lane (r, c) gives the 4
+             * values of chunk r / 4 at 16 c + 4 (r % 4) — so that one mma adds
+             * up the group in columns, and the lane's two columns and the
+             * quad's four lanes (two shuffles) the rest: one mma a group, not
+             * eight (ZM1, session 70) */
+            const int lane = threadIdx.x & 31;
+            const uint2 xv = *(const uint2 *)(s.xr[0] + gi * 128 + (lane >> 4) * 64 + ((lane >> 2) & 3) * 4);
+            dc_mma_ones<true>(sg, xv.x, xv.y);
+            float p = sg[0] + sg[1];
+            p += __shfl_xor_sync(0xffffffffu, p, 1);
+            p += __shfl_xor_sync(0xffffffffu, p, 2);
+            sg[0] = sg[1] = p;
+        }
 #pragma unroll
         for (int kk = 0; kk < 2; kk++) {
             uint4 xa[MT], xb[MT];
@@ -691,13 +717,12 @@ static __device__ __forceinline__ void dc_turn(dc_state<MT, TB> &s, int g0, int 
                 xa[i] = *(const uint4 *)(s.xr[i] + (gi * 2 + kk) * 64);
                 xb[i] = *(const uint4 *)(s.xr[i] + (gi * 2 + kk) * 64 + 8);
             }
-            if constexpr (ZM) { /* one mma a k16 step for all TB tiles; x only: before the weights */
-                const uint32_t ones[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
+            if constexpr (ZM == 1) { /* one mma a k16 step for all TB tiles; x only: before the weights */
 #pragma unroll
                 for (int t = 0; t < 4; t++) {
                     const uint32_t *xs = t < 2 ? &xa[0].x : &xb[0].x;
-                    if (kk == 0 && t == 0) dc_mma<true>(sg, ones, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
-                    else dc_mma<false>(sg, ones, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
+                    if (kk == 0 && t == 0) dc_mma_ones<true>(sg, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
+                    else dc_mma_ones<false>(sg, xs[(t & 1) * 2], xs[(t & 1) * 2 + 1]);
                 }
             }
 #pragma unroll
@@ -945,7 +970,7 @@ static __device__ __forceinline__ void dc_warp_sum(const float *red, int tb, int
  * grid spilled 108 bytes at 128 registers (session 34, ncu: 242 K local
  * requests on Qwen3-8B gate|up at M = 16) */
 template <int MT, int TB, bool NORM, bool SUM, bool PS = false, bool PF = false, int MINB = 2, bool XP = false,
-          int CL = 1, bool GS = false, bool ZM = false>
+          int CL = 1, bool GS = false, int ZM = 0>
 static __global__ void __launch_bounds__(DC_WARPS * 32, MINB)
 k_decode(const uint4 *__restrict__ qw, const uint32_t *__restrict__ sc,
          const uint8_t *__restrict__ zr, const uint16_t *__restrict__ x, int K, int n16a, int KC,
@@ -2695,7 +2720,7 @@ static std::atomic<unsigned long> g_gs_launches{0}, g_gs_polls{0};
 extern "C" unsigned long w4a16_decode_ksplit_launches(void) { return g_gs_launches.load(std::memory_order_relaxed); }
 /* ZM (k_decode, session 69): the zero point through the sums of x made by one more mma a k16
  * step, at MT = 1 up to this many rows (AWQD_W4A16_DC_ZM, w4a16_decode_zm; 0 off) in every
- * variant, where dc_zm_on's shape rule takes it. The tensor-parallel sum (w4a16_linear_sum)
+ * variant, where dc_zm_form's shape rule takes it. The tensor-parallel sum (w4a16_linear_sum)
  * takes it by the same rule, so that it stays bitwise w4a16_linear + the push all-reduce (its
  * ZM form has run on no 2-GPU host yet: tp_cuda's bitwise tests check it there). */
 static env_knob g_dc_zm = ENV_KNOB_INIT("AWQD_W4A16_DC_ZM", 8, 0, 8);
@@ -2710,12 +2735,25 @@ static env_knob g_dc_zm = ENV_KNOB_INIT("AWQD_W4A16_DC_ZM", 8, 0, 8);
  * its tp = 4 q|k|v shard 1.000-1.016x).
  * The XP kernels (x group by group, M >= dc_xp_min_m) at TB < 4 have no ZM form compiled
  * (they spilled 4-40 bytes with it); where AWQD_W4A16_DC_XP_MIN_M puts XP at M <= 4, those
- * points run without ZM. */
-static int dc_zm_on(int m, int tb, int k) {
-    return m <= knob_get(&g_dc_zm) && (tb >= 4 || (m <= 4 && (tb >= 2 || k >= 12288)));
+ * points run without ZM.
+ * ZM1 (form 2, session 70): at M = 1 one mma a group makes the sums (dc_turn), so that one
+ * tile a block can take ZM on short ranges: where a warp's range is one or two whole ring
+ * turns (K = 4096 or 8192). H200, back to back, ZM1 off / on in one binary, four runs:
+ * Qwen3-8B o 4.31 -> 4.20 us (0.974x), the Llama-3-70B tp = 2 gate|up shard (the persistent
+ * grid, two turns) 0.955x, its tp = 4 q|k|v shard 1.000x; not taken: the Qwen3-32B tp = 4
+ * q|k|v shard (K = 5120, a partial last turn) 1.021-1.030x, Qwen3-8B down (K = 12288, form
+ * 1 there) 1.006-1.008x. AWQD_W4A16_DC_ZM1=0 leaves those points to the rule above.
+ * Returns the form: 0 none, 1 the sums a k16 step, 2 a group. */
+static env_knob g_dc_zm1 = ENV_KNOB_INIT("AWQD_W4A16_DC_ZM1", 1, 0, 1);
+static int dc_zm_form(int m, int tb, int k) {
+    if (m > knob_get(&g_dc_zm)) return 0;
+    if (m == 1 && tb == 1 && k < 12288 && dc_whole_turns(k / 128, 1, 1) && knob_get(&g_dc_zm1)) return 2;
+    return tb >= 4 || (m <= 4 && (tb >= 2 || k >= 12288)) ? 1 : 0;
 }
 extern "C" int w4a16_decode_zm(int v) { return knob_set(&g_dc_zm, v); }
-static std::atomic<unsigned long> g_zm_launches{0};
+extern "C" int w4a16_decode_zm1(int v) { return knob_set(&g_dc_zm1, v); }
+static std::atomic<unsigned long> g_zm_launches{0}, g_zm1_launches{0};
+extern "C" unsigned long w4a16_zm1_launches(void) { return g_zm1_launches.load(std::memory_order_relaxed); }
 extern "C" unsigned long w4a16_zm_launches(void) { return g_zm_launches.load(std::memory_order_relaxed); }
 extern "C" unsigned long w4a16_decode_ksplit_polls(void) { return g_gs_polls.load(std::memory_order_relaxed); }
 
@@ -2767,30 +2805,55 @@ static size_t dc_norm_smem(const struct dc_plan *pl, int K) {
     return pl->smem > sw ? pl->smem : sw;
 }
 
+/* k_decode in ZM form *zm (dc_zm_form's pick) where that form is compiled,
+ * else the nearest below it; *zm becomes the form launched. Compiled: form 1
+ * at MT = 1 but in the XP kernels below four tiles (they spilled 4-40 bytes
+ * with it), form 2 at MT = 1 and one tile without XP. */
+template <int MT, int TB, bool NORM, bool SUM, bool PS, bool PF, int MINB, bool XP, int CL, bool GS>
+static decltype(&k_decode<MT, TB, NORM, SUM, PS, PF, MINB, XP, CL, GS, 0>) dc_kernel(int *zm) {
+    constexpr bool Z1 = MT == 1 && (TB >= 4 || !XP), Z2 = MT == 1 && TB == 1 && !XP;
+    if constexpr (Z2) {
+        if (*zm == 2) return k_decode<MT, TB, NORM, SUM, PS, PF, MINB, XP, CL, GS, 2>;
+    }
+    if (*zm == 2) *zm = 1;
+    if constexpr (Z1) {
+        if (*zm == 1) return k_decode<MT, TB, NORM, SUM, PS, PF, MINB, XP, CL, GS, 1>;
+    }
+    *zm = 0;
+    return k_decode<MT, TB, NORM, SUM, PS, PF, MINB, XP, CL, GS, 0>;
+}
+
+/* Before a decode launch: kern's shared-memory limit, once per device (set:
+ * the launch site's flags, one per ZM form), and the ZM launch counters */
+static int dc_kernel_ready(std::atomic<unsigned long long> set[3], const void *kern, int zm, int mt, char *err,
+                           size_t errlen) {
+    const int rc = cuda_smem_limit_once(&set[zm], kern, dc_smem_max(mt), err, errlen);
+    if (rc == 0 && zm) g_zm_launches.fetch_add(1, std::memory_order_relaxed);
+    if (rc == 0 && zm == 2) g_zm1_launches.fetch_add(1, std::memory_order_relaxed);
+    return rc;
+}
+
 /* PS: the persistent grid (dc_ps_plan), each block streaming ncols / grid
- * columns back to back through one register ring (plain and NORM only) */
+ * columns back to back through one register ring (plain and NORM only).
+ * The NORM, K-split, tensor-parallel-sum and plain launches each take the ZM
+ * form dc_zm_form gives (the sum by the same rule as w4a16_linear, so that
+ * it stays bitwise w4a16_linear + the push all-reduce). */
 template <int MT, int TB, bool PS, bool PF, int MINB = 2, bool XP = false, int CL = 1, bool GS = false>
 static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_args ep,
                            const norm_args *na, const w4a16_sum *xs, const struct dc_plan *pl, int grid,
                            float *part, cudaStream_t s, char *err, size_t errlen) {
-    static std::atomic<unsigned long long> smem_set{0}, smem_set_n{0}, smem_set_s{0};
     const norm_args none = {NULL, NULL, NULL, NULL, 0.0f};
     w4a16_sum nosum;
     memset(&nosum, 0, sizeof nosum);
     const int flags = dc_flags() | (pl->pf << DC_F_PF_SHIFT);
-    int rc;
+    int zm = dc_zm_form(ep.m, TB, w->k), rc;
     if (na) {
         /* the NORM variant is compiled for MT = 1 only (launch_decode gives
          * it no other: the prologue's row sums hold 8 rows) */
         if constexpr (MT == 1) {
-            static std::atomic<unsigned long long> smem_set_nm{0};
-            const int zm = dc_zm_on(ep.m, TB, w->k);
-            auto *kern = zm ? k_decode<MT, TB, true, false, PS, PF, 2, false, 1, false, true>
-                            : k_decode<MT, TB, true, false, PS, PF>;
-            rc = cuda_smem_limit_once(zm ? &smem_set_nm : &smem_set_n, (const void *)kern, dc_smem_max(MT), err,
-                                      errlen);
-            if (rc) return rc;
-            if (zm) g_zm_launches.fetch_add(1, std::memory_order_relaxed);
+            static std::atomic<unsigned long long> set[3];
+            auto *kern = dc_kernel<MT, TB, true, false, PS, PF, 2, false, 1, false>(&zm);
+            if ((rc = dc_kernel_ready(set, (const void *)kern, zm, MT, err, errlen))) return rc;
             CUDA_CHECK(launch_pdl(w, kern, dim3(grid), dim3(DC_WARPS * 32), dc_norm_smem<dc_norm_pre<TB>::n>(pl, w->k), s,
                                   w->qw, w->sc, w->zr, x, w->k, w->n16a, w->kc, flags, ep, *na, nosum, pl->blocks,
                                   nullptr, nullptr),
@@ -2807,21 +2870,14 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
         const char *fn = xs ? "w4a16_linear_sum" : "w4a16_linear";
         if (pl->cl != CL || !pl->gs || !part)
             return util_err(err, errlen, -EINVAL, "%s: decode plan cl=%d gs=%d", fn, pl->cl, pl->gs);
-        static std::atomic<unsigned long long> smem_set_m{0}, smem_set_sm{0};
-        /* ZM: the only forms the rule can take (the SUM variant has no XP) */
-        constexpr bool ZM = MT == 1 && (TB >= 4 || !XP);
-        const int zm = (xs || ZM) && dc_zm_on(ep.m, TB, w->k);
-        auto *kern = xs ? (zm ? k_decode<1, TB, false, true, false, false, 2, false, CL, true, true>
-                              : k_decode<1, TB, false, true, false, false, 2, false, CL, true>)
-                        : zm ? k_decode<MT, TB, false, false, false, false, MINB, XP, CL, true, ZM>
-                             : k_decode<MT, TB, false, false, false, false, MINB, XP, CL, true>;
+        static std::atomic<unsigned long long> set[3], set_s[3];
+        auto *kern = xs ? dc_kernel<1, TB, false, true, false, false, 2, false, CL, true>(&zm)
+                        : dc_kernel<MT, TB, false, false, false, false, MINB, XP, CL, true>(&zm);
         g_gs_launches.fetch_add(1, std::memory_order_relaxed);
-        if (zm) g_zm_launches.fetch_add(1, std::memory_order_relaxed);
-        rc = cuda_smem_limit_once(xs ? (zm ? &smem_set_sm : &smem_set_s) : zm ? &smem_set_m : &smem_set,
-                                  (const void *)kern, dc_smem_max(MT), err, errlen);
-        if (rc) return rc;
-        static std::atomic<long long> resident{-1}, resident_m{-1}; /* (smem << 8) | blocks a SM, of kern (plain) */
-        const int poll = !xs && gs_poll_on(w, pl, CL, TB, MT, (const void *)kern, zm ? &resident_m : &resident);
+        if ((rc = dc_kernel_ready(xs ? set_s : set, (const void *)kern, zm, MT, err, errlen))) return rc;
+        /* (smem << 8) | blocks a SM, of kern (plain), one per ZM form */
+        static std::atomic<long long> resident[3] = {{-1}, {-1}, {-1}};
+        const int poll = !xs && gs_poll_on(w, pl, CL, TB, MT, (const void *)kern, &resident[zm]);
         if (poll) g_gs_polls.fetch_add(1, std::memory_order_relaxed);
         CUDA_CHECK(launch_pdl(w, kern, dim3(pl->blocks * CL), dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr,
                               x, w->k, w->n16a, w->kc, poll ? flags | DC_F_GSPOLL : flags, ep, none,
@@ -2829,43 +2885,29 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
                    err, errlen);
         return 0;
     }
-    if (xs) { /* ZM as w4a16_linear would take it, so that the fused sum stays bitwise linear + all-reduce */
-        static std::atomic<unsigned long long> smem_set_sm{0};
-        const int zm = dc_zm_on(ep.m, TB, w->k);
-        auto *kern = zm ? k_decode<1, TB, false, true, false, false, 2, false, 1, false, true>
-                        : k_decode<1, TB, false, true>;
-        rc = cuda_smem_limit_once(zm ? &smem_set_sm : &smem_set_s, (const void *)kern, dc_smem_max(MT), err, errlen);
-        if (rc) return rc;
-        if (zm) g_zm_launches.fetch_add(1, std::memory_order_relaxed);
+    if (xs) {
+        static std::atomic<unsigned long long> set[3];
+        auto *kern = dc_kernel<1, TB, false, true, false, false, 2, false, 1, false>(&zm);
+        if ((rc = dc_kernel_ready(set, (const void *)kern, zm, MT, err, errlen))) return rc;
         CUDA_CHECK(launch_pdl(w, kern, dim3(pl->blocks),
                               dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
                               w->n16a, w->kc, flags, ep, none, *xs, pl->blocks, nullptr, nullptr),
                    err, errlen);
         return 0;
     }
-    if constexpr (CL > 1 && !GS) { /* the cluster K split: grid in clusters of CL blocks */
+    static std::atomic<unsigned long long> set[3];
+    if constexpr (CL > 1 && !GS) { /* the cluster K split (MT >= 2: no ZM): grid in clusters of CL blocks */
         if (pl->cl != CL) return util_err(err, errlen, -EINVAL, "w4a16_linear: decode plan cl=%d", pl->cl);
-        rc = cuda_smem_limit_once(&smem_set, (const void *)k_decode<MT, TB, false, false, PS, PF, MINB, XP, CL>,
-                                  dc_smem_max(MT), err, errlen);
-        if (rc) return rc;
-        CUDA_CHECK(launch_pdl_cl(w, k_decode<MT, TB, false, false, PS, PF, MINB, XP, CL>, dim3(grid * CL),
-                                 dim3(DC_WARPS * 32), pl->smem, s, dim3(CL, 1, 1), w->qw, w->sc, w->zr, x, w->k,
-                                 w->n16a, w->kc, flags, ep, none, nosum, pl->blocks, nullptr, nullptr),
+        auto *kern = dc_kernel<MT, TB, false, false, PS, PF, MINB, XP, CL, false>(&zm);
+        if ((rc = dc_kernel_ready(set, (const void *)kern, zm, MT, err, errlen))) return rc;
+        CUDA_CHECK(launch_pdl_cl(w, kern, dim3(grid * CL), dim3(DC_WARPS * 32), pl->smem, s, dim3(CL, 1, 1), w->qw,
+                                 w->sc, w->zr, x, w->k, w->n16a, w->kc, flags, ep, none, nosum, pl->blocks, nullptr,
+                                 nullptr),
                    err, errlen);
         return 0;
     }
-    static std::atomic<unsigned long long> smem_set_m{0};
-    auto *kern = k_decode<MT, TB, false, false, PS, PF, MINB, XP>;
-    int zm = 0;
-    if constexpr (MT == 1 && CL == 1 && !GS && (TB >= 4 || !XP)) { /* XP (M >= 6) at TB < 4: never ZM */
-        if (dc_zm_on(ep.m, TB, w->k)) {
-            kern = k_decode<MT, TB, false, false, PS, PF, MINB, XP, 1, false, true>;
-            zm = 1;
-        }
-    }
-    rc = cuda_smem_limit_once(zm ? &smem_set_m : &smem_set, (const void *)kern, dc_smem_max(MT), err, errlen);
-    if (rc) return rc;
-    if (zm) g_zm_launches.fetch_add(1, std::memory_order_relaxed);
+    auto *kern = dc_kernel<MT, TB, false, false, PS, PF, MINB, XP, 1, false>(&zm);
+    if ((rc = dc_kernel_ready(set, (const void *)kern, zm, MT, err, errlen))) return rc;
     CUDA_CHECK(launch_pdl(w, kern, dim3(grid), dim3(DC_WARPS * 32), pl->smem, s, w->qw, w->sc, w->zr, x, w->k,
                           w->n16a, w->kc, flags, ep, none, nosum, pl->blocks, nullptr, nullptr),
                err, errlen);

@@ -172,7 +172,15 @@ int w4a16_linear(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_
  * (AWQD_W4A16_DC_ZM, default 8; 0 off). v < 0 only reads; returns the value
  * in force. */
 int w4a16_decode_zm(int v);
-unsigned long w4a16_zm_launches(void); /* the decode kernel's ZM launches so far (tests) */
+unsigned long w4a16_zm_launches(void); /* the decode kernel's ZM launches so far, both forms (tests) */
+/* ZM1 (session 70; on by default): at M = 1 the sums by one mma a group of 128
+ * (the columns of x's fragment, all the same row there, take different pieces
+ * of the group) instead of one a k16 step, which lets one tile a block take
+ * ZM where a warp's range is one or two ring turns (K = 4096, 8192; w4a16.cu
+ * dc_zm_form). v: 1 on, 0 off (those points then follow ZM's rule); v < 0 only
+ * reads; returns the value in force (AWQD_W4A16_DC_ZM1). Off with ZM. */
+int w4a16_decode_zm1(int v);
+unsigned long w4a16_zm1_launches(void); /* the ZM1 launches so far (tests) */
 
 /* The residual add + RMSNorm that precedes a decode-sized linear, fused into
  * the decode kernel's prologue: every block builds x = RMSNorm(rin + delta) *

@@ -299,33 +299,45 @@ TEST(w4a16, forced_kernels_and_splits) {
  * o, K = 8192), at one, two and four tiles a block (TB 1 only at K >= 12288:
  * Qwen3-8B down), with and without x group by group (M >= 6), K = 640 / 5120
  * with 0-1 / 5 groups a warp, a bias, and K = 128 (seven warps idle); M = 1-8
- * (9 and 16: the ordinary path). Each shape once with ZM on (every M <= 8 the
- * rule allows) and once off (the HSUB2 path), against the CPU reference with
- * the bound of every decode case; the ZM kernel and the K split must have
- * run. */
+ * (9 and 16: the ordinary path). ZM1 (w4a16_decode_zm1, on by default): at M
+ * = 1 one tile a block takes the sums by one mma a group where a warp's range
+ * is one or two whole ring turns (Qwen3-8B o, K = 4096; the Llama-3-70B tp = 4
+ * q|k|v shard, K = 8192; 288 tiles at K = 4096 with a bias: the persistent
+ * grid, each block two columns); K = 640, 128, 5120 and 12288 at one tile keep
+ * the other forms. Each shape three
+ * times — ZM and ZM1 on, ZM on and ZM1 off, ZM off (the HSUB2 path) — against
+ * the CPU reference with the bound of every decode case; the ZM and ZM1
+ * kernels and the K split must have run, and neither where it was off. */
 TEST(w4a16, decode_zero_point_by_mma) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     static const struct { int k, n, gate_up, bias; } shp[] = {
         {4096, 4096, 0, 0}, {4096, 6144, 0, 0}, {12288, 4096, 0, 0}, {640, 272, 0, 1},
         {5120, 1280, 0, 0}, {4096, 24576, 1, 0}, {8192, 5120, 0, 0}, {2560, 5120, 0, 0},
-        {128, 8, 0, 0},
+        {128, 8, 0, 0}, {8192, 2560, 0, 0}, {4096, 4608, 0, 1},
     };
     static const int ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16};
-    const unsigned long z0 = w4a16_zm_launches(), g0 = w4a16_decode_ksplit_launches();
-    unsigned long zon = 0, gon = 0; /* launches in the pass with ZM on */
-    const int old = w4a16_decode_zm(-1);
-    for (int on = 1; on >= 0; on--) {
-        w4a16_decode_zm(on ? 8 : 0);
+    unsigned long zon[3], z1on[3], gon = 0; /* launches in each pass */
+    const int old = w4a16_decode_zm(-1), old1 = w4a16_decode_zm1(-1);
+    for (int pass = 0; pass < 3; pass++) {
+        w4a16_decode_zm(pass < 2 ? 8 : 0);
+        w4a16_decode_zm1(pass == 0);
+        const unsigned long z0 = w4a16_zm_launches(), z10 = w4a16_zm1_launches(), g0 = w4a16_decode_ksplit_launches();
         for (int si = 0; si < NM(shp) && !test_failed(); si++) {
             char what[64];
-            snprintf(what, sizeof what, "zm=%d K%d N%d%s", on, shp[si].k, shp[si].n, shp[si].gate_up ? " gate_up" : "");
+            snprintf(what, sizeof what, "zm=%d zm1=%d K%d N%d%s", pass < 2, pass == 0, shp[si].k, shp[si].n,
+                     shp[si].gate_up ? " gate_up" : "");
             check_shape(what, shp[si].k, shp[si].n, 128, shp[si].gate_up, shp[si].bias, ms, NM(ms));
         }
-        if (on) zon = w4a16_zm_launches() - z0, gon = w4a16_decode_ksplit_launches() - g0;
+        zon[pass] = w4a16_zm_launches() - z0;
+        z1on[pass] = w4a16_zm1_launches() - z10;
+        if (pass == 0) gon = w4a16_decode_ksplit_launches() - g0;
     }
     w4a16_decode_zm(old);
-    ASSERT_MSG(zon >= 32, "ZM launched %lu times", zon);
-    ASSERT_MSG(w4a16_zm_launches() - z0 == zon, "ZM launched with ZM off");
+    w4a16_decode_zm1(old1);
+    ASSERT_MSG(zon[0] >= 32 && zon[1] >= 32, "ZM launched %lu / %lu times", zon[0], zon[1]);
+    ASSERT_MSG(z1on[0] >= 3, "ZM1 launched %lu times", z1on[0]);
+    ASSERT_MSG(z1on[1] == 0 && z1on[2] == 0, "ZM1 launched %lu / %lu times where off", z1on[1], z1on[2]);
+    ASSERT_MSG(zon[2] == 0, "ZM launched %lu times with ZM off", zon[2]);
     ASSERT_MSG(gon > 0, "no K split ran with ZM on");
 }
 
@@ -1137,6 +1149,7 @@ static void norm_fused_cases(void) {
         {12288, 4096, 0, 0},
         {5120, 25600, 1, 0}, /* the Qwen3-32B tp = 2 gate|up shard: four tiles a block, all of w's
                                 pieces in shared memory (dc_norm_w_stage) */
+        {8192, 2560, 0, 0},  /* the Llama-3-70B tp = 4 q|k|v shard: one tile, ZM1 at M = 1 */
     };
     const float eps = 1e-6f;
     for (int si = 0; si < NM(shp) && !test_failed(); si++) {
@@ -1252,15 +1265,17 @@ static void norm_fused_cases(void) {
     }
 }
 
-/* With ZM as the rule takes it (the default); the ZM kernel must have run. */
+/* With ZM as the rule takes it (the default); the ZM kernel must have run, and
+ * ZM1 where it is on. */
 TEST(w4a16, linear_norm_fused) {
     if (!have_gpu()) TEST_SKIP("no CUDA device");
     const int m0 = w4a16_decode_zm(-1); /* knob setters return the value in force */
     w4a16_decode_zm(8);
-    const unsigned long l0 = w4a16_zm_launches();
+    const unsigned long l0 = w4a16_zm_launches(), l1 = w4a16_zm1_launches();
     norm_fused_cases();
     w4a16_decode_zm(m0);
     ASSERT_MSG(w4a16_zm_launches() - l0 >= 8, "ZM launched %lu times", w4a16_zm_launches() - l0);
+    if (w4a16_decode_zm1(-1)) ASSERT_MSG(w4a16_zm1_launches() > l1, "ZM1 did not run (K = 8192, N = 2560, M = 1)");
 }
 
 /* The same cases without ZM (the zero point's HSUB2 in the loop). */

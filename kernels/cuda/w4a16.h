@@ -168,7 +168,7 @@ int w4a16_linear(const struct w4a16_weight *w, const uint16_t *x, int m, uint16_
  * where the group's correction needs them); the codes enter the mma as LOP3 makes
  * them, without the zero point's HSUB2. At MT = 1 (M <= 8), in the plain,
  * persistent, K-split, NORM and tensor-parallel sum variants, where the
- * tiles per block and K take it (w4a16.cu dc_zm_on), up to v rows
+ * tiles per block and K take it (w4a16.cu dc_zm_form), up to v rows
  * (AWQD_W4A16_DC_ZM, default 8; 0 off). v < 0 only reads; returns the value
  * in force. */
 int w4a16_decode_zm(int v);

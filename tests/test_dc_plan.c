@@ -584,3 +584,54 @@ TEST(dc_plan, ksplit_rule) {
     ASSERT(!dc_plan_gs(9, 8192, 320, 128, &H200, 3, 4, fl, &q));
     ASSERT(!dc_plan_gs(1, 256, 320, 128, &H200, 3, 4, fl, &q));
 }
+
+/* ZM's form (dc_zm_form, docs/KERNELS.md "ZM", "ZM1"): the rule's picks on the
+ * real shapes at M = 1 (the grid each takes there on 132 SMs), form 2 never
+ * past M = 1 (it reads every column of x's fragment as one row), and the
+ * knobs: ZM off, ZM1 off, ZM1 everywhere. */
+TEST(dc_plan, zm_form_rule) {
+    enum { P = DC_GRID_PLAIN, S = DC_GRID_PS, G = DC_GRID_GS };
+    static const struct { int tb, k, grid, form; const char *what; } cs[] = {
+        {1, 4096, P, 2, "Qwen3-8B o (one turn a warp)"},
+        {1, 8192, P, 2, "Llama-3-70B q|k|v tp=4 (two turns)"},
+        {1, 8192, S, 2, "Llama-3-70B gate|up tp=2 (persistent, two turns)"},
+        {1, 5120, P, 0, "Qwen3-32B q|k|v tp=4 (a partial turn)"},
+        {1, 12288, P, 1, "Qwen3-8B down (three turns: form 1)"},
+        {1, 2048, P, 0, "one tile, half a turn"},
+        {2, 4096, P, 2, "Qwen3-8B q|k|v"},
+        {2, 2048, P, 2, "Qwen3-32B o tp=4"},
+        {2, 4096, S, 2, "Qwen3-8B gate|up (persistent)"},
+        {4, 5120, S, 2, "Qwen3-32B gate|up (persistent)"},
+        {4, 2560, G, 2, "Qwen3-32B o (the K split, 3 x 4)"},
+        {4, 8576, G, 2, "Qwen3-32B down (the K split)"},
+        {4, 5120, P, 1, "Qwen3-32B q|k|v"},
+        {2, 5120, P, 1, "Qwen3-32B q|k|v tp=2"},
+        {2, 8192, P, 1, "Llama-3-70B o"},
+        {2, 28672, P, 1, "Llama-3-70B down"},
+        {4, 8192, P, 1, "Llama-3-70B q|k|v"},
+    };
+    for (int i = 0; i < (int)(sizeof cs / sizeof cs[0]); i++) {
+        const int f = dc_zm_form(1, cs[i].tb, cs[i].k, cs[i].grid, 8, 1);
+        ASSERT_MSG(f == cs[i].form, "%s: TB %d K %d grid %d: form %d, want %d", cs[i].what, cs[i].tb, cs[i].k,
+                   cs[i].grid, f, cs[i].form);
+        /* ZM1 off: form 1 where the k16-step rule takes it, else none */
+        const int f1 = dc_zm_form(1, cs[i].tb, cs[i].k, cs[i].grid, 8, 0);
+        ASSERT_EQ_INT(f1, cs[i].tb >= 2 || cs[i].k >= 12288 ? 1 : 0);
+        /* ZM1 everywhere: form 2 wherever ZM runs (and the one-tile short ranges) */
+        const int f2 = dc_zm_form(1, cs[i].tb, cs[i].k, cs[i].grid, 8, 2);
+        ASSERT_EQ_INT(f2, f1 || cs[i].form == 2 ? 2 : 0);
+        ASSERT_EQ_INT(dc_zm_form(1, cs[i].tb, cs[i].k, cs[i].grid, 0, 1), 0); /* ZM off */
+    }
+    /* never form 2 past M = 1; form 1 by its rule at M = 2-8, none past zm_max */
+    for (int m = 2; m <= 16; m++)
+        for (int tb = 1; tb <= 4; tb *= 2)
+            for (int k = 2048; k <= 28672; k += 1024)
+                for (int grid = 0; grid < 3; grid++)
+                    for (int z1 = 0; z1 <= 2; z1++) {
+                        const int f = dc_zm_form(m, tb, k, grid, 8, z1);
+                        const int want = m <= 8 && (tb >= 4 || (m <= 4 && (tb >= 2 || k >= 12288)));
+                        ASSERT_MSG(f == want, "M %d TB %d K %d grid %d zm1 %d: form %d, want %d", m, tb, k, grid,
+                                   z1, f, want);
+                    }
+    ASSERT_EQ_INT(dc_zm_form(4, 2, 4096, DC_GRID_PLAIN, 3, 1), 0); /* AWQD_W4A16_DC_ZM=3 at M = 4 */
+}

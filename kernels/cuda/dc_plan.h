@@ -683,4 +683,43 @@ DC_FN int dc_ps_tb4_takes(const struct dc_plan *pl, const struct dc_gpu *g) {
     return dc_ps_plan(&q, g, 0) && q.tb == 4;
 }
 
+/* ZM's form for a decode launch (k_decode's ZM, docs/KERNELS.md "ZM" and
+ * "ZM1"): 0 none (the zero point by HSUB2), 1 the sums of x by one more mma
+ * a k16 step, 2 by one mma a group — valid at M = 1 only, where every
+ * column of x's fragment is the same row. m, tb: the launch's rows and
+ * tiles a block; k: a block's K (dc_plan's k); grid: DC_GRID_PLAIN,
+ * DC_GRID_PS (persistent) or DC_GRID_GS (the K split through global
+ * memory); zm_max: the largest M that takes ZM (AWQD_W4A16_DC_ZM, 0 off);
+ * zm1: AWQD_W4A16_DC_ZM1 (0 no form 2, 1 the rule, 2 form 2 at every M = 1
+ * point that takes ZM, for measurements).
+ * Form 1 (session 69, H200 back to back): four tiles a block at every M <=
+ * 8 (0.94-0.997x; Qwen3-32B q|k|v 0.913-0.939x); two tiles at M <= 4
+ * (0.945-0.967x); one tile only where a warp's range is three ring turns or
+ * more, K >= 12288 (Qwen3-8B down 0.982-0.992x; on one or two turns the
+ * extra mma doubles the tensor work: Qwen3-8B o 1.006-1.014x).
+ * Form 2 (session 70, H200 back to back, against the form the rest of the
+ * rule gives, three and six runs): one tile where a warp's range is one or
+ * two whole ring turns (K = 4096, 8192: Qwen3-8B o 0.970-0.977x, the
+ * Llama-3-70B tp = 2 gate|up shard 0.946-0.955x; K = 5120 1.021-1.030x, K =
+ * 12288 1.006-1.008x against form 1); in place of form 1 at two or four
+ * tiles on the persistent grid and the K split (Qwen3-8B gate|up, Qwen3-32B
+ * gate|up, o and down and its tp = 2 / 4 down shards, Llama-3-70B gate|up
+ * and its tp = 2 q|k|v shard: 0.975-0.993x) and on the plain grid where a
+ * warp's range is at most 4 groups, K <= 4096 (Qwen3-8B q|k|v 0.984x, the
+ * o shards of Qwen3-32B / Llama-3-70B at tp = 2 and 4 0.952-0.989x) — not
+ * on longer plain ranges (Qwen3-32B q|k|v and its tp = 2 shard at K = 5120
+ * 1.009-1.032x, Llama-3-70B o and down and its down shards at K >= 7168
+ * 1.002-1.016x). */
+#define DC_GRID_PLAIN 0
+#define DC_GRID_PS 1
+#define DC_GRID_GS 2
+DC_FN int dc_zm_form(int m, int tb, int k, int grid, int zm_max, int zm1) {
+    if (m < 1 || m > zm_max) return 0;
+    const int f1 = tb >= 4 || (m <= 4 && (tb >= 2 || k >= 12288));
+    if (m > 1 || !zm1) return f1;
+    if (tb == 1 && k < 12288 && dc_whole_turns(k / 128, 1, 1)) return 2;
+    if (f1 && (zm1 == 2 || (tb >= 2 && (grid != DC_GRID_PLAIN || k <= 4096)))) return 2;
+    return f1;
+}
+
 #endif

@@ -2724,31 +2724,14 @@ extern "C" unsigned long w4a16_decode_ksplit_launches(void) { return g_gs_launch
  * takes it by the same rule, so that it stays bitwise w4a16_linear + the push all-reduce (its
  * ZM form has run on no 2-GPU host yet: tp_cuda's bitwise tests check it there). */
 static env_knob g_dc_zm = ENV_KNOB_INIT("AWQD_W4A16_DC_ZM", 8, 0, 8);
-/* The rule, from the H200's back-to-back tables (session 69, ZM off / on alternated twice,
- * Qwen3-8B and the Qwen3-32B shapes at tp = 1, 2, 4): four tiles a block at every M <= 8
- * (0.94-0.997x; e.g. Qwen3-32B q|k|v 0.913-0.939x); two tiles at M <= 4 (0.945-0.967x) but
- * not with x group by group from M = 6 (Qwen3-8B gate|up M = 8 1.055x: the kernel spills,
- * Qwen3-32B o tp = 4 1.012x); one tile (one more mma for every mma of the weights) only
- * where a warp's range is three ring turns or more, K >= 12288 (Qwen3-8B down
- * 0.982-0.992x; on one turn Qwen3-8B o 1.006-1.014x, the Qwen3-32B tp = 4 q|k|v shard
- * 1.010-1.016x; on two, K = 8192, the Llama-3-70B tp = 2 gate|up shard 1.013-1.029x and
- * its tp = 4 q|k|v shard 1.000-1.016x).
- * The XP kernels (x group by group, M >= dc_xp_min_m) at TB < 4 have no ZM form compiled
- * (they spilled 4-40 bytes with it); where AWQD_W4A16_DC_XP_MIN_M puts XP at M <= 4, those
- * points run without ZM.
- * ZM1 (form 2, session 70): at M = 1 one mma a group makes the sums (dc_turn), so that one
- * tile a block can take ZM on short ranges: where a warp's range is one or two whole ring
- * turns (K = 4096 or 8192). H200, back to back, ZM1 off / on in one binary, four runs:
- * Qwen3-8B o 4.31 -> 4.20 us (0.974x), the Llama-3-70B tp = 2 gate|up shard (the persistent
- * grid, two turns) 0.955x, its tp = 4 q|k|v shard 1.000x; not taken: the Qwen3-32B tp = 4
- * q|k|v shard (K = 5120, a partial last turn) 1.021-1.030x, Qwen3-8B down (K = 12288, form
- * 1 there) 1.006-1.008x. AWQD_W4A16_DC_ZM1=0 leaves those points to the rule above.
- * Returns the form: 0 none, 1 the sums a k16 step, 2 a group. */
-static env_knob g_dc_zm1 = ENV_KNOB_INIT("AWQD_W4A16_DC_ZM1", 1, 0, 1);
-static int dc_zm_form(int m, int tb, int k) {
-    if (m > knob_get(&g_dc_zm)) return 0;
-    if (m == 1 && tb == 1 && k < 12288 && dc_whole_turns(k / 128, 1, 1) && knob_get(&g_dc_zm1)) return 2;
-    return tb >= 4 || (m <= 4 && (tb >= 2 || k >= 12288)) ? 1 : 0;
+/* The rule: dc_plan.h dc_zm_form (checked on the CPU by tests/test_dc_plan.c), with the
+ * measurements behind it. The XP kernels (x group by group, M >= dc_xp_min_m) at TB < 4 have
+ * no ZM form compiled (they spilled 4-40 bytes with it); where AWQD_W4A16_DC_XP_MIN_M puts XP
+ * at M <= 4, those points run without ZM (dc_kernel). AWQD_W4A16_DC_ZM1 (ZM1, session 70):
+ * 0 no form 2, 1 its rule (the default), 2 form 2 wherever ZM runs at M = 1. */
+static env_knob g_dc_zm1 = ENV_KNOB_INIT("AWQD_W4A16_DC_ZM1", 1, 0, 2);
+static int dc_zm_form_of(int m, int tb, int k, int grid) {
+    return dc_zm_form(m, tb, k, grid, knob_get(&g_dc_zm), knob_get(&g_dc_zm1));
 }
 extern "C" int w4a16_decode_zm(int v) { return knob_set(&g_dc_zm, v); }
 extern "C" int w4a16_decode_zm1(int v) { return knob_set(&g_dc_zm1, v); }
@@ -2808,10 +2791,10 @@ static size_t dc_norm_smem(const struct dc_plan *pl, int K) {
 /* k_decode in ZM form *zm (dc_zm_form's pick) where that form is compiled,
  * else the nearest below it; *zm becomes the form launched. Compiled: form 1
  * at MT = 1 but in the XP kernels below four tiles (they spilled 4-40 bytes
- * with it), form 2 at MT = 1 and one tile without XP. */
+ * with it), form 2 at MT = 1 without XP (any tiles a block). */
 template <int MT, int TB, bool NORM, bool SUM, bool PS, bool PF, int MINB, bool XP, int CL, bool GS>
 static decltype(&k_decode<MT, TB, NORM, SUM, PS, PF, MINB, XP, CL, GS, 0>) dc_kernel(int *zm) {
-    constexpr bool Z1 = MT == 1 && (TB >= 4 || !XP), Z2 = MT == 1 && TB == 1 && !XP;
+    constexpr bool Z1 = MT == 1 && (TB >= 4 || !XP), Z2 = MT == 1 && !XP;
     if constexpr (Z2) {
         if (*zm == 2) return k_decode<MT, TB, NORM, SUM, PS, PF, MINB, XP, CL, GS, 2>;
     }
@@ -2846,7 +2829,7 @@ static int launch_decode_t(const struct w4a16_weight *w, const uint16_t *x, epi_
     w4a16_sum nosum;
     memset(&nosum, 0, sizeof nosum);
     const int flags = dc_flags() | (pl->pf << DC_F_PF_SHIFT);
-    int zm = dc_zm_form(ep.m, TB, w->k), rc;
+    int zm = dc_zm_form_of(ep.m, TB, pl->k, GS ? DC_GRID_GS : PS ? DC_GRID_PS : DC_GRID_PLAIN), rc;
     if (na) {
         /* the NORM variant is compiled for MT = 1 only (launch_decode gives
          * it no other: the prologue's row sums hold 8 rows) */

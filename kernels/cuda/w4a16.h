@@ -175,10 +175,12 @@ int w4a16_decode_zm(int v);
 unsigned long w4a16_zm_launches(void); /* the decode kernel's ZM launches so far, both forms (tests) */
 /* ZM1 (session 70; on by default): at M = 1 the sums by one mma a group of 128
  * (the columns of x's fragment, all the same row there, take different pieces
- * of the group) instead of one a k16 step, which lets one tile a block take
- * ZM where a warp's range is one or two ring turns (K = 4096, 8192; w4a16.cu
- * dc_zm_form). v: 1 on, 0 off (those points then follow ZM's rule); v < 0 only
- * reads; returns the value in force (AWQD_W4A16_DC_ZM1). Off with ZM. */
+ * of the group) instead of one a k16 step: at one tile a block where a warp's
+ * range is one or two ring turns (K = 4096, 8192), and in place of the k16-step
+ * sums on the persistent grid, the K split and plain ranges of at most 4 groups
+ * (dc_plan.h dc_zm_form). v: 1 that rule, 2 wherever ZM runs at M = 1 (for
+ * measurements), 0 off (ZM's k16-step form where its rule takes it); v < 0
+ * only reads; returns the value in force (AWQD_W4A16_DC_ZM1). Off with ZM. */
 int w4a16_decode_zm1(int v);
 unsigned long w4a16_zm1_launches(void); /* the ZM1 launches so far (tests) */
 

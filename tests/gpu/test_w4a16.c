@@ -300,10 +300,12 @@ TEST(w4a16, forced_kernels_and_splits) {
  * Qwen3-8B down), with and without x group by group (M >= 6), K = 640 / 5120
  * with 0-1 / 5 groups a warp, a bias, and K = 128 (seven warps idle); M = 1-8
  * (9 and 16: the ordinary path). ZM1 (w4a16_decode_zm1, on by default): at M
- * = 1 one tile a block takes the sums by one mma a group where a warp's range
- * is one or two whole ring turns (Qwen3-8B o, K = 4096; the Llama-3-70B tp = 4
- * q|k|v shard, K = 8192; 288 tiles at K = 4096 with a bias: the persistent
- * grid, each block two columns); K = 640, 128, 5120 and 12288 at one tile keep
+ * = 1 the sums by one mma a group (dc_plan.h dc_zm_form) — at one tile where a
+ * warp's range is one or two whole ring turns (Qwen3-8B o, K = 4096; the
+ * Llama-3-70B tp = 4 q|k|v shard, K = 8192; 288 tiles at K = 4096 with a bias:
+ * the persistent grid, each block two columns), and at two or four tiles on
+ * the plain grid at K = 4096 (Qwen3-8B q|k|v), the persistent grid (gate|up)
+ * and the K split (K = 8192); K = 640, 128, 5120 and 12288 at one tile keep
  * the other forms. Each shape three
  * times — ZM and ZM1 on, ZM on and ZM1 off, ZM off (the HSUB2 path) — against
  * the CPU reference with the bound of every decode case; the ZM and ZM1

@@ -1,6 +1,8 @@
 /* test_nat_rule.c — where the wgmma GEMM takes M = 17-64 from tc64 and the
- * skinny kernel (kernels/cuda/nat_rule.h), on the CPU: the H100's rule
- * (session 19) and the H200's (sessions 28 and 42), written out for the real
+ * skinny kernel (kernels/cuda/nat_rule.h), on the CPU: session 19's rule
+ * from single calls on the H100 (b2b = 0, AWQD_W4A16_NAT_BIG=0) and the
+ * back-to-back rule of sessions 28-49 (b2b = 1, the default on every device
+ * since session 71; columns "h200"), written out for the real
  * layer shapes of Qwen3-8B, Qwen3-32B and Llama-3-70B and their tp = 2 / 4
  * shards, as the back-to-back audits of sessions 28 and 42 measured them
  * (docs/PERFORMANCE.md "Session 28" item 2, "Session 42" item 6). */

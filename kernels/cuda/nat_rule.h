@@ -5,12 +5,33 @@
  * the CUDA backend and a CPU test (tests/test_nat_rule.c), so that the
  * measured rules are checked in CI. Measurements: docs/PERFORMANCE.md
  * "Session 19" (the H100 rule), "Session 28", "Session 42" and "Session
- * 43" (the H200 rule), and
+ * 43" (the H200 rule), "Session 71" (the same on the H100), and
  * docs/KERNELS.md "Mode 4". */
 #ifndef AWQD_NAT_RULE_H
 #define AWQD_NAT_RULE_H
 
-/* The H100 (session 19, single cold calls, against tc64 at M = 48-64):
+/* Which rule: b2b = 1 (the default on every device since session 71) the
+ * rules below measured back to back, on the H200 in sessions 28-49 and
+ * checked on the H100 in session 71; b2b = 0 (AWQD_W4A16_NAT_BIG=0, for
+ * measurements) session 19's rule from single cold calls on the H100.
+ *
+ * Session 71 (the H100, `bench kernels --b2b-audit --set all`, two runs at
+ * M = 17-64 and one at 1024 / 2048 / 4096; docs/PERFORMANCE.md "Session
+ * 71"): with b2b = 1 the H100 takes the wgmma GEMM where the H200 does and
+ * is faster for it: Qwen3-8B M = 64 back to back q|k|v / o / gate|up / down
+ * 1.40 / 1.19 / 1.89 / 1.74x cuBLAS FP16 against 0.94 / 0.82 / 1.55 /
+ * 1.10x by session 19's rule; Qwen3-8B batch 40 / 48 / 64 7498-7499 /
+ * 8717-8721 / 10724-10726 tok/s against 5812-5834 / 6808-6809 / 8611-8630
+ * end to end (two runs each), batch 32 +6%, the 4096-token prompt 111
+ * against 120 ms; at M >= 1025 every Qwen3-8B /
+ * Qwen3-32B shape the rule gives the wgmma GEMM 0.60-0.96x dequantize +
+ * cuBLAS's time. What the H100 audit marks (the pick > 3% slower): the
+ * K N >= 48 Mi down shards at M = 17-20 (the skinny kernel 0.84-0.90x the
+ * wgmma GEMM's time: Qwen3-32B tp = 2, Llama-3-70B tp = 4), Qwen3-32B tp
+ * = 4 down at M = 28-32 (0.93x) and Llama-3-70B tp = 4 q|k|v at 28 (the
+ * wgmma GEMM 0.96x the skinny kernel's) — left as on the H200.
+ *
+ * The H100 (session 19, single cold calls, against tc64 at M = 48-64):
  * M = 33-64 only for the largest matrices, K >= 5120 and K N >= 96 Mi
  * (Qwen3-32B gate|up 1.19-1.25x, down 1.07-1.09x, its tp=2 gate|up
  * 1.16-1.28x; Qwen3-8B gate|up (K = 4096) lost 5-10%, down 10%, the 32B
@@ -19,7 +40,7 @@
 #define NAT_SK_MIN_K 5120
 #define NAT_SK_KN (96ll << 20)
 
-/* The H200 (device memory > 120 GB: w4a16.cu's hbm_big), session 28, back
+/* The H200, session 28, back
  * to back (bench kernels --b2b-audit, two runs, every Qwen3-8B / Qwen3-32B
  * / Llama-3-70B shape and tp = 2 / 4 shard): at M = 40-64 the wgmma GEMM
  * took 0.64-0.96x tc64's time wherever N >= 4096 and K N >= 16 Mi
@@ -41,7 +62,6 @@
  * one K < 5120 matrix the rule had left to tc64, now takes 0.92 / 0.90x
  * tc64's time at M = 40 / 64 (42.94 / 42.03 against 45.23 / 46.71 us back
  * to back), so on the H200 gate|up goes with the other layouts. */
-#define NAT_BIG_HBM_BYTES (120ull * 1000 * 1000 * 1000)
 #define NAT_BIG_MIN_N 4096
 #define NAT_BIG_MIN_KN (16ll << 20)
 /* (session 28's K >= 14336 clause at M = 28-32 is now part of session 43's
@@ -117,10 +137,10 @@
 /* Whether mode 4 takes M < 65 on a K x N weight (N: all output columns of
  * the weight, 2 x the intermediate size for gate|up; no rule tells gate|up
  * apart since session 36), given that stream-K is on and the GEMM is built
- * for the device; hbm_big: the H200 rule. */
-static inline int nat_mid_takes(int m, int k, long long n, int hbm_big) {
+ * for the device; b2b: the back-to-back rule (else session 19's). */
+static inline int nat_mid_takes(int m, int k, long long n, int b2b) {
     const long long kn = (long long)k * n;
-    if (hbm_big) {
+    if (b2b) {
         if (m >= NAT_SK_MIN_M)
             return (n >= NAT_BIG_MIN_N && kn >= NAT_BIG_MIN_KN) ||
                    (n >= NAT_BIG_NARROW_MIN_N && k >= NAT_BIG_NARROW_MIN_K);
@@ -153,10 +173,10 @@ static inline int nat_mid_takes(int m, int k, long long n, int hbm_big) {
 #define NAT_WIDE_SK_X_MAX (32ll << 20) /* = W4A16_GEMM_SK_X_MAX_BYTES (checked in w4a16.cu) */
 
 /* Whether mode 4 takes M = NAT_WIDE_MIN_M..NAT_WIDE_MAX_M on a K x N weight
- * on a device of sms SMs; hbm_big: the H200 (the H100 was not measured:
- * AWQD_W4A16_NAT_BIG=1 applies the rule there). */
-static inline int nat_wide_takes(int m, int k, long long n, int sms, int hbm_big) {
-    if (!hbm_big || m < NAT_WIDE_MIN_M || m > NAT_WIDE_MAX_M || n < NAT_WIDE_MIN_N || sms < 1) return 0;
+ * on a device of sms SMs; b2b: the back-to-back rule (session 19's rule
+ * had none: dequantize + cuBLAS above M = 1024). */
+static inline int nat_wide_takes(int m, int k, long long n, int sms, int b2b) {
+    if (!b2b || m < NAT_WIDE_MIN_M || m > NAT_WIDE_MAX_M || n < NAT_WIDE_MIN_N || sms < 1) return 0;
     const long long tiles = (n + 127) / 128 * (long long)((m + 255) / 256);
     if (tiles * 5 < (long long)sms * 9) return 0;             /* < 1.8 waves */
     if ((long long)m * k * 2 <= NAT_WIDE_SK_X_MAX) return 1; /* stream-K */

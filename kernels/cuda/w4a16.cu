@@ -92,7 +92,6 @@ struct w4a16_weight {
     int cc_major;             /* compute capability major (PDL needs >= 9) */
     int smem_optin;           /* largest dynamic shared memory per block (opt-in), bytes */
     int smem_sm;              /* shared memory per multiprocessor, bytes */
-    int hbm_big;              /* more than 120 GB of device memory: the H200 class (nat_window) */
     int dev;                  /* the device it lives on */
     uint32_t *gsp;            /* the device's K-split poll buffer (gsp_acquire), or NULL */
     size_t gsp_bytes;
@@ -1739,9 +1738,6 @@ extern "C" int w4a16_upload_staged(const struct awq_linear *l, enum w4a16_layout
             e = cudaDeviceGetAttribute(&w->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
         if (e == cudaSuccess)
             e = cudaDeviceGetAttribute(&w->smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-        size_t mem_free = 0, mem_total = 0;
-        if (e == cudaSuccess) e = cudaMemGetInfo(&mem_free, &mem_total);
-        w->hbm_big = mem_total > NAT_BIG_HBM_BYTES;
         if (e != cudaSuccess) {
             rc = util_err(err, errlen, -EIO, "w4a16_upload: no CUDA device: %s", cudaGetErrorString(e));
             goto done;
@@ -2002,27 +1998,27 @@ static int gemm_env(void) {
 #define DISPATCH_NAT_BIG_KN (48ll << 20)
 #define DISPATCH_NAT_SK_MAX_M 1024    /* with stream-K, where x is within its limit */
 #define DISPATCH_NAT_GU_MAX_M 4096
-/* M = 28-64 (the H100's and the H200's rules): kernels/cuda/nat_rule.h */
-/* AWQD_W4A16_NAT_BIG=0 turns the H200 rule off (the H100's then applies),
- * =1 applies it on any sm_90a device (to measure it on an H100: the H100
- * rule came from single cold calls, where on the H200 too the wgmma GEMM
- * looks 3-10% slower at M = 64 though back to back and end to end it is
- * faster; docs/PERFORMANCE.md "Session 28"); read once */
-static int nat_big(const struct w4a16_weight *w) {
-    static const int v = getenv("AWQD_W4A16_NAT_BIG") ? atoi(getenv("AWQD_W4A16_NAT_BIG")) : -1;
-    return v < 0 ? w->hbm_big : v != 0;
+/* M = 17-64 and 1025-4096: kernels/cuda/nat_rule.h */
+/* The back-to-back rules of nat_rule.h (measured on the H200 in sessions
+ * 28-49, on the H100 in session 71: Qwen3-8B batch 40-64 +24-28% end to
+ * end there) apply on every sm_90a device; AWQD_W4A16_NAT_BIG=0 goes back to
+ * session 19's rule from single cold calls on the H100 (for measurements);
+ * read once */
+static int nat_b2b(void) {
+    static const int v = getenv("AWQD_W4A16_NAT_BIG") ? atoi(getenv("AWQD_W4A16_NAT_BIG")) : 1;
+    return v != 0;
 }
 static int nat_window(const struct w4a16_weight *w, int m) {
     if (gemm_env() == 0 || w4a16_gemm_auto_mode() < 4 || !w4a16_gemm_available()) return 0;
     const int sk = w4a16_gemm_stream_k();
     if (m < DISPATCH_NAT_MIN_M)
-        return sk && nat_mid_takes(m, w->k, (long long)w->n16 * 16, nat_big(w));
+        return sk && nat_mid_takes(m, w->k, (long long)w->n16 * 16, nat_b2b());
     if (m <= DISPATCH_NAT_ALL_MAX_M) return 1;
     if (m <= DISPATCH_NAT_BIG_MAX_M && (sk || (long long)w->k * w->n16 * 16 >= DISPATCH_NAT_BIG_KN)) return 1;
     if (m <= DISPATCH_NAT_SK_MAX_M && sk && (size_t)m * w->k * 2 <= W4A16_GEMM_SK_X_MAX_BYTES) return 1;
     if (m <= DISPATCH_NAT_GU_MAX_M && w->layout == W4A16_LAYOUT_GATE_UP) return 1;
     static_assert(NAT_WIDE_SK_X_MAX == (long long)W4A16_GEMM_SK_X_MAX_BYTES, "nat_rule.h: stream-K's x limit");
-    return m > DISPATCH_NAT_SK_MAX_M && nat_wide_takes(m, w->k, (long long)w->n16 * 16, w->sms, nat_big(w));
+    return m > DISPATCH_NAT_SK_MAX_M && nat_wide_takes(m, w->k, (long long)w->n16 * 16, w->sms, nat_b2b());
 }
 
 static int gemm_fallback_ok(const struct w4a16_weight *w, int m) {
